@@ -1,0 +1,12 @@
+"""peltbench: few-shot GLUE sweeps of parameter-efficient language-model tuning (UniPELT, ACL 2022)."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("peltbench")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+class UserError(Exception):
+    """A problem with the user's config or inputs: reported as one line, and no result record is written."""

@@ -1,0 +1,71 @@
+"""`peltbench`: one experiment per Hydra job, e.g. `peltbench method=unipelt_apl task=cola k=100 seed=111`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from importlib import resources
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig
+
+from . import UserError
+
+log = logging.getLogger("peltbench")
+
+HELP = """\
+usage: peltbench method=METHOD task=TASK [k=100] [seed=111] [KEY=VALUE ...]
+       peltbench -m method=adapter,lora task=rte,mrpc k=100 seed=111,222     (a sweep)
+
+Runs one few-shot GLUE experiment (or, with -m, a grid of them) and writes one result record
+per run under results_dir (default results/runs). An identical finished run is skipped.
+
+methods: {methods}
+tasks:   {tasks}
+
+common settings (Hydra overrides):
+  k=100|500|1000|all     training examples (the rest of the protocol: METHODS.md)
+  seed=111               data seed (111 222 333 444 555 in the paper)
+  model.name=DIR         a Hub id or a local BERT checkpoint (default bert-base-uncased)
+  data.dir=DIR           a local GLUE directory instead of the Hub (glue_data TSV or parquet layout)
+  method.KEY=VALUE       a method setting, e.g. method.bottleneck=256, method.lora_scale=4, method.gated=true
+  train.epochs=50 train.patience=10 device=auto precision=auto results_dir=results/runs
+
+Show a composed config without running it: peltbench method=lora task=rte --cfg job
+Hydra's own options: peltbench --hydra-help
+"""
+
+
+def _options(group: str) -> str:
+    folder = resources.files("peltbench.conf").joinpath(group)
+    return " ".join(sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")))
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def _run(cfg: DictConfig) -> str:
+    from .runner import run_experiment  # imported here so config errors answer before torch loads
+
+    try:
+        record = run_experiment(cfg, Path(to_absolute_path(cfg.results_dir)))
+    except UserError as error:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            log.error("%s", error)
+            raise  # Hydra runs the sweep's other jobs, then reports this one
+        print(f"peltbench: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    return record["status"]
+
+
+def main() -> None:
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(HELP.format(methods=_options("method"), tasks=_options("task")))
+        return
+    _run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""GLUE data: load a split (Hub, glue_data TSV or parquet), the seeded few-shot split, tokenisation, batches.
+
+The few-shot protocol (UniPELT App. B, METHODS.md): perm = numpy.random.default_rng(seed).permutation(n),
+train = perm[:K], dev = perm[K:K + 1000], test = the official GLUE dev split (MNLI: matched).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import glob
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import UserError
+from .tasks import TaskSpec
+
+HUB_DATASET = "nyu-mll/glue"
+
+
+@dataclass(eq=False)
+class Split:
+    """The rows of one split: one or two text columns and the labels (int ids, or floats for STS-B)."""
+
+    texts: tuple[list[str], ...]
+    labels: np.ndarray
+    source: str
+    encodings: dict = field(default_factory=dict)  # (tokenizer, max_length) → {row: (input_ids, token_type_ids)}
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+# ---------------------------------------------------------------- loading
+
+@functools.lru_cache(maxsize=32)
+def load_split(task: TaskSpec, data_dir: str | None, split: str) -> Split:
+    """`split` is "train" or "test". Cached per process, so a local sweep reads each file once."""
+    if data_dir is None:
+        return _load_hub(task, split)
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        raise UserError(f"data.dir={data_dir}: no such directory")
+    if (root / task.tsv.folder).is_dir():
+        name = "train.tsv" if split == "train" else task.tsv.test_file
+        return read_tsv(root / task.tsv.folder / name, task)
+    if (root / task.hub_config).is_dir():
+        return _load_parquet(root / task.hub_config, task, split)
+    raise UserError(
+        f"no {task.name} data under {root}: expected {root / task.tsv.folder}/ (glue_data TSV layout) "
+        f"or {root / task.hub_config}/ (parquet layout of `hf download {HUB_DATASET}`)"
+    )
+
+
+def _hub_split_name(task: TaskSpec, split: str) -> str:
+    return "train" if split == "train" else task.test_split
+
+
+def _load_hub(task: TaskSpec, split: str) -> Split:
+    import datasets
+
+    name = _hub_split_name(task, split)
+    try:
+        rows = datasets.load_dataset(HUB_DATASET, task.hub_config, split=name)
+    except Exception as error:  # network, offline mode, missing cache: all end the same way for the user
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(
+            f"could not load {HUB_DATASET}/{task.hub_config} ({name}) from the Hugging Face Hub: {first_line}. "
+            f"Offline? Point data.dir at a local GLUE directory."
+        ) from error
+    texts = tuple(list(rows[column]) for column in task.hub_text)
+    return Split(texts, _label_array(rows["label"], task), f"hub:{HUB_DATASET}/{task.hub_config}/{name}")
+
+
+def _load_parquet(folder: Path, task: TaskSpec, split: str) -> Split:
+    import pandas as pd
+
+    name = _hub_split_name(task, split)
+    files = sorted(glob.glob(str(folder / f"{name}-*.parquet")))
+    if not files:
+        raise UserError(f"data file not found: {folder}/{name}-*.parquet")
+    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    missing = [c for c in (*task.hub_text, "label") if c not in frame.columns]
+    if missing:
+        raise UserError(f"{files[0]}: missing column(s) {missing}")
+    texts = tuple(frame[c].astype(str).tolist() for c in task.hub_text)
+    return Split(texts, _label_array(frame["label"].tolist(), task), f"parquet:{folder}")
+
+
+def read_tsv(path: Path, task: TaskSpec) -> Split:
+    """Read a glue_data TSV with quoting off (GLUE text has bare quotes); a malformed row is an error."""
+    if not path.is_file():
+        raise UserError(f"data file not found: {path}")
+    layout = task.tsv
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    start = 1 if layout.header else 0
+    columns = _column_indices(path, rows[0] if rows else [], task)
+    width = len(rows[0]) if rows else 0  # every row has as many fields as the first (header or data)
+    texts: tuple[list[str], ...] = tuple([] for _ in layout.text)
+    labels = []
+    for line, row in enumerate(rows[start:], start=start + 1):
+        if not row:
+            continue
+        if len(row) != width or len(row) <= max(columns):
+            raise UserError(f"malformed row in {path}, line {line}: expected {width} tab-separated fields, found {len(row)}")
+        for column, out in zip(columns[:-1], texts):
+            out.append(row[column])
+        labels.append(_parse_label(row[columns[-1]], task, path, line))
+    return Split(texts, _label_array(labels, task), f"tsv:{path.parent}")
+
+
+def _column_indices(path: Path, header: list[str], task: TaskSpec) -> list[int]:
+    """Indices of the text columns, then the label column."""
+    wanted = [*task.tsv.text, task.tsv.label]
+    if not task.tsv.header:
+        return [int(c) for c in wanted]
+    missing = [c for c in wanted if c not in header]
+    if missing:
+        raise UserError(f"{path}: header lacks column(s) {missing} (found {header})")
+    return [header.index(c) for c in wanted]
+
+
+def _parse_label(value: str, task: TaskSpec, path: Path, line: int) -> float | int:
+    try:
+        if task.tsv.label_names is not None:
+            return task.tsv.label_names.index(value)
+        return float(value) if task.is_regression else int(value)
+    except ValueError:
+        raise UserError(f"malformed row in {path}, line {line}: label {value!r} is not valid for {task.name}") from None
+
+
+def _label_array(labels, task: TaskSpec) -> np.ndarray:
+    array = np.asarray(labels, dtype=np.float32 if task.is_regression else np.int64)
+    if not task.is_regression and len(array) and (array.min() < 0 or array.max() >= task.num_labels):
+        raise UserError(f"{task.name}: labels outside 0..{task.num_labels - 1} (unlabelled test rows?)")
+    return array
+
+
+# ---------------------------------------------------------------- the few-shot split
+
+def few_shot_split(num_train: int, k: int, seed: int, dev_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and dev row indices (App. B): the same permutation `datasets.Dataset.shuffle(seed=seed)` makes."""
+    if k + dev_size > num_train:
+        raise UserError(
+            f"k={k} is too large: the train split has {num_train} rows and k + dev_size ({k} + {dev_size}) "
+            f"must not exceed it"
+        )
+    permutation = np.random.default_rng(seed).permutation(num_train)
+    return permutation[:k], permutation[k : k + dev_size]
+
+
+# ---------------------------------------------------------------- tokenisation and batches
+
+@dataclass
+class Encoded:
+    """Tokenised rows of one subset, with labels, ready to batch."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]]
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
+    """Tokenise the given rows, each row once per process and tokenizer (a sweep reuses them)."""
+    cache = split.encodings.setdefault((tokenizer.name_or_path, max_length), {})
+    indices = [int(i) for i in indices]
+    todo = sorted(set(i for i in indices if i not in cache))
+    for start in range(0, len(todo), 4096):
+        chunk = todo[start : start + 4096]
+        columns = [[texts[i] for i in chunk] for texts in split.texts]
+        out = tokenizer(*columns, truncation=True, max_length=max_length)
+        types = out.get("token_type_ids") or [[0] * len(ids) for ids in out["input_ids"]]
+        for i, ids, type_ids in zip(chunk, out["input_ids"], types):
+            cache[i] = (ids, type_ids)
+    return Encoded([cache[i][0] for i in indices], [cache[i][1] for i in indices], split.labels[indices])
+
+
+def collate(encoded: Encoded, rows, pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Pad the given rows to the longest among them (dynamic padding)."""
+    width = max(len(encoded.input_ids[r]) for r in rows)
+    input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    token_type_ids = np.zeros((len(rows), width), dtype=np.int64)
+    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+    for n, r in enumerate(rows):
+        length = len(encoded.input_ids[r])
+        input_ids[n, :length] = encoded.input_ids[r]
+        token_type_ids[n, :length] = encoded.token_type_ids[r]
+        attention_mask[n, :length] = 1
+    batch = {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(attention_mask),
+        "token_type_ids": torch.from_numpy(token_type_ids),
+        "labels": torch.from_numpy(encoded.labels[list(rows)]),
+    }
+    return {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
+
+
+def evaluation_batches(encoded: Encoded, batch_size: int, pad_id: int, device: torch.device):
+    """Length-sorted batches, built once and kept on the device; yields (row order, batch)."""
+    order = sorted(range(len(encoded)), key=lambda r: len(encoded.input_ids[r]))
+    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return [(chunk, collate(encoded, chunk, pad_id, device)) for chunk in chunks]
+

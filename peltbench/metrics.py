@@ -1,0 +1,55 @@
+"""GLUE metrics, computed directly with scikit-learn and SciPy.
+
+These are the definitions of the Hub's `evaluate.load("glue", ...)` (which downloads a script at run
+time and so fails offline): CoLA Matthews correlation; MRPC/QQP F1 of the positive class and accuracy;
+STS-B Spearman and Pearson; the rest accuracy. Scores are ×100; an undefined score (e.g. the
+correlation of a constant prediction) is None, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy.stats import ConstantInputWarning, pearsonr, spearmanr
+from sklearn.metrics import f1_score, matthews_corrcoef
+
+
+def _accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    return float((predictions == labels).mean())
+
+
+def _f1(predictions: np.ndarray, labels: np.ndarray) -> float:
+    return float(f1_score(labels, predictions, zero_division=0.0))
+
+
+def _mcc(predictions: np.ndarray, labels: np.ndarray) -> float:
+    return float(matthews_corrcoef(labels, predictions))
+
+
+def _correlation(function):
+    def score(predictions: np.ndarray, labels: np.ndarray) -> float:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConstantInputWarning)
+            return float(function(predictions, labels)[0])
+    return score
+
+
+METRICS = {
+    "accuracy": _accuracy,
+    "f1": _f1,
+    "mcc": _mcc,
+    "pearson": _correlation(pearsonr),
+    "spearman": _correlation(spearmanr),
+}
+
+
+def compute_metrics(names, main: str, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
+    """Every named metric ×100 (None where undefined), plus `main`, the one early stopping and Table 1 use."""
+    scores: dict[str, float | None] = {}
+    for name in names:
+        value = 100.0 * METRICS[name](predictions, labels)
+        scores[name] = None if math.isnan(value) else value
+    scores["main"] = scores[main]
+    return scores
