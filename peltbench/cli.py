@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from importlib import resources
 from pathlib import Path
 
 import hydra
@@ -14,6 +13,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from . import UserError
+from .packaged import options
 
 log = logging.getLogger("peltbench")
 
@@ -40,11 +40,6 @@ Hydra's own options: peltbench --hydra-help
 """
 
 
-def _options(group: str) -> str:
-    folder = resources.files("peltbench.conf").joinpath(group)
-    return " ".join(sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")))
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _run(cfg: DictConfig) -> str:
     from .runner import run_experiment  # imported here so config errors answer before torch loads
@@ -62,7 +57,7 @@ def _run(cfg: DictConfig) -> str:
 
 def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
-        print(HELP.format(methods=_options("method"), tasks=_options("task")))
+        print(HELP.format(methods=" ".join(options("method")), tasks=" ".join(options("task"))))
         return
     _run()
 

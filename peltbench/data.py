@@ -41,7 +41,7 @@ def load_split(task: TaskSpec, data_dir: str | None, split: str) -> Split:
     """`split` is "train" or "test". Cached per process, so a local sweep reads each file once."""
     if data_dir is None:
         return _load_hub(task, split)
-    root = Path(data_dir).expanduser()
+    root = Path(data_dir).expanduser().absolute()
     if not root.is_dir():
         raise UserError(f"data.dir={data_dir}: no such directory")
     if (root / task.tsv.folder).is_dir():

@@ -14,18 +14,19 @@ import subprocess
 import tempfile
 from datetime import datetime, timezone
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError, __version__
+from .packaged import packaged_config
 
 SCHEMA = 1
 # Top-level settings that change results (besides method and task). Where the results go, where the data
 # comes from (Hub or an identical local copy), the device and evaluation batch size do not.
 SEMANTIC_KEYS = ("k", "seed", "model_seed", "dev_size", "model.name", "train.epochs", "train.patience",
                  "train.batch_size", "train.max_length", "train.grad_clip")
+FOLDER_KEYS = SEMANTIC_KEYS[2:]  # k and seed have folders of their own; the rest join the variant name
 
 
 def semantic_config(cfg: DictConfig) -> dict:
@@ -41,22 +42,16 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-@lru_cache(maxsize=None)
-def _packaged_config(relative: str) -> DictConfig | None:
-    path = resources.files("peltbench.conf").joinpath(relative)
-    return OmegaConf.create(path.read_text()) if path.is_file() else None
-
-
 def non_default_settings(cfg: DictConfig) -> list[tuple[str, object]]:
     """(key, value) pairs where the run departs from the packaged method file and top-level defaults."""
     changes: list[tuple[str, object]] = []
-    method_defaults = _packaged_config(f"method/{cfg.method.name}.yaml")
+    method_defaults = packaged_config(f"method/{cfg.method.name}.yaml")
     for key, value in OmegaConf.to_container(cfg.method, resolve=True).items():
         if method_defaults is None or key not in method_defaults or method_defaults[key] != value:
             if key != "name":
                 changes.append((key, value))
-    defaults = _packaged_config("config.yaml")
-    for key in SEMANTIC_KEYS[2:]:  # k and seed have folders of their own
+    defaults = packaged_config("config.yaml")
+    for key in FOLDER_KEYS:
         value = OmegaConf.select(cfg, key)
         if defaults is None or OmegaConf.select(defaults, key) != value:
             changes.append((key, value))

@@ -60,6 +60,9 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("seed", "model_seed", "dev_size"):
         if not isinstance(cfg[key], int) or cfg[key] < 0:
             raise UserError(f"{key}={cfg[key]}: must be a non-negative integer")
+    for key in ("epochs", "patience", "batch_size", "max_length", "eval_batch_size"):
+        if not isinstance(cfg.train[key], int) or cfg.train[key] < 1:
+            raise UserError(f"train.{key}={cfg.train[key]}: must be a positive integer")
     if cfg.precision not in ("auto", "bf16", "fp32"):
         raise UserError(f"precision={cfg.precision}: must be auto, bf16 or fp32")
     try:

@@ -14,15 +14,17 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import ForwardContext, Gate, PeltModel, maybe_gate, self_attention
+from .base import ForwardContext, PeltModel, maybe_gate, self_attention
 
 TARGETS = ("query", "key", "value")  # projections of BertSelfAttention that LoRA may adapt
 
 
 class LoRALinear(nn.Module):
-    def __init__(
-        self, base: nn.Linear, rank: int, scale: float, gate: Gate | None
-    ) -> None:
+    """Wraps one projection W of `BertSelfAttention`; the gate (if any) is built after A and B, so gated and
+    ungated LoRA start from the same A."""
+
+    def __init__(self, base: nn.Linear, rank: int, scale: float, gated: bool, context: ForwardContext,
+                 submodule: str, layer: int) -> None:
         super().__init__()
         self.base = base
         self.lora_a = nn.Linear(base.in_features, rank, bias=False)
@@ -30,7 +32,7 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_a.weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_b.weight)
         self.scale = scale
-        self.gate = gate
+        self.gate = maybe_gate(gated, base.in_features, context, submodule, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         delta = self.lora_b(self.lora_a(x))
@@ -41,10 +43,6 @@ class LoRALinear(nn.Module):
         return self.base(x) + delta
 
 
-def _lora_gate(method: DictConfig, size: int, context: ForwardContext, target: str, layer: int) -> Gate | None:
-    return maybe_gate(method.gated, size, context, f"lora_{target}", layer)
-
-
 def attach(model: PeltModel, method: DictConfig) -> list[nn.Parameter]:
     unknown = sorted(set(method.lora_targets) - set(TARGETS))
     if unknown:
@@ -53,8 +51,8 @@ def attach(model: PeltModel, method: DictConfig) -> list[nn.Parameter]:
     for index, layer in enumerate(model.layers):
         attention = self_attention(layer)
         for target in method.lora_targets:
-            gate = _lora_gate(method, model.hidden_size, model.context, target, index)
-            lora = LoRALinear(getattr(attention, target), method.lora_rank, method.lora_scale, gate)
+            lora = LoRALinear(getattr(attention, target), method.lora_rank, method.lora_scale, method.gated,
+                              model.context, f"lora_{target}", index)
             setattr(attention, target, lora)
             trainable += [p for name, p in lora.named_parameters() if not name.startswith("base.")]
     return trainable

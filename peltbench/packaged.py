@@ -1,0 +1,21 @@
+"""Read the config files that ship with peltbench (`conf/`, installed as the package `peltbench.conf`)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+from omegaconf import DictConfig, OmegaConf
+
+
+@lru_cache(maxsize=None)
+def packaged_config(relative: str) -> DictConfig | None:
+    """e.g. `packaged_config("method/adapter.yaml")`; None if there is no such file."""
+    path = resources.files("peltbench.conf").joinpath(relative)
+    return OmegaConf.create(path.read_text()) if path.is_file() else None
+
+
+def options(group: str) -> list[str]:
+    """The names a config group offers, e.g. `options("method")`."""
+    folder = resources.files("peltbench.conf").joinpath(group)
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))

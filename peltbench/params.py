@@ -1,0 +1,74 @@
+"""`peltbench-params`: trainable parameters stored per task, for every method, without loading weights.
+
+The count is METHODS.md's (head excluded; prefix-tuning counted as its final L × 2 × layers × H tensor),
+the same function the result record and Table 4 use. Models are built on PyTorch's meta device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from . import UserError
+from .methods import build_pelt_model, parameter_counts
+from .packaged import options, packaged_config
+
+
+def count_method(method: str, config, model_seed: int = 42) -> dict[str, int]:
+    from transformers import BertForSequenceClassification
+
+    with torch.device("meta"):
+        model = build_pelt_model(BertForSequenceClassification(config), packaged_config(f"method/{method}.yaml"), model_seed)
+    return parameter_counts(model)
+
+
+def paper_rounding(count: int) -> str:
+    """Table 4's style: thousands below a million (895K), two significant digits above (1.1M, 110M)."""
+    if count < 1_000_000:
+        return f"{round(count / 1000)}K"
+    digits = len(str(count)) - 2
+    rounded = round(count, -digits)
+    return f"{rounded / 1e6:g}M"
+
+
+def _model_config(name: str | None, num_labels: int):
+    from transformers import BertConfig
+
+    if name is None:
+        return BertConfig(num_labels=num_labels), "bert-base-uncased shape (transformers' BertConfig defaults)"
+    from .model import load_config
+
+    return load_config(name, num_labels), name
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="peltbench-params", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="Hub id or local checkpoint whose config.json to use (default: bert-base-uncased's shape, offline)")
+    parser.add_argument("--num-labels", type=int, default=2, help="classes of the head (1 for STS-B); default 2")
+    parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        config, label = _model_config(args.model, args.num_labels)
+    except UserError as error:
+        sys.exit(f"peltbench-params: error: {error}")
+    rows = [(method, count_method(method, config)) for method in options("method")]
+    if args.csv:
+        print("method,trainable_params,percent_of_backbone,head_params,optimizer_params,backbone_params")
+        for method, c in rows:
+            share = 100 * c["trainable_params"] / c["backbone_params"]
+            print(f"{method},{c['trainable_params']},{share:.4f},{c['head_params']},{c['optimizer_params']},{c['backbone_params']}")
+        return
+    print(f"Trainable parameters stored per task — model: {label}, {args.num_labels}-way head")
+    print("(METHODS.md counting: head excluded; prefix counted as its L x 2 x layers x H tensor)\n")
+    print(f"{'method':<20}{'stored':>14}{'Table 4':>9}{'% backbone':>12}{'head':>8}{'optimiser':>14}")
+    for method, c in rows:
+        share = 100 * c["trainable_params"] / c["backbone_params"]
+        print(f"{method:<20}{c['trainable_params']:>14,}{paper_rounding(c['trainable_params']):>9}"
+              f"{share:>11.2f}%{c['head_params']:>8,}{c['optimizer_params']:>14,}")
+    print(f"\nbackbone (encoder + pooler): {rows[0][1]['backbone_params']:,} parameters")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Loading GLUE from every source, the seeded few-shot split, tokenisation and batches."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import SHARED_GLUE, TEST_ROWS, TRAIN_ROWS, compose_config, write_glue
+from peltbench import UserError
+from peltbench.data import collate, encode, evaluation_batches, few_shot_split, load_split, read_tsv
+from peltbench.packaged import options
+from peltbench.tasks import TaskSpec
+
+
+def spec(name: str) -> TaskSpec:
+    return TaskSpec.from_config(compose_config("method=ft", f"task={name}").task)
+
+
+@pytest.mark.parametrize("seed", [111, 222, 333, 444, 555])
+def test_split_is_the_numpy_permutation(seed):
+    train, dev = few_shot_split(8551, 100, seed, 1000)
+    permutation = np.random.default_rng(seed).permutation(8551)
+    assert train.tolist() == permutation[:100].tolist()
+    assert dev.tolist() == permutation[100:1100].tolist()
+
+
+def test_split_equals_datasets_shuffle():
+    """METHODS.md: the permutation is exactly what `datasets.Dataset.shuffle(seed=s)` selects."""
+    import datasets
+
+    shuffled = datasets.Dataset.from_dict({"row": list(range(2490))}).shuffle(seed=222)
+    train, dev = few_shot_split(2490, 500, 222, 1000)
+    assert train.tolist() == shuffled["row"][:500]
+    assert dev.tolist() == shuffled["row"][500:1500]
+
+
+def test_split_too_large_names_the_sizes():
+    with pytest.raises(UserError, match=r"k=2000 is too large: the train split has 2490 rows.*2000 \+ 1000"):
+        few_shot_split(2490, 2000, 111, 1000)
+
+
+@pytest.mark.parametrize("task", options("task"))
+def test_every_task_loads_from_the_glue_data_layout(task, glue_dir):
+    train = load_split(spec(task), str(glue_dir), "train")
+    test = load_split(spec(task), str(glue_dir), "test")
+    assert len(train) == TRAIN_ROWS and len(test) == TEST_ROWS
+    assert len(train.texts) == (1 if task in ("cola", "sst2") else 2)
+    if task == "stsb":
+        assert train.labels.dtype == np.float32 and 0 <= train.labels.min() and train.labels.max() <= 5
+    else:
+        assert set(train.labels.tolist()) <= set(range(spec(task).num_labels))
+
+
+def test_string_labels_map_to_hub_ids(glue_dir):
+    """RTE/QNLI: entailment 0, not_entailment 1; MNLI: entailment 0, neutral 1, contradiction 2 (the Hub's ids)."""
+    rows = (glue_dir / "MNLI" / "train.tsv").read_text().splitlines()[1:]
+    gold = [r.split("\t")[-1] for r in rows]
+    labels = load_split(spec("mnli"), str(glue_dir), "train").labels
+    assert [["entailment", "neutral", "contradiction"][i] for i in labels] == gold
+
+
+def test_parquet_layout_reads_the_same_rows(glue_dir, tmp_path):
+    """The layout `hf download nyu-mll/glue` writes: <dir>/<config>/<split>-*.parquet, Hub column names."""
+    tsv = load_split(spec("rte"), str(glue_dir), "train")
+    (tmp_path / "rte").mkdir()
+    frame = pd.DataFrame({"sentence1": tsv.texts[0], "sentence2": tsv.texts[1], "label": tsv.labels, "idx": range(len(tsv))})
+    frame.iloc[:30].to_parquet(tmp_path / "rte" / "train-00000-of-00002.parquet")
+    frame.iloc[30:].to_parquet(tmp_path / "rte" / "train-00001-of-00002.parquet")
+    parquet = load_split(spec("rte"), str(tmp_path), "train")
+    assert parquet.texts == tsv.texts and parquet.labels.tolist() == tsv.labels.tolist()
+    with pytest.raises(UserError, match=r"data file not found: .*rte/validation-\*\.parquet"):
+        load_split(spec("rte"), str(tmp_path), "test")
+
+
+def test_hub_loading_asks_for_nyu_mll_glue(monkeypatch):
+    """The default source: datasets.load_dataset("nyu-mll/glue", <config>, split=...), MNLI tested on matched."""
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, name, split):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_dict({"premise": ["a b"], "hypothesis": ["c"], "label": [2], "idx": [0]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    load_split.cache_clear()
+    train = load_split(spec("mnli"), None, "train")
+    load_split(spec("mnli"), None, "test")
+    assert calls == [("nyu-mll/glue", "mnli", "train"), ("nyu-mll/glue", "mnli", "validation_matched")]
+    assert train.texts == (["a b"], ["c"]) and train.labels.tolist() == [2]
+    load_split.cache_clear()
+
+
+def test_hub_failure_is_one_clear_line(monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    load_split.cache_clear()
+    with pytest.raises(UserError, match=r"could not load nyu-mll/glue/cola .*Couldn't reach.*Offline\? Point data.dir"):
+        load_split(spec("cola"), None, "train")
+    load_split.cache_clear()
+
+
+def test_missing_file_and_directory(tmp_path):
+    write_glue(tmp_path, 30, 10)
+    (tmp_path / "CoLA" / "dev.tsv").unlink()
+    load_split.cache_clear()
+    with pytest.raises(UserError, match=f"data file not found: {tmp_path}/CoLA/dev.tsv"):
+        load_split(spec("cola"), str(tmp_path), "test")
+    shutil.rmtree(tmp_path / "RTE")
+    with pytest.raises(UserError, match=r"no rte data under .*expected .*RTE/ .*rte/"):
+        load_split(spec("rte"), str(tmp_path), "train")
+    with pytest.raises(UserError, match="no such directory"):
+        load_split(spec("rte"), str(tmp_path / "nowhere"), "train")
+
+
+def test_malformed_rows_name_file_and_line(tmp_path):
+    write_glue(tmp_path, 30, 10)
+    path = tmp_path / "MRPC" / "train.tsv"
+    lines = path.read_text().splitlines()
+    lines[4] = "\t".join(lines[4].split("\t")[:3])  # a row cut short
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"malformed row in .*MRPC/train.tsv, line 5: expected 5 tab-separated fields, found 3"):
+        read_tsv(path, spec("mrpc"))
+    path = tmp_path / "RTE" / "train.tsv"
+    path.write_text(path.read_text().replace("not_entailment", "maybe", 1))
+    with pytest.raises(UserError, match=r"RTE/train.tsv, line \d+: label 'maybe' is not valid for rte"):
+        read_tsv(path, spec("rte"))
+
+
+@pytest.mark.skipif(not SHARED_GLUE.is_dir(), reason="../shared/data/glue is not beside the checkout")
+@pytest.mark.parametrize("task,train_rows,test_rows", [
+    ("cola", 8551, 1043), ("sst2", 67349, 872), ("mrpc", 3668, 408), ("stsb", 5749, 1500), ("rte", 2490, 277),
+])
+def test_real_glue_files_load_completely(task, train_rows, test_rows):
+    """Row counts from ../shared/data/glue/README.md (the official sizes)."""
+    assert len(load_split(spec(task), str(SHARED_GLUE), "train")) == train_rows
+    assert len(load_split(spec(task), str(SHARED_GLUE), "test")) == test_rows
+
+
+def test_encoding_is_memoised_and_batches_pad_dynamically(glue_dir, tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    split = load_split(spec("mrpc"), str(glue_dir), "train")
+    first = encode(split, [3, 1, 2], tokenizer, 128)
+    cached = dict(split.encodings[(tokenizer.name_or_path, 128)])
+    again = encode(split, [2, 3], tokenizer, 128)
+    assert again.input_ids == [first.input_ids[2], first.input_ids[0]]
+    assert split.encodings[(tokenizer.name_or_path, 128)] == cached  # nothing tokenised twice
+    assert first.token_type_ids[0].count(1) > 0  # sentence pairs get segment ids
+    batch = collate(first, [0, 1, 2], tokenizer.pad_token_id, torch.device("cpu"))
+    longest = max(len(ids) for ids in first.input_ids)
+    assert batch["input_ids"].shape == (3, longest)
+    assert batch["attention_mask"].sum(1).tolist() == [len(ids) for ids in first.input_ids]
+    assert encode(split, [0], tokenizer, 6).input_ids[0].__len__() <= 6  # truncation to max_length
+
+
+def test_evaluation_batches_are_length_sorted_and_cover_every_row(glue_dir, tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    split = load_split(spec("sst2"), str(glue_dir), "test")
+    encoded = encode(split, range(len(split)), tokenizer, 128)
+    batches = evaluation_batches(encoded, 5, tokenizer.pad_token_id, torch.device("cpu"))
+    rows = [r for chunk, _ in batches for r in chunk]
+    assert sorted(rows) == list(range(len(split)))
+    lengths = [len(encoded.input_ids[r]) for r in rows]
+    assert lengths == sorted(lengths)

@@ -1,0 +1,280 @@
+"""Every method through the same checks: trainable set, parameter count, forward/backward, gates, equivalences."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import BertConfig, BertForSequenceClassification
+
+from conftest import tiny_backbone
+from peltbench.methods import build_pelt_model, parameter_counts
+from peltbench.methods.base import Gate, PeltModel
+from peltbench.methods.prefix import PrefixSelfAttention
+from peltbench.packaged import options, packaged_config
+
+METHODS = options("method")
+
+# Stored parameters per task for the tiny config (H = 32, 2 layers, intermediate 64, vocab 64, 128 positions),
+# METHODS.md's counting, worked out by hand:
+#   adapter (48):  per layer Down 32·48+48 + Up 48·32+32 = 3,152            → 6,304
+#   prefix (L):    L · 2 · layers · H = L · 128                              → 1,280 (L=10), 6,400 (L=50), 1,024 (L=8)
+#   LoRA (r=8):    per projection 32·8 + 8·32 = 512, query+value, 2 layers    → 2,048
+#   gate:          Linear(32 → 1) = 33, one per layer and submodule
+#   BitFit:        embeddings LN 32 + per layer (96 QKV + 32 + 32 + 64 + 32 + 32) + pooler 32 = 32 + 2·288 + 32 → 640
+#   LN-tuning:     (1 + 2 · layers) LayerNorms × 2 × 32                       → 320
+#   MAM:           prefix L=8 1,024 + parallel adapter (8) 2·(32·8+8 + 8·32+32) = 1,104 → 2,128
+#   fine-tuning:   embeddings 64·32 + 128·32 + 2·32 + 64 = 6,272; per layer 3·1,056 + 1,056 + 64 + 2,112 + 2,080 + 64
+#                  = 8,544; pooler 1,056 → 6,272 + 2·8,544 + 1,056 = 24,416
+TINY_STORED = {
+    "ft": 24_416, "bitfit": 640, "adapter": 6_304, "prefix": 1_280, "prefix_l50": 6_400, "lora": 2_048,
+    "unipelt_ap": 6_304 + 1_280 + 4 * 33, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
+    "unipelt_ap_nogate": 6_304 + 1_280, "unipelt_apl_nogate": 6_304 + 1_280 + 2_048,
+    "ln": 320, "prefix_ln": 1_280 + 320, "mam": 2_128,
+}
+# METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
+BERT_BASE_STORED = {
+    "ft": 109_482_240, "bitfit": 102_912, "adapter": 894_528, "prefix": 184_320, "lora": 294_912,
+    "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
+}
+HEAD = {"train": {"classifier.weight", "classifier.bias"}, "bias": {"classifier.bias"}, "frozen": set()}
+
+
+def method_config(name: str, **changes):
+    config = copy.deepcopy(packaged_config(f"method/{name}.yaml"))
+    for key, value in changes.items():
+        OmegaConf.update(config, key, value, force_add=True)
+    return config
+
+
+def build(name: str, num_labels: int = 2, **changes) -> PeltModel:
+    return build_pelt_model(tiny_backbone(num_labels), method_config(name, **changes), model_seed=42).eval()
+
+
+def inputs(batch: int = 3, length: int = 9, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, 64, (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[0, length - 3 :] = 0  # one padded row
+    return input_ids, mask, torch.zeros_like(input_ids)
+
+
+def test_menu_is_the_issue_list():
+    assert set(METHODS) == set(TINY_STORED)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_parameter_count_tiny(name):
+    assert parameter_counts(build(name))["trainable_params"] == TINY_STORED[name]
+
+
+@pytest.mark.parametrize("name", sorted(BERT_BASE_STORED))
+def test_parameter_count_bert_base_matches_methods_table(name):
+    with torch.device("meta"):
+        model = build_pelt_model(BertForSequenceClassification(BertConfig()), method_config(name), 42)
+    counts = parameter_counts(model)
+    assert counts["trainable_params"] == BERT_BASE_STORED[name]
+    assert counts["backbone_params"] == 109_482_240
+
+
+def _trainable_names(model: PeltModel) -> set[str]:
+    return {n.removeprefix("backbone.") for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_trainable_set(name):
+    """Each method trains exactly what METHODS.md says, and the head as its config says."""
+    model = build(name)
+    config = method_config(name)
+    names = _trainable_names(model)
+    assert {n for n in names if n.startswith("classifier.")} == HEAD[config.head]
+    body = {n for n in names if not n.startswith("classifier.")}
+    expected_fragment = {
+        "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
+        "parallel_adapter": ".adapter.", "prefix": "prefix", "lora": "lora_",
+    }
+    allowed = [expected_fragment[c] for c in config.components]
+    if None in allowed:  # fine-tuning: everything
+        assert body == {n.removeprefix("backbone.") for n, _ in model.named_parameters() if not n.startswith("backbone.classifier")}
+        return
+    gates = {n for n in body if ".gate." in n}
+    assert all(any(fragment in n for fragment in allowed) for n in body - gates), sorted(body)
+    assert bool(gates) == bool(config.get("gated", False))
+
+
+@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("num_labels", [2, 1])
+def test_forward_backward_reaches_exactly_the_trainable(name, num_labels):
+    model = build(name, num_labels=num_labels).train()
+    logits = model(*inputs())
+    assert logits.shape == (3, num_labels)
+    logits.pow(2).mean().backward()
+    for parameter_name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            assert parameter.grad is not None, parameter_name
+        else:
+            assert parameter.grad is None, parameter_name
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_bitfit_trains_every_bias_and_only_biases():
+    names = _trainable_names(build("bitfit"))
+    all_biases = {n for n, _ in tiny_backbone().bert.named_parameters() if n.endswith("bias")}
+    assert names == {f"bert.{n}" for n in all_biases} | {"classifier.bias"}
+
+
+def test_ln_trains_every_layernorm():
+    names = _trainable_names(build("ln"))
+    assert sorted(n for n in names if "LayerNorm" in n) == sorted(
+        f"bert.{n}" for n, _ in tiny_backbone().bert.named_parameters() if "LayerNorm" in n
+    )
+
+
+@pytest.mark.parametrize("name", ["unipelt_ap", "unipelt_apl"])
+def test_gate_shape_and_range(name):
+    model = build(name)
+    model.context.start_gate_recording()
+    model(*inputs())
+    gates = model.context.stop_gate_recording()
+    expected = {"adapter", "prefix"} | ({"lora_query", "lora_value"} if name == "unipelt_apl" else set())
+    assert set(gates) == expected
+    for values in gates.values():
+        assert len(values) == 2 and all(0 < v < 1 for v in values)
+    gate = next(m for m in model.modules() if isinstance(m, Gate))
+    model.context.token_mask = inputs()[1]
+    value = gate(torch.randn(3, 9, 32))
+    assert value.shape == (3,) and bool(((value > 0) & (value < 1)).all())
+
+
+def test_gate_ignores_padding():
+    """The masked mean: padding a sequence further leaves every gate and the output unchanged."""
+    model = build("unipelt_apl")
+    input_ids, mask, types = inputs(batch=2)
+    padded = torch.cat([input_ids, torch.zeros(2, 5, dtype=torch.long)], dim=1)
+    padded_mask = torch.cat([mask, torch.zeros(2, 5, dtype=torch.long)], dim=1)
+    model.context.start_gate_recording()
+    short = model(input_ids, mask, types)
+    gates_short = model.context.stop_gate_recording()
+    model.context.start_gate_recording()
+    long = model(padded, padded_mask, torch.zeros_like(padded))
+    gates_long = model.context.stop_gate_recording()
+    torch.testing.assert_close(short, long)
+    for key in gates_short:
+        assert gates_short[key] == pytest.approx(gates_long[key], abs=1e-6)
+
+
+def _reference(num_labels: int = 2):
+    return tiny_backbone(num_labels)
+
+
+def test_ungated_adapter_with_zero_up_leaves_output_unchanged():
+    model = build("adapter")
+    for layer in model.layers:
+        torch.nn.init.zeros_(layer.output.adapter.up.weight)
+        torch.nn.init.zeros_(layer.output.adapter.up.bias)
+    reference = _reference()
+    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
+
+
+def test_lora_with_zero_b_leaves_output_unchanged():
+    model = build("lora")  # B starts at zero (METHODS.md), so the model starts as the pretrained one
+    reference = _reference()
+    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
+
+
+def test_parallel_adapter_starts_as_the_pretrained_model():
+    model = build("mam", components=["parallel_adapter"])
+    reference = _reference()
+    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
+
+
+def test_closed_gates_switch_adapter_and_lora_off():
+    """Gate = 0 on adapter and LoRA (bias → -inf) gives the model without them, even with B ≠ 0."""
+    model = build("unipelt_apl", components=["adapter", "lora"])
+    for module in model.modules():
+        if isinstance(module, Gate):
+            torch.nn.init.constant_(module.linear.bias, -1e4)
+        if hasattr(module, "lora_b"):
+            torch.nn.init.normal_(module.lora_b.weight)
+    reference = _reference()
+    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
+
+
+def test_gated_lora_gate_replaces_scale():
+    """With the gate fixed at g, gated LoRA equals ungated LoRA with scale g (official code: gate replaces α)."""
+    gated = build("lora", gated=True)
+    plain = build("lora", lora_scale=0.5)
+    for module in list(gated.modules()) + list(plain.modules()):
+        if hasattr(module, "lora_b"):
+            torch.manual_seed(3)
+            torch.nn.init.normal_(module.lora_a.weight)
+            torch.nn.init.normal_(module.lora_b.weight)
+        if isinstance(module, Gate):
+            torch.nn.init.zeros_(module.linear.weight)
+            torch.nn.init.zeros_(module.linear.bias)  # sigmoid(0) = 0.5
+    torch.testing.assert_close(gated(*inputs()), plain(*inputs()))
+
+
+def test_prefix_attention_matches_a_hand_written_reference():
+    """One layer's attention with the prefix prepended, written out: softmax(q [Pk; K]ᵀ / √d + mask) [Pv; V]."""
+    model = build("prefix", gated=False)
+    wrapper = model.layers[0].attention.self
+    assert isinstance(wrapper, PrefixSelfAttention)
+    inner = wrapper.inner
+    hidden = torch.randn(2, 5, 32)
+    token_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    attention_mask = token_mask.bool()[:, None, None, :].expand(2, 1, 5, 5)
+    out, _ = wrapper(hidden, attention_mask=attention_mask)
+
+    def heads(x):
+        return x.view(2, 5, 2, 16).transpose(1, 2)
+    q, k, v = heads(inner.query(hidden)), heads(inner.key(hidden)), heads(inner.value(hidden))
+    pk, pv = model.prefix_encoder.layer_prefix(0)
+    k = torch.cat([pk.expand(2, -1, -1, -1), k], dim=2)
+    v = torch.cat([pv.expand(2, -1, -1, -1), v], dim=2)
+    scores = q @ k.transpose(-1, -2) / 16**0.5
+    visible = torch.cat([torch.ones(2, 10, dtype=torch.bool), token_mask.bool()], dim=1)[:, None, None, :]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    expected = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 32)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_gate_scales_prefix_keys_and_values():
+    """A closed prefix gate (g → 0) leaves zero-valued prefix keys/values: still attended (softmax), as the paper notes."""
+    model = build("prefix", gated=True)
+    for module in model.modules():
+        if isinstance(module, Gate):
+            torch.nn.init.constant_(module.linear.bias, -1e4)
+    logits = model(*inputs())
+    reference = _reference()
+    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    assert not torch.allclose(logits, reference(*_as_kwargs(inputs())).logits)  # zero keys still take softmax mass
+
+
+def test_model_seed_fixes_the_new_modules():
+    first, second = build("unipelt_apl"), build("unipelt_apl")
+    for (name, a), (_, b) in zip(first.named_parameters(), second.named_parameters()):
+        assert torch.equal(a, b), name
+    alone, inside = build("adapter"), build("unipelt_ap_nogate")
+    torch.testing.assert_close(alone.layers[0].output.adapter.down.weight, inside.layers[0].output.adapter.down.weight)
+
+
+def test_unknown_component_and_head_are_reported():
+    with pytest.raises(ValueError, match="unknown component"):
+        build("adapter", components=["adaptr"])
+    with pytest.raises(ValueError, match="head must be one of"):
+        build("adapter", head="yes")
+    with pytest.raises(ValueError, match="lora_targets"):
+        build("lora", lora_targets=["query", "output"])
+
+
+def _as_kwargs(triple):
+    input_ids, mask, types = triple
+    return input_ids, mask, types

@@ -1,0 +1,95 @@
+"""Early stopping stops and restores the best state; a run is deterministic; a crash leaves a `failed` record."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose_config, tiny_backbone, tiny_run_overrides
+from peltbench.data import Encoded
+from peltbench.methods import build_pelt_model
+from peltbench.packaged import packaged_config
+from peltbench.runner import run_experiment
+from peltbench.tasks import TaskSpec
+from peltbench.train import TrainSettings, fit
+
+
+class ScriptedDev:
+    """A dev evaluator whose main scores follow a script; it remembers the adapter weights it saw."""
+
+    def __init__(self, scores):
+        self.scores = list(scores)
+        self.seen = []
+        self.seconds = 0.0
+
+    def __call__(self, model):
+        self.seen.append(model.layers[0].output.adapter.down.weight.detach().clone())
+        score = self.scores[len(self.seen) - 1]
+        return {"accuracy": score, "main": score}
+
+
+def _tiny_training_set(n: int = 8) -> Encoded:
+    rng = np.random.default_rng(0)
+    ids = [[2, *rng.integers(5, 60, 6).tolist(), 3] for _ in range(n)]
+    return Encoded(ids, [[0] * len(i) for i in ids], rng.integers(0, 2, n))
+
+
+def _adapter_model():
+    return build_pelt_model(tiny_backbone(), packaged_config("method/adapter.yaml"), 42)
+
+
+def test_early_stopping_stops_after_patience_and_restores_the_best_state():
+    task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
+    dev = ScriptedDev([50, 60, 55, 60, 59, 58, 70])  # best 60 at epoch 2; 60 again at 4 is no strict improvement
+    model = _adapter_model()
+    result = fit(model, _tiny_training_set(), dev, task, TrainSettings(lr=1e-2, epochs=7, patience=3), pad_id=0)
+    assert (result.best_epoch, result.epochs_run) == (2, 5)
+    assert result.dev_best == {"accuracy": 60, "main": 60}
+    assert [h["dev_main"] for h in result.history] == [50, 60, 55, 60, 59]
+    torch.testing.assert_close(model.layers[0].output.adapter.down.weight, dev.seen[1], rtol=0, atol=0)
+    assert not torch.equal(dev.seen[1], dev.seen[4])  # training did move the weights after epoch 2
+    assert result.train_steps == 5  # 8 examples, batch 16 → 1 step per epoch
+
+
+def test_undefined_dev_scores_never_count_as_improvement():
+    task = TaskSpec.from_config(compose_config("method=adapter", "task=stsb").task)
+    dev = ScriptedDev([None, None, None, None])
+    data = _tiny_training_set()
+    data.labels = data.labels.astype(np.float32)
+    model = build_pelt_model(tiny_backbone(num_labels=1), packaged_config("method/adapter.yaml"), 42)
+    result = fit(model, data, dev, task, TrainSettings(lr=1e-3, epochs=4, patience=2), pad_id=0)
+    assert (result.best_epoch, result.epochs_run) == (1, 3)
+
+
+def test_same_config_on_cpu_gives_identical_records(tiny_checkpoint, glue_dir, tmp_path):
+    records = []
+    for name in ("first", "second"):
+        cfg = compose_config("method=unipelt_apl", "task=mrpc", *tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path / name))
+        records.append(run_experiment(cfg, tmp_path / name))
+    first, second = records
+    for field in ("test", "dev_best", "best_epoch", "epochs_run", "history", "gates", "split"):
+        assert first[field] == second[field], field
+    assert first["status"] == "ok" and first["gates"] is not None
+
+
+def test_a_crash_writes_a_failed_record_and_a_rerun_retries(tiny_checkpoint, glue_dir, tmp_path, monkeypatch):
+    import peltbench.runner
+
+    cfg = compose_config("method=lora", "task=rte", *tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path))
+
+    def broken_fit(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(peltbench.runner, "fit", broken_fit)
+    with pytest.raises(RuntimeError):
+        run_experiment(cfg, tmp_path)
+    path = next(tmp_path.rglob("result.json"))
+    failed = json.loads(path.read_text())
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: CUDA out of memory (simulated)"
+    assert failed["test"] is None and "broken_fit" in failed["traceback"]
+    monkeypatch.undo()
+    retried = run_experiment(cfg, tmp_path)
+    assert retried["status"] == "ok" and json.loads(path.read_text())["status"] == "ok"
