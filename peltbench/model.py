@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -45,7 +47,17 @@ def load_config(name: str, num_labels: int):
 
 
 def load_backbone(name: str, num_labels: int, model_seed: int):
-    """A `BertForSequenceClassification` with pretrained weights; the new head is drawn after seeding."""
+    """A fresh `BertForSequenceClassification` with pretrained weights and a head drawn after seeding.
+
+    Loaded from disk (or the Hub) once per process and copied for each run, so the runs of a sweep in one
+    process — Hydra's local launcher, or a packed SLURM job — share one model load. A copy equals a fresh
+    load: the same checkpoint, and the head drawn under the same seed.
+    """
+    return copy.deepcopy(_pretrained(name, num_labels, model_seed))
+
+
+@lru_cache(maxsize=3)
+def _pretrained(name: str, num_labels: int, model_seed: int):
     from transformers import BertForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -54,12 +66,14 @@ def load_backbone(name: str, num_labels: int, model_seed: int):
     torch.manual_seed(model_seed)
     try:
         return BertForSequenceClassification.from_pretrained(
-            os.path.expanduser(name), config=config, dtype=torch.float32
+            os.path.expanduser(name), config=config, dtype=torch.float32,
+            ignore_mismatched_sizes=True,  # a checkpoint saved with another head size gets a new head
         )
     except Exception as error:
         raise _load_error(name, error) from error
 
 
+@lru_cache(maxsize=2)
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 

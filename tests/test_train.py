@@ -93,3 +93,18 @@ def test_a_crash_writes_a_failed_record_and_a_rerun_retries(tiny_checkpoint, glu
     monkeypatch.undo()
     retried = run_experiment(cfg, tmp_path)
     assert retried["status"] == "ok" and json.loads(path.read_text())["status"] == "ok"
+
+
+def test_cached_backbone_copies_equal_a_fresh_load_and_are_independent(tiny_checkpoint):
+    from transformers import BertForSequenceClassification
+
+    from peltbench.model import load_backbone
+
+    first = load_backbone(str(tiny_checkpoint), 3, 42)
+    with torch.no_grad():
+        first.classifier.weight.add_(1.0)  # training one run must not touch the next run's model
+    second = load_backbone(str(tiny_checkpoint), 3, 42)
+    torch.manual_seed(42)
+    fresh = BertForSequenceClassification.from_pretrained(tiny_checkpoint, num_labels=3, ignore_mismatched_sizes=True)
+    for (name, a), (_, b) in zip(second.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -1,0 +1,1 @@
+"""Hydra launcher plugin for peltbench sweeps on SLURM (see peltbench README)."""
