@@ -49,7 +49,7 @@ def run_experiment(cfg: DictConfig, results_dir: Path) -> dict:
         log.error("failed: %s (record written to %s)", record["error"], path)
         raise
     write_record(path, {**record, "finished_at": utc_now()})
-    log.info("done: test %s %.2f, record %s", cfg.task.main_metric, record["test"]["main"] or float("nan"), path)
+    log.info("done: test %s %s, record %s", cfg.task.main_metric, record["test"]["main"], path)
     return record
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from .data import Encoded, collate, evaluation_batches
 from .metrics import compute_metrics
@@ -52,6 +53,7 @@ class Evaluator:
 
     def __init__(self, encoded: Encoded, task: TaskSpec, settings: TrainSettings, pad_id: int) -> None:
         self.batches = evaluation_batches(encoded, settings.eval_batch_size, pad_id, settings.device)
+        self.order = [row for rows, _ in self.batches for row in rows]
         self.labels = encoded.labels
         self.task = task
         self.settings = settings
@@ -61,11 +63,12 @@ class Evaluator:
     def __call__(self, model) -> dict:
         start = _now(self.settings.device)
         model.eval()
-        outputs = np.empty((len(self.labels), model.backbone.config.num_labels), dtype=np.float32)
-        for rows, batch in self.batches:
+        logits = []
+        for _, batch in self.batches:
             with _autocast(self.settings):
-                logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-            outputs[rows] = logits.float().cpu().numpy()
+                logits.append(model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).float())
+        outputs = np.empty((len(self.labels), model.backbone.config.num_labels), dtype=np.float32)
+        outputs[self.order] = torch.cat(logits).cpu().numpy()  # one device-to-host copy, back in row order
         predictions = outputs[:, 0] if self.task.is_regression else outputs.argmax(axis=1)
         self.seconds = _now(self.settings.device) - start
         return compute_metrics(self.task.metrics, self.task.main_metric, predictions, self.labels)
@@ -117,7 +120,9 @@ def _train_epoch(model, train, task, settings, optimizer, schedule, parameters, 
     model.train()
     order = torch.randperm(len(train), generator=shuffler).tolist()
     total, count = 0.0, 0
-    for start in range(0, len(order), settings.batch_size):
+    starts = range(0, len(order), settings.batch_size)
+    # A bar within the epoch for long epochs (k=all) on a terminal; off in logs and batch jobs (disable=None).
+    for start in tqdm(starts, desc="train", unit="step", leave=False, disable=None, mininterval=2):
         batch = collate(train, order[start : start + settings.batch_size], pad_id, settings.device)
         with _autocast(settings):
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])

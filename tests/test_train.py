@@ -108,3 +108,15 @@ def test_cached_backbone_copies_equal_a_fresh_load_and_are_independent(tiny_chec
     fresh = BertForSequenceClassification.from_pretrained(tiny_checkpoint, num_labels=3, ignore_mismatched_sizes=True)
     for (name, a), (_, b) in zip(second.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("method,task,k", [("ft", "stsb", 16), ("mam", "mnli", 16), ("prefix_ln", "cola", "all")])
+def test_runs_regression_three_way_and_k_all(method, task, k, tiny_checkpoint, glue_dir, tmp_path):
+    overrides = [*tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path), f"k={k}", "train.epochs=2"]
+    record = run_experiment(compose_config(f"method={method}", f"task={task}", *overrides), tmp_path)
+    assert record["status"] == "ok" and record["epochs_run"] == 2
+    expected = {"stsb": {"spearman", "pearson", "main"}, "mnli": {"accuracy", "main"}, "cola": {"mcc", "main"}}[task]
+    assert set(record["test"]) == expected
+    if k == "all":  # Table 3: trained on all 60 rows, selected and reported on the official dev split
+        assert record["split"] == {"train_indices": None, "dev_indices": None}
+        assert record["test"] == record["dev_best"] and record["train_steps"] == 2 * 4  # ceil(60 / 16) per epoch
