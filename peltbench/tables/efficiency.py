@@ -1,0 +1,46 @@
+"""Table 4 (§4.4): trainable parameters and training / inference time relative to fine-tuning.
+
+Parameters are what the records carry (`trainable_params`, METHODS.md's count, head excluded) over
+`backbone_params`. Training time is seconds per optimiser step and inference time seconds per test
+example: each is averaged over the seeds of one (task, K), divided by fine-tuning's on the same (task, K),
+and the ratios are averaged over every (task, K) that both methods ran.
+"""
+import pandas as pd
+
+from .names import EFFICIENCY_METHODS, order_of
+
+COLUMNS = ["trainable_params", "backbone_params", "params_percent", "train_time_percent", "inference_time_percent", "setups"]
+
+
+def efficiency_table(runs):
+    """One row per method (Table 4's order) from ok runs with default settings; times NaN without fine-tuning."""
+    ok = runs[runs["status"] == "ok"]
+    if ok.empty:
+        return pd.DataFrame(columns=COLUMNS).rename_axis("method")
+    table = pd.DataFrame({
+        "trainable_params": ok.groupby("method")["trainable_params"].agg(_most_common),
+        "backbone_params": ok.groupby("method")["backbone_params"].agg(_most_common),
+    })
+    table["params_percent"] = 100 * table["trainable_params"] / table["backbone_params"]
+    train_time, setups = _relative_to_fine_tuning(ok, "train_seconds", "train_steps")
+    inference_time, _ = _relative_to_fine_tuning(ok, "test_seconds", "test_examples")
+    table["train_time_percent"] = 100 * train_time
+    table["inference_time_percent"] = 100 * inference_time
+    table["setups"] = setups.reindex(table.index).fillna(0).astype(int)
+    return table.loc[sorted(table.index, key=lambda method: order_of(method, EFFICIENCY_METHODS)), COLUMNS]
+
+
+def _most_common(values):
+    """The count a method reports (the same on every task); NaN when no record carries it."""
+    values = values.dropna()
+    return values.mode().iloc[0] if len(values) else float("nan")
+
+
+def _relative_to_fine_tuning(ok, seconds, units):
+    """Mean over (task, K) of method / fine-tuning seconds per unit; also how many (task, K) each ratio used."""
+    per_unit = (pd.to_numeric(ok[seconds]) / pd.to_numeric(ok[units])).rename("per_unit")
+    by_setup = ok.assign(per_unit=per_unit).groupby(["method", "task", "k"])["per_unit"].mean().unstack("method")
+    if "ft" not in by_setup:
+        return pd.Series(dtype=float), pd.Series(dtype=int)
+    ratios = by_setup.div(by_setup["ft"], axis=0)
+    return ratios.mean(), ratios.notna().sum()

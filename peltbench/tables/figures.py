@@ -1,0 +1,120 @@
+"""Figures 2 and 3 of the paper, and UniPELT's gates per layer (PNG via matplotlib).
+
+Figures are built on `matplotlib.figure.Figure`, not pyplot, so importing this module never switches the
+backend of a notebook and rendering needs no display. Each function returns None when the records hold
+nothing to plot.
+"""
+import numpy as np
+from matplotlib.figure import Figure
+
+from .names import TASK_METRICS, TASKS, k_label, k_order, method_label, order_of, task_label
+from .records import default_runs, swept_runs
+
+REFERENCE_METHODS = ("ft", "unipelt_ap", "unipelt_apl")  # Figure 2's horizontal lines (the text compares with both UniPELTs)
+GATED_METHODS = ("unipelt_apl", "unipelt_ap")            # the gate figure prefers APL: it has all three gates
+SUBMODULES = ("adapter", "prefix", "lora_query", "lora_value")
+
+
+def scored(runs):
+    return runs[(runs["status"] == "ok") & runs["main"].notna()]
+
+
+def bottleneck_figure(records, task="cola", k="100"):
+    """Figure 2: adapter score against bottleneck size D_mid on CoLA, K = 100 (mean ± std over data seeds, §4.2)."""
+    runs = scored(swept_runs(records, "adapter", "bottleneck"))
+    runs = runs[(runs["task"] == task) & (runs["k"] == k)]
+    if runs["value"].nunique() < 2:
+        return None
+    figure = Figure(figsize=(5.5, 3.8), layout="constrained")
+    axes = figure.subplots()
+    _mean_and_std(axes, runs, label="Adapter")
+    references = scored(default_runs(records))
+    references = references[(references["task"] == task) & (references["k"] == k)]
+    for colour, method in enumerate(REFERENCE_METHODS, start=1):
+        scores = references.loc[references["method"] == method, "main"]
+        if len(scores):
+            axes.axhline(scores.mean(), linestyle="--", color=f"C{colour}", label=method_label(method))
+    _power_of_two_axis(axes, runs["value"], "bottleneck size $D_{mid}$")
+    axes.set_ylabel(f"{task_label(task)} test {TASK_METRICS.get(task, 'score')} (×100)")
+    axes.set_title(f"Figure 2: adapter bottleneck size ({task_label(task)}, {k_label(k)})")
+    axes.legend(fontsize="small")
+    return figure
+
+
+def lora_scale_figure(records):
+    """Figure 3: LoRA score against its scaling factor α, one panel per (task, K) that was swept (§4.2)."""
+    runs = scored(swept_runs(records, "lora", "lora_scale"))
+    swept = runs.groupby(["task", "k"])["value"].nunique()
+    setups = sorted(swept[swept >= 2].index, key=lambda setup: (order_of(setup[0], TASKS), k_order(setup[1])))
+    if not setups:
+        return None
+    columns = min(2, len(setups))
+    rows = -(-len(setups) // columns)
+    figure = Figure(figsize=(5 * columns, 3.6 * rows), layout="constrained")
+    panels = figure.subplots(rows, columns, squeeze=False).ravel()
+    for axes, (task, k) in zip(panels, setups):
+        setup = runs[(runs["task"] == task) & (runs["k"] == k)]
+        _mean_and_std(axes, setup, label="LoRA")
+        _power_of_two_axis(axes, setup["value"], "scaling factor α")
+        axes.set_ylabel(f"test {TASK_METRICS.get(task, 'score')} (×100)")
+        axes.set_title(f"{task_label(task)}, {k_label(k)}")
+    for axes in panels[len(setups):]:
+        axes.set_visible(False)
+    figure.suptitle("Figure 3: LoRA scaling factor")
+    return figure
+
+
+def gate_figure(records):
+    """UniPELT's mean gate value per layer and submodule on the test set, one panel per task (§3.2's gates).
+
+    The paper argues from the gates but never plots them. Shown for UniPELT (APL) when it has gate
+    records (else AP), at the K with the most such records, averaged over data seeds.
+    """
+    runs = default_runs(records)
+    runs = runs[(runs["status"] == "ok") & runs["gates"].map(lambda gates: isinstance(gates, dict) and bool(gates))]
+    runs = runs[runs["method"].isin(GATED_METHODS)]
+    if runs.empty:
+        return None
+    method = next(method for method in GATED_METHODS if method in set(runs["method"]))
+    runs = runs[runs["method"] == method]
+    k = min(runs["k"].unique(), key=lambda k: (-(runs["k"] == k).sum(), k_order(k)))
+    runs = runs[runs["k"] == k]
+    tasks = sorted(runs["task"].unique(), key=lambda task: order_of(task, TASKS))
+    columns = min(4, len(tasks))
+    rows = -(-len(tasks) // columns)
+    figure = Figure(figsize=(max(3.6 * columns, 6.5), 3 * rows), layout="constrained")  # wide enough for the title
+    panels = figure.subplots(rows, columns, squeeze=False, sharey=True).ravel()
+    for axes, task in zip(panels, tasks):
+        _gate_lines(axes, runs.loc[runs["task"] == task, "gates"])
+        axes.set_title(task_label(task))
+        axes.set_xlabel("layer")
+        axes.set_ylim(0, 1)
+    for axes in panels[len(tasks):]:
+        axes.set_visible(False)
+    panels[0].set_ylabel("mean gate value")
+    panels[0].legend(fontsize="small")
+    figure.suptitle(f"{method_label(method)}: mean gate per layer on the test set\n({k_label(k)}, mean over seeds)")
+    return figure
+
+
+def _gate_lines(axes, gates):
+    """One line per submodule: the layer-wise gates averaged over the seeds' records."""
+    for colour, submodule in enumerate(SUBMODULES):
+        per_seed = [record[submodule] for record in gates if record.get(submodule)]
+        if per_seed:
+            mean = np.mean(np.array(per_seed, dtype=float), axis=0)
+            axes.plot(np.arange(1, len(mean) + 1), mean, marker=".", color=f"C{colour}", label=submodule)
+
+
+def _mean_and_std(axes, runs, label):
+    """Mean ± std over data seeds per swept value, with error bars."""
+    stats = runs.groupby("value")["main"].agg(["mean", "std"])
+    axes.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=label)
+
+
+def _power_of_two_axis(axes, values, label):
+    """Swept sizes and scales grow geometrically: a log2 axis with the swept values as ticks."""
+    ticks = sorted(set(values))
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(ticks, [f"{tick:g}" for tick in ticks])
+    axes.set_xlabel(label)

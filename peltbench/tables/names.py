@@ -1,0 +1,60 @@
+"""The paper's names and orders: tasks, methods, K, and which methods UniPELT is made of (§4.1, Tables 1-4)."""
+
+# Table 1's column order (not alphabetical, not GLUE's): SST-2, MRPC, CoLA, RTE, QNLI, STS-B, MNLI, QQP.
+TASKS = ("sst2", "mrpc", "cola", "rte", "qnli", "stsb", "mnli", "qqp")
+TASK_LABELS = {
+    "sst2": "SST-2", "mrpc": "MRPC", "cola": "CoLA", "rte": "RTE",
+    "qnli": "QNLI", "stsb": "STS-B", "mnli": "MNLI", "qqp": "QQP", "avg": "Avg.",
+}
+# Each task's main metric (§4.1, Table 1's caption), for axis labels.
+TASK_METRICS = {
+    "sst2": "accuracy", "mrpc": "F1", "cola": "Matthews corr.", "rte": "accuracy",
+    "qnli": "accuracy", "stsb": "Spearman corr.", "mnli": "accuracy (matched)", "qqp": "F1",
+}
+AVG = "avg"  # the Avg. column travels as one more "task" in the long score frames
+
+# Row order of Tables 1 and 3; the second paper's methods (LN-tuning, Prefix+LN, MAM) follow when present.
+METHODS = (
+    "ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora",
+    "unipelt_ap", "unipelt_ap_nogate", "unipelt_apl", "unipelt_apl_nogate",
+    "ln", "prefix_ln", "mam",
+)
+METHOD_LABELS = {
+    "ft": "Fine-tuning", "bitfit": "BitFit", "adapter": "Adapter", "prefix": "Prefix-tuning",
+    "prefix_l50": "Prefix-tuning (L = 50)", "lora": "LoRA",
+    "unipelt_ap": "UniPELT (AP)", "unipelt_ap_nogate": "UniPELT (AP)-NoGate",
+    "unipelt_apl": "UniPELT (APL)", "unipelt_apl_nogate": "UniPELT (APL)-NoGate",
+    "ln": "LN-tuning", "prefix_ln": "Prefix+LN", "mam": "MAM adapter",
+}
+# Table 4's row order.
+EFFICIENCY_METHODS = ("ft", "bitfit", "prefix", "lora", "adapter", "unipelt_ap", "unipelt_apl")
+
+# "The best single method" UniPELT is tested against (§4.3): the five methods of Table 1 that are not UniPELT.
+SINGLE_METHODS = ("ft", "bitfit", "adapter", "prefix", "lora")
+# Table 2: each gated UniPELT variant and the submodules whose per-task best is its upper bound.
+UNIPELT_SUBMODULES = {
+    "unipelt_ap": ("adapter", "prefix"),
+    "unipelt_apl": ("adapter", "prefix", "lora"),
+}
+
+
+def order_of(name, ordered):
+    """Sort key: the paper's position first, unknown names after them alphabetically."""
+    return (ordered.index(name), "") if name in ordered else (len(ordered), str(name))
+
+
+def k_order(k):
+    """Sort key for K: 100 < 500 < 1000 < all (K is a string in the frames: "100", "all")."""
+    return (1, 0) if k == "all" else (0, int(k))
+
+
+def method_label(method):
+    return METHOD_LABELS.get(method, method)
+
+
+def task_label(task):
+    return TASK_LABELS.get(task, task)
+
+
+def k_label(k):
+    return "K = all" if k == "all" else f"K = {k}"
