@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, parameter_counts
+from .methods import build_pelt_model, check_method, parameter_counts
 from .model import load_backbone, load_tokenizer
 from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
 from .tasks import TaskSpec
@@ -66,8 +66,6 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.precision not in ("auto", "bf16", "fp32"):
         raise UserError(f"precision={cfg.precision}: must be auto, bf16 or fp32")
     try:
-        from .methods import check_method
-
         check_method(cfg.method)
     except ValueError as error:
         raise UserError(str(error)) from None
