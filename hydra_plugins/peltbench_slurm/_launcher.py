@@ -1,0 +1,194 @@
+"""`hydra/launcher=peltbench_slurm`: hydra-submitit-launcher's SLURM launcher, with several runs packed into one job.
+
+A few-shot run (K = 100) leaves a GPU idle most of the time, so `runs_per_job: N` runs N of a sweep's runs one
+after another in one array task: one process, one model load (peltbench.model caches it), one CUDA context.
+`runs_per_job: 1` (the default) is one run per array task, like `submitit_slurm`.
+
+Resume: runs whose records are already done are not submitted, and each submitted run skips itself if its record
+is done by then (peltbench.runner). On SLURM's pre-timeout or preemption signal, submitit calls `checkpoint()`
+(SlurmLauncher's), which requeues the same pack: its finished runs skip, the interrupted one restarts from scratch.
+A pack that ends without results (scancel, node failure) is logged and its runs returned as `lost`, so the
+sweep's other jobs and batches go on; rerunning the sweep runs what it lacks.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+Run = Tuple[List[str], int]  # one run of the sweep: its overrides and its job number
+
+
+@dataclass
+class PeltbenchSlurmConf(SlurmQueueConf):
+    _target_: str = "hydra_plugins.peltbench_slurm._launcher.PeltbenchSlurmLauncher"
+    # Runs per SLURM array task, run one after another in one process (one model load, one CUDA context).
+    runs_per_job: int = 1
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="peltbench_slurm", node=PeltbenchSlurmConf,
+                             provider="peltbench")
+
+
+class PeltbenchSlurmLauncher(SlurmLauncher):
+    def __init__(self, runs_per_job: int = 1, **params: Any) -> None:
+        if runs_per_job < 1:
+            raise ValueError(f"hydra.launcher.runs_per_job={runs_per_job}: must be a positive integer")
+        self.runs_per_job = runs_per_job
+        super().__init__(**params)
+
+    def __call__(self, pack: List[Run], job_dir_key: str, singleton_state: Dict[type, Singleton]) -> List[JobReturn]:
+        """In the array task: the pack's runs one after another, as Hydra's basic launcher runs a sweep.
+
+        A run that fails is recorded FAILED in its JobReturn by run_job and the next one starts.
+        """
+        import submitit
+
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        job_id = submitit.JobEnvironment().job_id
+        returns = []
+        for overrides, job_num in pack:
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config.hydra.job):
+                sweep_config.hydra.job.id = job_id
+                sweep_config.hydra.job.num = job_num
+            returns.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                                   config=sweep_config, job_dir_key=job_dir_key, job_subdir_key="hydra.sweep.subdir"))
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return returns
+
+    # checkpoint() is SlurmLauncher's: a DelayedSubmission of this object with the same pack, which submitit
+    # pickles and requeues on the pre-timeout / preemption signal (max_num_timeout bounds the time-limit requeues).
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Submit one array task per pack of `runs_per_job` runs not yet done; wait; one JobReturn per run, in order.
+
+        Runs whose records are already done are not submitted at all: a resumed sweep queues only what it lacks.
+        """
+        assert self.config is not None and len(job_overrides) > 0
+        runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
+        done = self._done(job_overrides, initial_job_idx)
+        returns = {num: self._already_done(overrides) for overrides, num in runs if num in done}
+        todo = [run for run in runs if run[1] not in returns]
+        packs = [todo[i:i + self.runs_per_job] for i in range(0, len(todo), self.runs_per_job)]
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info("Submitit 'slurm' sweep output dir : %s", sweep_dir)
+        log.info("%d runs: %d already done (not submitted), %d to run in %d array tasks of up to %d runs",
+                 len(runs), len(returns), len(todo), len(packs), self.runs_per_job)
+        for overrides, job_num in todo:
+            log.info("\t#%d : %s", job_num, " ".join(filter_overrides(overrides)))
+        if packs:
+            self._warn_if_still_queued()
+            state = Singleton.get_state()
+            jobs = self._executor().map_array(self, packs, ["hydra.sweep.dir"] * len(packs), [state] * len(packs))
+            for job, pack, finished in zip(jobs, packs, wait(jobs)):
+                for (_, num), ret in zip(pack, self._results(job, pack, finished)):
+                    returns[num] = ret
+        return [returns[num] for _, num in runs]
+
+    def _done(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> set:
+        """Job numbers whose result records are already done (peltbench.missing composes and checks them)."""
+        from peltbench.missing import check_jobs
+
+        assert self.hydra_context is not None and self.config is not None
+        runs = check_jobs(self.hydra_context.config_loader, self.config, job_overrides, first_num=initial_job_idx)
+        return {run.num for run in runs if run.state == "done"}
+
+    def _warn_if_still_queued(self) -> None:
+        """An earlier sweep killed on the submitting side leaves its jobs running; their unfinished runs would run twice."""
+        name = str(self.params.get("name"))
+        queued = _queued(f"--name={name}")
+        if queued:
+            log.warning("%d SLURM jobs named %s are still queued or running (an earlier sweep?): a run that both do "
+                        "runs twice, harmlessly (the last record wins). `squeue --name=%s` lists them, `scancel "
+                        "--name=%s` stops them.", len(queued), name, name, name)
+
+    @staticmethod
+    def _already_done(overrides: List[str]) -> JobReturn:
+        ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
+        ret.return_value = "ok"
+        return ret
+
+    def _executor(self) -> Any:
+        """The submitit executor, configured from the launcher's keys exactly as BaseSubmititLauncher.launch does."""
+        import submitit
+
+        init_keys = {"submitit_folder", "max_num_timeout"}
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=self.params["submitit_folder"],
+                                         slurm_max_num_timeout=self.params["max_num_timeout"])
+        base_keys = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{key if key in base_keys else f"{self._EXECUTOR}_{key}": value
+                                      for key, value in self.params.items() if key not in init_keys})
+        return executor
+
+    @staticmethod
+    def _results(job: Any, pack: List[Run], finished: bool) -> List[JobReturn]:
+        """The pack's JobReturns; for a pack whose job ended without results, a `lost` return per run."""
+        if finished:
+            try:
+                return job.results()[0]
+            except Exception as error:  # e.g. "timed-out too many times": submitit re-raises it here
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        else:
+            reason = f"it left the queue without results (cancelled, node failure, out of memory?); see {job.paths.stderr}"
+        log.error("SLURM job %s (runs #%s) ended without results: %s", job.job_id,
+                  ",".join(str(num) for _, num in pack), reason)
+        lost = []
+        for overrides, _ in pack:
+            ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
+            ret.return_value = "lost"  # not FAILED: the sweep goes on; its summary reports the run as missing
+            lost.append(ret)
+        return lost
+
+
+def wait(jobs: List[Any], poll_s: float = 1.0) -> List[bool]:
+    """Wait until every job has written its result or has left SLURM's queue without one; True for the first.
+
+    submitit's own wait asks `sacct` whether a job without results has ended; on a cluster without accounting
+    storage sacct cannot answer, and a cancelled job would be waited for forever. squeue always answers: a job
+    missing from two successive listings (and without results) has ended. A requeued job stays listed (pending).
+    squeue is asked every 2 s at first, then less often (a tenth of the time waited so far, at most every minute).
+    """
+    finished = [False] * len(jobs)
+    absent: Dict[int, int] = {}  # job index -> successive listings without it
+    started = listed_at = time.monotonic()
+    while True:
+        for i, job in enumerate(jobs):
+            finished[i] = finished[i] or job.paths.result_pickle.exists()
+        waiting = [i for i, done in enumerate(finished) if not done]
+        if all(absent.get(i, 0) >= 2 for i in waiting):
+            return finished
+        now = time.monotonic()
+        if now - listed_at >= min(60.0, max(2.0, (now - started) / 10)):
+            listed_at = now
+            queued = _queued()
+            for i in waiting if queued is not None else []:
+                absent[i] = 0 if jobs[i].job_id in queued else absent.get(i, 0) + 1
+        time.sleep(poll_s)
+
+
+def _queued(*options: str) -> Optional[Set[str]]:
+    """This user's job ids in SLURM's queue (array tasks one by one, e.g. 123_4), or None if squeue fails."""
+    try:
+        listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i", f"--user={getpass.getuser()}",
+                                  *options], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(listing.stdout.split()) if listing.returncode == 0 else None

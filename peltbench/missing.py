@@ -1,0 +1,294 @@
+"""What a sweep still lacks: `peltbench-missing`, and the summary printed at the end of `peltbench -m ...`.
+
+    peltbench-missing method=adapter,lora task=rte,mrpc k=100 seed=111,222
+    peltbench-missing +experiment=table1 hydra/launcher=slurm hydra.launcher.partition=gpu
+
+takes a sweep's arguments, expands its grid as Hydra's BasicSweeper does (the `hydra.sweeper.params` of an
+`+experiment` file, then the command line's key=a,b,c), composes each run's config, and looks at its record:
+done (status ok), failed, missing (no readable record), or another config's record (a rerun stops on it).
+It prints the counts, the runs not done, and the `peltbench -m ...` command(s) that run only the failed and
+missing ones; other arguments (hydra/launcher=slurm, results_dir=...) go through to those commands.
+Exit status: 0 when every run is done, 1 otherwise, 2 for a bad argument.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from .record import config_hash, read_record, record_path
+
+USAGE = """\
+usage: peltbench-missing [-m] SWEEP_ARGUMENTS...   e.g. peltbench-missing method=adapter,lora task=rte k=100 seed=111,222
+
+Lists the runs of a sweep that are not done (no record, a failed one, or another config's record) and prints
+the `peltbench -m ...` command(s) that run only the failed and missing ones. Give it the sweep's own arguments;
+extra ones (hydra/launcher=slurm, hydra.launcher.partition=gpu, results_dir=DIR) go through to the commands.
+Exit status: 0 when every run is done, 1 otherwise.
+"""
+STATES = ("done", "failed", "missing", "foreign")
+
+
+@dataclass
+class Run:
+    """One run of a sweep: its job number, its swept key=value pairs, and the state of its record."""
+
+    num: int
+    values: dict[str, str]          # swept key -> value, e.g. {"method": "lora", "seed": "111"}
+    label: str                      # its record folder under results_dir, e.g. lora/rte/k100/seed111
+    path: Path
+    state: str                      # one of STATES
+    error: str | None = None        # a failed record's error line
+    written: float = 0.0            # the record file's modification time (time.time() scale)
+    log_dir: Path | None = None     # the run's Hydra job folder in this sweep
+
+
+@dataclass
+class Sweep:
+    runs: list[Run]
+    swept_keys: list[str]           # keys with a value per run (sweeper params and key=a,b,... arguments), in grid order
+    passthrough: list[str] = field(default_factory=list)  # the other arguments, as given
+
+    def count(self, state: str) -> int:
+        return sum(run.state == state for run in self.runs)
+
+    def not_done(self) -> list[Run]:
+        return [run for run in self.runs if run.state != "done"]
+
+
+def expand(config_loader: Any, sweep_config: DictConfig) -> tuple[list[list[str]], list[str]]:
+    """The sweep's jobs (each a list of key=value overrides) in Hydra's order, and the keys that are swept."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    params = [f"{key}={value}" for key, value in (sweep_config.hydra.sweeper.params or {}).items()]
+    arguments = list(sweep_config.hydra.overrides.task)
+    parser = OverridesParser.create(config_loader=config_loader)
+    overrides = parser.parse_overrides(params + arguments)
+    swept = [o.get_key_element() for o in overrides[:len(params)]]
+    swept += [o.get_key_element() for o in overrides[len(params):] if o.is_sweep_override()]
+    [jobs] = BasicSweeper.split_arguments(overrides, None)
+    keys = [o.split("=", 1)[0] for o in jobs[0]] if jobs else []
+    return jobs, [key for key in keys if key in swept]
+
+
+def check_sweep(config_loader: Any, sweep_config: DictConfig, arguments: list[str] | None = None) -> Sweep:
+    """Compose every run of the sweep whose (multirun) config is `sweep_config` and classify its record."""
+    jobs, swept_keys = expand(config_loader, sweep_config)
+    runs = check_jobs(config_loader, sweep_config, jobs, swept_keys)
+    passthrough = [] if arguments is None else _passthrough(arguments, swept_keys)
+    return Sweep(runs, swept_keys, passthrough)
+
+
+def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]],
+               swept_keys: Sequence[str] = (), first_num: int = 0) -> list[Run]:
+    """The state of each job's record (jobs as Hydra's sweeper hands them to a launcher)."""
+    compose = _Composer(config_loader, sweep_config)
+    runs = []
+    for num, job in enumerate(jobs, start=first_num):
+        values = dict(o.split("=", 1) for o in job)
+        runs.append(_check_run(compose(list(job), num), num, {key: values[key] for key in swept_keys}))
+    return runs
+
+
+class _Composer:
+    """Each job's config as Hydra's `load_sweep_config(sweep_config, job)` makes it (less most of `hydra`), but fast.
+
+    Hydra composes every config from its files (~0.1 s each). Here the config-group choices of a job (method=,
+    task=, +experiment=) are composed once per distinct set, and the job's other overrides (k=, seed=, method.x=)
+    are applied to a copy with Hydra's own function, after composition, as Hydra does. Of the `hydra` node only
+    hydra.job.num and hydra.sweep (the job's log folder) are kept.
+    """
+
+    def __init__(self, config_loader: Any, sweep_config: DictConfig) -> None:
+        self.loader, self.sweep_config = config_loader, sweep_config
+        self.parser = OverridesParser.create()
+        self.composed: dict[tuple[str, ...], DictConfig] = {}
+        self.sweep = {"dir": str(sweep_config.hydra.sweep.dir),
+                      "subdir": OmegaConf.to_container(sweep_config.hydra.sweep)["subdir"]}  # resolved per job
+
+    def __call__(self, job: list[str], num: int) -> DictConfig:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        overrides = [self._parse(line) for line in job]
+        is_group = [self._selects_group(o) for o in overrides]
+        choices = tuple(o.input_line for o, group in zip(overrides, is_group) if group)
+        if choices not in self.composed:
+            composed = self.loader.load_sweep_config(self.sweep_config, list(choices))
+            with open_dict(composed):
+                del composed["hydra"]
+            self.composed[choices] = composed
+        cfg = copy.deepcopy(self.composed[choices])
+        ConfigLoaderImpl._apply_overrides_to_config([o for o, group in zip(overrides, is_group) if not group], cfg)
+        with open_dict(cfg):
+            cfg.hydra = {"job": {"num": num}, "sweep": self.sweep}
+        return cfg
+
+    @functools.lru_cache(maxsize=None)
+    def _parse(self, line: str) -> Any:
+        return self.parser.parse_override(line)
+
+    def _selects_group(self, override: Any) -> bool:
+        """Whether Hydra treats it as a config-group choice (hydra/_internal/defaults_list.py, class Overrides)."""
+        return self.loader.repository.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
+
+
+def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
+    results_dir = Path(str(cfg.results_dir)).expanduser().absolute()
+    path = record_path(cfg, results_dir)
+    label = str(path.parent.relative_to(results_dir))
+    try:
+        log_dir = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
+    except Exception:  # a custom hydra.sweep.subdir naming other hydra keys
+        log_dir = Path(cfg.hydra.sweep.dir)
+    run = Run(num, values, label, path, "missing", log_dir=log_dir)
+    record = read_record(path)
+    if record is None:
+        return run
+    if record.get("config_hash") != config_hash(cfg):
+        run.state = "foreign"
+    elif record.get("status") == "ok":
+        run.state = "done"
+        try:
+            run.written = path.stat().st_mtime
+        except OSError:
+            pass
+    else:
+        run.state, run.error = "failed", record.get("error")
+    return run
+
+
+def _passthrough(arguments: list[str], swept_keys: list[str]) -> list[str]:
+    """The arguments that are not swept keys, as given (hydra/launcher=slurm, +experiment=..., results_dir=...)."""
+    parser = OverridesParser.create()
+    return [arg for arg in arguments if parser.parse_override(arg).get_key_element() not in swept_keys]
+
+
+def compact(points: list[dict[str, str]], keys: list[str], order: dict[str, list[str]]) -> list[dict[str, list[str]]]:
+    """Few cartesian products that together hold exactly `points`.
+
+    Points that differ only in seed merge first (one box with seed=111,222,...); then boxes that differ only
+    in another key merge, and so on until nothing merges. Boxes never overlap, so each merge is exact.
+    """
+    boxes = [{key: (point[key],) for key in keys} for point in points]
+    merge_order = (["seed"] if "seed" in keys else []) + [key for key in reversed(keys) if key != "seed"]
+    merged = True
+    while merged:
+        merged = False
+        for key in merge_order:
+            groups: dict[tuple, list[str]] = {}
+            for box in boxes:
+                rest = tuple((other, box[other]) for other in keys if other != key)
+                groups.setdefault(rest, []).extend(box[key])
+            merged |= len(groups) < len(boxes)
+            boxes = [{**dict(rest), key: tuple(sorted(values, key=order[key].index))} for rest, values in groups.items()]
+    position = {tuple(point[key] for key in keys): i for i, point in enumerate(points)}
+    boxes.sort(key=lambda box: position[tuple(box[key][0] for key in keys)])  # by its first run in grid order
+    return [{key: list(box[key]) for key in keys} for box in boxes]
+
+
+def commands(sweep: Sweep, runs: list[Run]) -> list[str]:
+    """`peltbench -m ...` commands that run exactly `runs` of the sweep."""
+    order = {key: list(dict.fromkeys(run.values[key] for run in sweep.runs)) for key in sweep.swept_keys}
+    boxes = compact([run.values for run in runs], sweep.swept_keys, order)
+    lines = []
+    for box in boxes:
+        swept = [f"{key}={','.join(values)}" for key, values in box.items()]
+        lines.append(shlex.join(["peltbench", "-m", *sweep.passthrough, *swept]))
+    return lines
+
+
+def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skipped: int | None = None) -> list[str]:
+    """The counts and the runs not done (the first `limit` of them), one line each.
+
+    logs: say where a missing run's log is; skipped: how many of the done runs this sweep skipped.
+    """
+    done = f"{sweep.count('done')} done" + ("" if skipped is None else f" ({skipped} of them skipped as already done)")
+    lines = [f"{len(sweep.runs)} runs: {done}, {sweep.count('failed')} failed, "
+             f"{sweep.count('missing')} missing" + (f", {sweep.count('foreign')} held by another config's record"
+                                                     if sweep.count("foreign") else "")]
+    not_done = sweep.not_done()
+    for run in not_done[:limit]:
+        if run.state == "failed":
+            lines.append(f"  failed   {run.label}: {run.error}")
+        elif run.state == "missing":
+            where = f" (no record: a config error or a killed job; its log: {run.log_dir})" if logs else ""
+            lines.append(f"  missing  {run.label}{where}")
+        else:
+            lines.append(f"  other    {run.path} holds another config's record: move it away or set results_dir")
+    if limit is not None and len(not_done) > limit:
+        lines.append(f"  ... and {len(not_done) - limit} more")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `peltbench-missing ... | head` ends quietly
+    arguments = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg not in ("-m", "--multirun")]
+    if not arguments or any(arg in ("-h", "--help") for arg in arguments):
+        print(USAGE, file=sys.stdout if arguments else sys.stderr)
+        return 0 if arguments else 2
+    try:
+        sweep = _load(arguments)
+    except Exception as error:  # Hydra's composition and override errors, e.g. an unknown method
+        message = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        print(f"peltbench-missing: error: {message}", file=sys.stderr)
+        return 2
+    print("\n".join(report(sweep)))
+    to_run = [run for run in sweep.runs if run.state in ("failed", "missing")]
+    if to_run:
+        print(f"To run only the {len(to_run)} failed and missing runs:")
+        print("\n".join(f"  {line}" for line in commands(sweep, to_run)))
+    return 0 if not sweep.not_done() else 1
+
+
+def _load(arguments: list[str]) -> Sweep:
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from .cli import register_slurm_launcher
+
+    register_slurm_launcher()  # so that hydra/launcher=slurm composes
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        sweep_config = loader.load_configuration(config_name="config", overrides=arguments, run_mode=RunMode.MULTIRUN)
+        return check_sweep(loader, sweep_config, arguments)
+
+
+class SweepSummary(Callback):
+    """The end of `peltbench -m ...`: one screen of counts and of the runs not done, and exit status 1 if any.
+
+    Read from the records, so it is the same whichever launcher ran the sweep. Configured in conf/config.yaml
+    under hydra.callbacks.
+    """
+
+    def __init__(self, limit: int = 20) -> None:
+        self.limit = limit
+        self.started = 0.0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started = time.time()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.global_hydra import GlobalHydra
+
+        sweep = check_sweep(GlobalHydra.instance().config_loader(), config)
+        skipped = sum(run.state == "done" and run.written < self.started for run in sweep.runs)  # written before it began
+        lines = report(sweep, self.limit, logs=True, skipped=skipped)
+        lines[0] = f"peltbench sweep: {lines[0]}"
+        if sweep.not_done():
+            again = shlex.join(["peltbench", *sys.argv[1:]])
+            lines.append(f"Rerun the same command to run the failed and missing ones (done runs are skipped): {again}")
+        print("\n".join(lines), flush=True)
+        if sweep.not_done():
+            sys.exit(1)

@@ -1,0 +1,139 @@
+"""peltbench-missing: the grid as Hydra expands it, each run's record state, and commands that run only the rest."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shlex
+from pathlib import Path
+
+import pytest
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from conftest import compose_config
+from peltbench.missing import _load, check_sweep, compact, main
+from peltbench.record import config_hash, record_path, write_record
+
+GRID = ["method=adapter,lora", "task=rte,mrpc", "k=100", "seed=111,222"]
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+
+
+def write(results: Path, *overrides: str, status: str = "ok", digest: str | None = None) -> Path:
+    """A record for the run that `overrides` configure (no training: only what peltbench-missing reads)."""
+    cfg = compose_config(*overrides, f"results_dir={results}")
+    path = record_path(cfg, results)
+    write_record(path, {"status": status, "config_hash": digest or config_hash(cfg),
+                        "error": None if status == "ok" else "RuntimeError: out of memory",
+                        "finished_at": "2026-01-01T00:00:00+00:00"})
+    return path
+
+
+def test_the_grid_is_hydras_basic_sweeper_order(tmp_path):
+    sweep = _load([*GRID, f"results_dir={tmp_path}"])
+    assert sweep.swept_keys == ["method", "task", "seed"]
+    assert [run.label for run in sweep.runs] == [
+        "adapter/rte/k100/seed111", "adapter/rte/k100/seed222", "adapter/mrpc/k100/seed111", "adapter/mrpc/k100/seed222",
+        "lora/rte/k100/seed111", "lora/rte/k100/seed222", "lora/mrpc/k100/seed111", "lora/mrpc/k100/seed222",
+    ]
+    assert [run.num for run in sweep.runs] == list(range(8))
+    assert {run.state for run in sweep.runs} == {"missing"}
+
+
+def test_sweeper_params_and_a_command_line_key_that_replaces_one(tmp_path):
+    # What an +experiment file does: hydra.sweeper.params define the grid, a later key=value narrows it.
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        arguments = ["task=cola", "method=lora", f"results_dir={tmp_path}"]
+        sweep_config = loader.load_configuration(config_name="config", overrides=arguments, run_mode=RunMode.MULTIRUN)
+        sweep_config.hydra.sweeper.params = {"method": "adapter,lora", "seed": "111,222,333"}
+        sweep = check_sweep(loader, sweep_config, arguments)
+    assert [run.label for run in sweep.runs] == ["lora/cola/k100/seed111", "lora/cola/k100/seed222", "lora/cola/k100/seed333"]
+    assert sweep.swept_keys == ["method", "seed"]
+    assert sweep.passthrough == ["task=cola", f"results_dir={tmp_path}"]
+
+
+@pytest.mark.skipif(not (EXPERIMENTS / "fig2_bottleneck.yaml").is_file(), reason="conf/experiment/fig2_bottleneck.yaml absent")
+def test_an_experiment_file_defines_the_grid(tmp_path):
+    params = OmegaConf.load(EXPERIMENTS / "fig2_bottleneck.yaml").hydra.sweeper.params
+    sizes = [len(str(value).split(",")) for value in params.values()]
+    sweep = _load(["+experiment=fig2_bottleneck", f"results_dir={tmp_path}"])
+    assert len(sweep.runs) == sizes[0] * sizes[1] * sizes[2] * sizes[3] * sizes[4]
+    assert "method.bottleneck" in sweep.swept_keys
+    assert len({run.path for run in sweep.runs}) == len(sweep.runs)  # every run has a record path of its own
+
+
+def test_record_states(tmp_path):
+    done = write(tmp_path, "method=adapter", "task=rte", "seed=111")
+    write(tmp_path, "method=adapter", "task=rte", "seed=222", status="failed")
+    write(tmp_path, "method=adapter", "task=mrpc", "seed=111", digest="0123456789abcdef")  # another config's record
+    cut = write(tmp_path, "method=lora", "task=rte", "seed=111")
+    cut.write_text('{"status": "ok", "conf')  # unreadable: missing, a rerun replaces it
+    sweep = _load([*GRID, f"results_dir={tmp_path}"])
+    states = {run.label: run.state for run in sweep.runs}
+    assert states == {
+        "adapter/rte/k100/seed111": "done", "adapter/rte/k100/seed222": "failed",
+        "adapter/mrpc/k100/seed111": "foreign", "adapter/mrpc/k100/seed222": "missing",
+        "lora/rte/k100/seed111": "missing", "lora/rte/k100/seed222": "missing",
+        "lora/mrpc/k100/seed111": "missing", "lora/mrpc/k100/seed222": "missing",
+    }
+    assert [run.error for run in sweep.runs if run.state == "failed"] == ["RuntimeError: out of memory"]
+    assert sweep.runs[0].path == done
+
+
+def test_the_printed_commands_run_exactly_what_is_missing(tmp_path, capsys):
+    for seed in (111, 222):
+        write(tmp_path, "method=adapter", "task=rte", f"seed={seed}")
+        write(tmp_path, "method=lora", "task=rte", f"seed={seed}")
+    write(tmp_path, "method=adapter", "task=mrpc", "seed=111")
+    write(tmp_path, "method=lora", "task=mrpc", "seed=222", status="failed")
+    arguments = [*GRID, f"results_dir={tmp_path}", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"]
+    assert main(["-m", *arguments]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "8 runs: 5 done, 1 failed, 2 missing"
+    assert "  failed   lora/mrpc/k100/seed222: RuntimeError: out of memory" in out
+    assert "  missing  adapter/mrpc/k100/seed222" in out and "  missing  lora/mrpc/k100/seed111" in out
+    commands = [line.strip() for line in out.splitlines() if line.startswith("  peltbench -m ")]
+    # adapter/mrpc lacks 222; lora/mrpc lacks 111 and 222: two commands, the seeds grouped.
+    assert commands == [
+        f"peltbench -m k=100 results_dir={tmp_path} hydra/launcher=slurm hydra.launcher.partition=gpu "
+        "method=adapter task=mrpc seed=222",
+        f"peltbench -m k=100 results_dir={tmp_path} hydra/launcher=slurm hydra.launcher.partition=gpu "
+        "method=lora task=mrpc seed=111,222",
+    ]
+    rerun = [run.label for command in commands for run in _load(shlex.split(command)[2:]).runs]
+    assert sorted(rerun) == ["adapter/mrpc/k100/seed222", "lora/mrpc/k100/seed111", "lora/mrpc/k100/seed222"]
+
+
+def test_nothing_missing_exits_0(tmp_path, capsys):
+    for seed in (111, 222):
+        write(tmp_path, "method=lora", "task=rte", f"seed={seed}")
+    assert main(["method=lora", "task=rte", "seed=111,222", f"results_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == "2 runs: 2 done, 0 failed, 0 missing"
+
+
+def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["method=adaptr,lora", "task=rte", f"results_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("peltbench-missing: error:") and "adaptr" in err and len(err.strip().splitlines()) == 1
+
+
+def test_compact_covers_exactly_the_points_with_few_commands():
+    keys = ["method", "task", "k", "seed"]
+    grid = {"method": ["adapter", "lora", "ft"], "task": ["rte", "mrpc", "cola"], "k": ["100", "1000"],
+            "seed": ["111", "222", "333", "444", "555"]}
+    points = [dict(zip(keys, values)) for values in itertools.product(*grid.values())]
+    assert compact(points, keys, grid) == [{key: grid[key] for key in keys}]  # the whole grid: one command
+    rng = random.Random(0)
+    for size in (1, 7, 40, 89):
+        subset = rng.sample(points, size)
+        boxes = compact(subset, keys, grid)
+        covered = [dict(zip(keys, values)) for box in boxes for values in itertools.product(*box.values())]
+        assert sorted(map(str, covered)) == sorted(map(str, subset))  # exactly the subset, each point once
+        assert len(boxes) <= size
+    # one seed lacking in every method/task/k: a single command
+    lacking = [p for p in points if p["seed"] == "333"]
+    assert compact(lacking, keys, grid) == [{**grid, "seed": ["333"]}]

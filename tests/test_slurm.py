@@ -1,0 +1,182 @@
+"""`hydra/launcher=slurm`: the preset, the plugin, and real sweeps on a local SLURM cluster (scripts/slurm-local.sh).
+
+The cluster tests (marker `slurm`) submit the tiny model's runs as real SLURM jobs: a sweep, a sweep with one job
+cancelled mid-run and then rerun, and a packed sweep (2 runs per job) that gets SLURM's pre-timeout signal and
+requeues itself. Without a cluster they skip, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from conftest import write_glue
+
+PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+# The local node has no GPU and little else: no GPU, one core and 1 GB per job, and a time limit of 10 minutes.
+ON_LOCAL_NODE = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
+                 "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10"]
+
+
+def test_the_preset_and_its_overrides():
+    import hydra_plugins.peltbench_slurm  # noqa: F401  (registers hydra/launcher=peltbench_slurm, as the CLI does)
+
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        cfg = compose(config_name="config", return_hydra_config=True, overrides=[
+            "method=adapter", "task=rte", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+            "hydra.launcher.timeout_min=600", "hydra.launcher.runs_per_job=8", "hydra.launcher.array_parallelism=16"])
+    launcher = OmegaConf.to_container(cfg.hydra.launcher)
+    assert launcher["_target_"] == "hydra_plugins.peltbench_slurm._launcher.PeltbenchSlurmLauncher"
+    assert (launcher["partition"], launcher["timeout_min"], launcher["runs_per_job"], launcher["array_parallelism"]) == (
+        "gpu", 600, 8, 16)
+    assert launcher["gpus_per_node"] == 1 and launcher["signal_delay_s"] > 0 and launcher["max_num_timeout"] > 0
+    assert launcher["submitit_folder"] == "${hydra.sweep.dir}/.submitit/%j"
+
+
+def test_the_plugin_registers_nothing_without_hydra_submitit_launcher():
+    code = ("import sys; sys.modules['hydra_plugins.hydra_submitit_launcher'] = None\n"
+            "import hydra_plugins.peltbench_slurm as plugin\n"
+            "from hydra.core.config_store import ConfigStore\n"
+            "assert not hasattr(plugin, 'PeltbenchSlurmLauncher')\n"
+            "assert 'peltbench_slurm.yaml' not in ConfigStore.instance().repo.get('hydra', {}).get('launcher', {})\n"
+            "from peltbench.cli import register_slurm_launcher; register_slurm_launcher()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def slurm_unavailable() -> str | None:
+    """Why no local SLURM cluster can take jobs, or None if one can."""
+    if shutil.which("sinfo") is None:
+        return "no SLURM on this machine (no sinfo): start a local cluster with scripts/slurm-local.sh start"
+    try:
+        listing = subprocess.run(["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"no SLURM cluster: sinfo does not answer ({error}); start one with scripts/slurm-local.sh start"
+    if listing.returncode != 0:
+        reason = (listing.stderr.strip().splitlines() or ["no output"])[0]
+        return f"no SLURM cluster: sinfo fails ({reason}); start one with scripts/slurm-local.sh start"
+    if not any(state.startswith(("idle", "mix")) for state in listing.stdout.split()):
+        return f"no idle SLURM node (sinfo: {' '.join(listing.stdout.split()) or 'no nodes'})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = slurm_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def workdir(tmp_path, tiny_checkpoint):
+    write_glue(tmp_path / "glue")
+    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
+    return tmp_path
+
+
+def tiny(workdir: Path, epochs: int) -> list[str]:
+    """Absolute paths: the jobs run in SLURM's environment."""
+    return [f"model.name={workdir}/tiny-bert", f"data.dir={workdir}/glue", f"results_dir={workdir}/results",
+            "k=16", "dev_size=20", f"train.epochs={epochs}", "train.patience=5000"]
+
+
+def start(workdir: Path, *args: str, sweep: str) -> subprocess.Popen:
+    return subprocess.Popen([PELTBENCH, "-m", *args, *ON_LOCAL_NODE, f"hydra.sweep.dir={workdir}/sweeps/{sweep}"],
+                            cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(sweep: subprocess.Popen) -> tuple[int, str]:
+    output = sweep.communicate(timeout=300)[0]
+    return sweep.returncode, output
+
+
+def check_records(workdir: Path, runs: int) -> list[Path]:
+    """Exactly `runs` run folders, each with one complete record of status ok."""
+    paths = sorted((workdir / "results").rglob("result.json"))
+    assert len(paths) == runs == len({path.parent for path in paths})
+    assert [json.loads(path.read_text())["status"] for path in paths] == ["ok"] * runs
+    return paths
+
+
+def job_logs(workdir: Path, sweep: str) -> dict[str, str]:
+    """SLURM job id (an array task: 12_0) -> the job's stdout so far."""
+    folder = workdir / "sweeps" / sweep / ".submitit"
+    return {log.parent.name: log.read_text(errors="replace") for log in folder.glob("*/*_log.out")}
+
+
+def wait_for(condition, what: str, timeout: float = 180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slurm
+def test_a_sweep_runs_as_a_job_array_and_a_rerun_submits_nothing(cluster, workdir):
+    code, output = finish(start(workdir, "method=adapter,lora", "task=rte", "seed=111", *tiny(workdir, 2), sweep="first"))
+    assert code == 0, output
+    check_records(workdir, 2)
+    assert "2 runs: 0 already done (not submitted), 2 to run in 2 array tasks of up to 1 runs" in output
+    assert "peltbench sweep: 2 runs: 2 done (0 of them skipped as already done), 0 failed, 0 missing" in output
+    job_ids = {OmegaConf.load(path).hydra.job.id for path in (workdir / "sweeps" / "first").glob("*/.hydra/hydra.yaml")}
+    assert len(job_ids) == 2 and all("_" in str(job_id) for job_id in job_ids)  # two tasks of one job array
+
+    code, output = finish(start(workdir, "method=adapter,lora", "task=rte", "seed=111", *tiny(workdir, 2), sweep="again"))
+    assert code == 0, output
+    assert "2 runs: 2 already done (not submitted), 0 to run" in output
+    assert "2 done (2 of them skipped as already done)" in output
+
+
+@pytest.mark.slurm
+def test_a_job_cancelled_mid_run_is_run_by_the_rerun(cluster, workdir):
+    args = ["method=adapter", "task=rte", "seed=111,222", *tiny(workdir, 1000)]  # ~10 s of training per run
+    sweep = start(workdir, *args, sweep="cancelled")
+    training = wait_for(lambda: [job for job, log in job_logs(workdir, "cancelled").items() if "epoch 1/1000" in log],
+                        "a job to start training")
+    subprocess.run(["scancel", training[0]], check=True)
+    code, output = finish(sweep)
+    assert code == 1, output
+    assert f"SLURM job {training[0]} (runs #" in output and "ended without results" in output
+    assert "peltbench sweep: 2 runs: 1 done (0 of them skipped as already done), 0 failed, 1 missing" in output
+    assert "Rerun the same command" in output
+    check_records(workdir, 1)
+
+    code, output = finish(start(workdir, *args, sweep="rerun"))
+    assert code == 0, output
+    assert "2 runs: 1 already done (not submitted), 1 to run in 1 array tasks" in output
+    check_records(workdir, 2)
+
+
+@pytest.mark.slurm
+def test_a_packed_job_requeues_itself_on_the_pre_timeout_signal(cluster, workdir):
+    args = ["method=adapter", "task=rte", "seed=111,222", *tiny(workdir, 400), "hydra.launcher.runs_per_job=2"]
+    sweep = start(workdir, *args, sweep="packed")
+    wait_for(lambda: list((workdir / "results").rglob("result.json")), "the pack's first record")
+    [job] = wait_for(lambda: list(job_logs(workdir, "packed")), "the job's log")
+    # What SLURM sends signal_delay_s before the time limit (and submitit's own test helper sends): USR2 to the job's steps.
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    code, output = finish(sweep)
+    assert code == 0, output
+    assert "2 runs: 0 already done (not submitted), 2 to run in 1 array tasks of up to 2 runs" in output
+    assert "peltbench sweep: 2 runs: 2 done (0 of them skipped as already done), 0 failed, 0 missing" in output
+    first, second = check_records(workdir, 2)
+    log = job_logs(workdir, "packed")[job]
+    assert "Requeued job" in log
+    after_requeue = log[log.index("Requeued job"):]
+    assert f"skip: {first.parent if 'seed111' in str(first) else second.parent}" in after_requeue  # the finished run
+    assert after_requeue.count("run: ") == 1  # the interrupted run restarted, from scratch
+    job_ids = {OmegaConf.load(path).hydra.job.id for path in (workdir / "sweeps" / "packed").glob("*/.hydra/hydra.yaml")}
+    assert job_ids == {job}  # both runs ran in the one job
