@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
+import os
 import traceback
 from pathlib import Path
 
@@ -97,7 +97,16 @@ def resolve_device(cfg: DictConfig) -> tuple[torch.device, bool]:
     return device, cfg.precision == "bf16"
 
 
+def use_allocated_cpus() -> None:
+    """Under SLURM, use the CPUs the job was given, not every core of the node: jobs sharing a node would
+    otherwise oversubscribe it, and PyTorch's thread pools slow down badly when they do."""
+    allocated = os.environ.get("SLURM_CPUS_PER_TASK")
+    if allocated and allocated.isdigit() and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(int(allocated))
+
+
 def _train_and_test(cfg: DictConfig) -> dict:
+    use_allocated_cpus()
     task = TaskSpec.from_config(cfg.task)
     data_dir = None if cfg.data.dir is None else str(cfg.data.dir)
     train_split = load_split(task, data_dir, "train")

@@ -96,7 +96,7 @@ def start(workdir: Path, *args: str, sweep: str) -> subprocess.Popen:
 
 
 def finish(sweep: subprocess.Popen) -> tuple[int, str]:
-    output = sweep.communicate(timeout=300)[0]
+    output = sweep.communicate(timeout=600)[0]
     return sweep.returncode, output
 
 

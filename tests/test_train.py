@@ -120,3 +120,16 @@ def test_runs_regression_three_way_and_k_all(method, task, k, tiny_checkpoint, g
     if k == "all":  # Table 3: trained on all 60 rows, selected and reported on the official dev split
         assert record["split"] == {"train_indices": None, "dev_indices": None}
         assert record["test"] == record["dev_best"] and record["train_steps"] == 2 * 4  # ceil(60 / 16) per epoch
+
+
+def test_slurm_jobs_use_their_allocated_cpus(monkeypatch):
+    from peltbench.runner import use_allocated_cpus
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    try:
+        use_allocated_cpus()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
