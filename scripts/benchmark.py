@@ -1,8 +1,8 @@
 """Training-step and inference time of every method relative to fine-tuning (the paper's Table 4, §4.4).
 
 Random weights of the model's shape (speed does not depend on the weights, and nothing is downloaded),
-fixed random batches, warm-up steps first, then the mean over timed steps; one process, one device, so
-the ratios compare like with like. Examples:
+fixed random batches, warm-up steps first, then the median over timed steps, the methods taking turns
+step by step; one process, one device, so the ratios compare like with like. Examples:
 
     python scripts/benchmark.py                          # bert-base-uncased shape, batch 16 x 128 tokens
     python scripts/benchmark.py --model /path/to/minilm --steps 5 --methods ft adapter lora unipelt_apl
@@ -46,20 +46,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(step, device: torch.device, warmup: int, steps: int) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _time_once(step, device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    step()
+    _sync(device)
+    return time.perf_counter() - start
 
 
-def measure(method: str, config, args, device: torch.device) -> tuple[float, float]:
+def prepare(method: str, config, args, device: torch.device):
+    """The method's model on the device, and its train and inference step (each one batch)."""
     from transformers import BertForSequenceClassification
 
     torch.manual_seed(0)
@@ -86,7 +82,23 @@ def measure(method: str, config, args, device: torch.device) -> tuple[float, flo
         with autocast:
             model(**eval_batch)
 
-    return _timed(train_step, device, args.warmup, args.steps), _timed(eval_step, device, args.warmup, args.steps)
+    return train_step, eval_step
+
+
+def measure(methods: list[str], config, args, device: torch.device) -> dict[str, tuple[float, float]]:
+    """Median seconds per train step and per inference batch. The methods take turns, one step each per round,
+    so a machine that speeds up or slows down during the benchmark affects all of them alike."""
+    steps = {method: prepare(method, config, args, device) for method in methods}
+    for train_step, eval_step in steps.values():
+        for _ in range(args.warmup):
+            train_step()
+            eval_step()
+    times: dict[str, tuple[list[float], list[float]]] = {method: ([], []) for method in methods}
+    for _ in range(args.steps):
+        for method, (train_step, eval_step) in steps.items():
+            times[method][0].append(_time_once(train_step, device))
+            times[method][1].append(_time_once(eval_step, device))
+    return {method: (statistics.median(t), statistics.median(i)) for method, (t, i) in times.items()}
 
 
 def main() -> None:
@@ -109,12 +121,10 @@ def main() -> None:
           f"train batch {args.batch} x {args.length}, eval batch {args.eval_batch}, median of {args.steps} steps, "
           f"torch threads {torch.get_num_threads()}")
     print(f"{'method':<20}{'train s/step':>14}{'Time_T':>9}{'eval s/batch':>14}{'Time_I':>9}")
-    reference = None
-    for method in methods:
-        train, infer = measure(method, config, args, device)
-        reference = reference or (train, infer)
-        print(f"{method:<20}{train:>14.4f}{100 * train / reference[0]:>8.0f}%{infer:>14.4f}{100 * infer / reference[1]:>8.0f}%",
-              flush=True)
+    results = measure(methods, config, args, device)
+    reference = results["ft"]
+    for method, (train, infer) in results.items():
+        print(f"{method:<20}{train:>14.4f}{100 * train / reference[0]:>8.0f}%{infer:>14.4f}{100 * infer / reference[1]:>8.0f}%")
 
 
 if __name__ == "__main__":
