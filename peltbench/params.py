@@ -37,7 +37,8 @@ def paper_rounding(count: int) -> str:
     return f"{rounded / 1e6:g}M"
 
 
-def _model_config(name: str | None, num_labels: int):
+def model_config(name: str | None, num_labels: int):
+    """The config of `name` (checked to be BERT), or bert-base-uncased's shape when None; and a label for it."""
     from transformers import BertConfig
 
     if name is None:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     args = parser.parse_args(argv)
     try:
-        config, label = _model_config(args.model, args.num_labels)
+        config, label = model_config(args.model, args.num_labels)
     except UserError as error:
         sys.exit(f"peltbench-params: error: {error}")
     methods = sorted(options("method"), key=lambda m: (PAPER_ORDER.index(m) if m in PAPER_ORDER else len(PAPER_ORDER), m))

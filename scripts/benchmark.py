@@ -19,17 +19,7 @@ import torch.nn.functional as F
 
 from peltbench.methods import build_pelt_model
 from peltbench.packaged import options, packaged_config
-from peltbench.params import PAPER_ORDER
-
-
-def _config(name: str | None):
-    from transformers import BertConfig
-
-    if name is None:
-        return BertConfig(num_labels=2)
-    from peltbench.model import load_config
-
-    return load_config(name, 2)
+from peltbench.params import PAPER_ORDER, model_config
 
 
 def _batch(config, batch: int, length: int, device: torch.device) -> dict:
@@ -115,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     args.bf16 = (args.precision or ("bf16" if device.type == "cuda" else "fp32")) == "bf16"
-    config = _config(args.model)
+    config, _ = model_config(args.model, 2)
     methods = ["ft"] + [m for m in args.methods if m != "ft"]
     print(f"device {device} ({'bf16' if args.bf16 else 'fp32'}), model {args.model or 'bert-base-uncased shape'}, "
           f"train batch {args.batch} x {args.length}, eval batch {args.eval_batch}, median of {args.steps} steps, "
