@@ -182,29 +182,32 @@ def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
     return Encoded([cache[i][0] for i in indices], [cache[i][1] for i in indices], split.labels[indices])
 
 
-def collate(encoded: Encoded, rows, pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Pad the given rows to the longest among them (dynamic padding)."""
-    width = max(len(encoded.input_ids[r]) for r in rows)
-    input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    token_type_ids = np.zeros((len(rows), width), dtype=np.int64)
-    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
-    for n, r in enumerate(rows):
-        length = len(encoded.input_ids[r])
-        input_ids[n, :length] = encoded.input_ids[r]
-        token_type_ids[n, :length] = encoded.token_type_ids[r]
-        attention_mask[n, :length] = 1
+def collate_group(sets: list[Encoded], rows: list[list[int]], pad_id: int, device: torch.device,
+                  width: int | None = None) -> dict[str, torch.Tensor]:
+    """One batch from several members' rows, member after member: set i's `rows[i]`, every member the same number.
+
+    Padded to the longest row among them (dynamic padding), or to `width` (gate_pooling=padded).
+    """
+    lengths = [len(s.input_ids[r]) for s, chosen in zip(sets, rows) for r in chosen]
+    width = max(lengths) if width is None else width
+    count = len(lengths)
+    input_ids = np.full((count, width), pad_id, dtype=np.int64)
+    token_type_ids = np.zeros((count, width), dtype=np.int64)
+    attention_mask = np.zeros((count, width), dtype=np.int64)
+    labels = []
+    n = 0
+    for encoded, chosen in zip(sets, rows):
+        for r in chosen:
+            length = len(encoded.input_ids[r])
+            input_ids[n, :length] = encoded.input_ids[r]
+            token_type_ids[n, :length] = encoded.token_type_ids[r]
+            attention_mask[n, :length] = 1
+            n += 1
+        labels.append(encoded.labels[list(chosen)])
     batch = {
         "input_ids": torch.from_numpy(input_ids),
         "attention_mask": torch.from_numpy(attention_mask),
         "token_type_ids": torch.from_numpy(token_type_ids),
-        "labels": torch.from_numpy(encoded.labels[list(rows)]),
+        "labels": torch.from_numpy(np.concatenate(labels)),
     }
     return {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
-
-
-def evaluation_batches(encoded: Encoded, batch_size: int, pad_id: int, device: torch.device):
-    """Length-sorted batches, built once and kept on the device; yields (row order, batch)."""
-    order = sorted(range(len(encoded)), key=lambda r: len(encoded.input_ids[r]))
-    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    return [(chunk, collate(encoded, chunk, pad_id, device)) for chunk in chunks]
-

@@ -81,3 +81,8 @@ def load_tokenizer(name: str):
         return AutoTokenizer.from_pretrained(os.path.expanduser(name))
     except Exception as error:
         raise _load_error(name, error) from error
+
+
+def initial_head(name: str, num_labels: int, model_seed: int):
+    """The classifier a run with this model seed starts from: the head transformers drew under the seed at load."""
+    return _pretrained(name, num_labels, model_seed).classifier

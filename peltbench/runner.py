@@ -1,10 +1,16 @@
-"""One experiment, end to end: config → data split → model + method → training → result record."""
+"""Experiments, end to end: config → data split → model + methods → training → result records.
+
+`run_group` trains a group of compatible runs together on one frozen backbone (peltbench.fusion decides
+which runs are compatible); `run_experiment` is a group of one. Each run keeps its own record.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +19,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, check_method, parameter_counts
-from .model import load_backbone, load_tokenizer
+from .methods import build_pelt_model, check_method, count_method
+from .model import initial_head, load_backbone, load_tokenizer
 from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
 from .tasks import TaskSpec
-from .train import Evaluator, TrainSettings, fit
+from .train import GroupSettings, Member, MemberResult, TrainSettings, fit
 
 log = logging.getLogger("peltbench")
+
+
+@dataclass
+class Outcome:
+    """What became of one run: `ok` (trained now or done before), `failed` (a failed record was written) or
+    `error` (a bad config or input: no record). `error` holds the exception for the last two."""
+
+    status: str
+    record: dict | None = None
+    error: BaseException | None = None
+    skipped: bool = False
 
 
 def run_experiment(cfg: DictConfig, results_dir: Path) -> dict:
@@ -28,29 +45,201 @@ def run_experiment(cfg: DictConfig, results_dir: Path) -> dict:
     A UserError (bad config or input) writes no record. Any other failure writes a `failed` record,
     which a later identical run retries, and is raised again.
     """
-    check_config(cfg)
-    path = record_path(cfg, results_dir)
-    digest = config_hash(cfg)
-    finished = check_existing(path, digest)
-    if finished is not None:
-        log.info("skip: %s is already done (test %s %s)", path.parent, cfg.task.main_metric, finished["test"]["main"])
-        return finished
-    log.info("run: %s", path.parent)
-    record = _identity(cfg, digest)
+    [outcome] = run_group([cfg], results_dir)
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.record
+
+
+def run_group(cfgs: list[DictConfig], results_dir: Path) -> list[Outcome]:
+    """Train the runs of `cfgs` together on one backbone (a group of one: a separate run); one Outcome each.
+
+    Runs already done are skipped; a run with a bad config or input is left out (status `error`); a crash
+    while training writes `failed` records for the runs that had not finished yet.
+    """
+    outcomes: list[Outcome | None] = [None] * len(cfgs)
+    runs: list[_Run] = []
+    for index, cfg in enumerate(cfgs):
+        try:
+            run = _Run.prepare(cfg, results_dir)
+        except UserError as error:
+            outcomes[index] = Outcome("error", error=error)
+            continue
+        if run.finished is not None:
+            log.info("skip: %s is already done (test %s %s)", run.path.parent, cfg.task.main_metric,
+                     run.finished["test"]["main"])
+            outcomes[index] = Outcome("ok", run.finished, skipped=True)
+        else:
+            run.index = index
+            runs.append(run)
+    if runs:
+        for run, outcome in zip(runs, _train(runs)):
+            outcomes[run.index] = outcome
+    return outcomes  # type: ignore[return-value]
+
+
+@dataclass
+class _Run:
+    """One run being prepared and trained: its config, where its record goes, its data."""
+
+    cfg: DictConfig
+    path: Path
+    digest: str
+    finished: dict | None
+    index: int = 0
+    member: Member | None = None
+    record: dict | None = None
+
+    @classmethod
+    def prepare(cls, cfg: DictConfig, results_dir: Path) -> _Run:
+        check_config(cfg)
+        path = record_path(cfg, results_dir)
+        digest = config_hash(cfg)
+        return cls(cfg, path, digest, check_existing(path, digest), record=_identity(cfg, digest))
+
+    @property
+    def label(self) -> str:
+        return f"{variant_name(self.cfg)}/{self.cfg.task.name}/k{self.cfg.k}/seed{self.cfg.seed}"
+
+
+def _train(runs: list[_Run]) -> list[Outcome]:
+    """Load the data of every run, build the group's model, train it; write each run's record as it finishes.
+
+    A bad input (UserError) leaves its run out with no record; any other failure writes `failed` records for the
+    runs not finished yet.
+    """
+    first = runs[0].cfg
+    use_allocated_cpus()
+    outcomes: dict[int, Outcome] = {}
     try:
-        record.update(_train_and_test(cfg))
-        record["status"] = "ok"
-    except UserError:
-        raise
-    except Exception as error:
-        record.update(status="failed", error=f"{type(error).__name__}: {error}".splitlines()[0],
-                      traceback=traceback.format_exc(), test=None, dev_best=None)
-        write_record(path, {**record, "finished_at": utc_now()})
-        log.error("failed: %s (record written to %s)", record["error"], path)
-        raise
-    write_record(path, {**record, "finished_at": utc_now()})
-    log.info("done: test %s %s, record %s", cfg.task.main_metric, record["test"]["main"], path)
-    return record
+        task = TaskSpec.from_config(first.task)
+        device, bf16 = resolve_device(first)
+        tokenizer = load_tokenizer(first.model.name)
+        ready = []
+        for run in runs:
+            try:
+                run.member = _prepare_member(run, task, tokenizer)
+                ready.append(run)
+            except UserError as error:
+                outcomes[id(run)] = Outcome("error", error=error)
+        if ready:
+            _train_group(ready, task, device, bf16, tokenizer.pad_token_id, outcomes)
+    except UserError as error:
+        for run in runs:
+            outcomes.setdefault(id(run), Outcome("error", error=error))
+    except Exception as error:  # a crash: every run not finished gets a `failed` record, which a rerun retries
+        trace = traceback.format_exc()
+        for run in runs:
+            if id(run) not in outcomes:
+                outcomes[id(run)] = _failed(run, error, trace)
+    return [outcomes[id(run)] for run in runs]
+
+
+def _prepare_member(run: _Run, task: TaskSpec, tokenizer) -> Member:
+    """The run's seeded split, tokenised; what the record says of its data."""
+    cfg = run.cfg
+    data_dir = None if cfg.data.dir is None else str(cfg.data.dir)
+    train_split = load_split(task, data_dir, "train")
+    test_split = load_split(task, data_dir, "test")
+    if cfg.k == "all":  # Table 3: all of train; select and report on the official dev split
+        train_rows, dev_rows, dev_split = np.arange(len(train_split)), np.arange(len(test_split)), test_split
+    else:
+        train_rows, dev_rows = few_shot_split(len(train_split), cfg.k, cfg.seed, cfg.dev_size)
+        dev_split = train_split
+    length = cfg.train.max_length
+    member = Member(
+        name=run.label,
+        train=encode(train_split, train_rows, tokenizer, length),
+        dev=encode(dev_split, dev_rows, tokenizer, length),
+        test=encode(test_split, np.arange(len(test_split)), tokenizer, length),
+        settings=TrainSettings(lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience,
+                               grad_clip=cfg.train.grad_clip, seed=cfg.model_seed),
+    )
+    run.record.update(
+        test_examples=len(test_split), data_source=train_split.source,
+        split={"train_indices": None if cfg.k == "all" else train_rows.tolist(),
+               "dev_indices": None if cfg.k == "all" else dev_rows.tolist()},
+    )
+    return member
+
+
+def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: bool, pad_id: int,
+                 outcomes: dict[int, Outcome]) -> None:
+    first = runs[0].cfg
+    fused = _fused(runs)
+    backbone = load_backbone(first.model.name, task.num_labels, first.model_seed)
+    heads = [initial_head(run.cfg.model.name, task.num_labels, run.cfg.model_seed) for run in runs]
+    model = build_pelt_model(backbone, [run.cfg.method for run in runs], [run.cfg.model_seed for run in runs],
+                             heads).to(device)
+    for run in runs:
+        run.record.update(count_method(run.cfg.method, backbone.config))
+        run.record.update(device=str(device), precision="bf16" if bf16 else "fp32", fused=fused)
+    if fused:
+        log.info("fused group %s: %d runs on one %s backbone, %s, %s", fused["group"], len(runs), first.model.name,
+                 device, "bf16" if bf16 else "fp32")
+        for run in runs:
+            log.info("  %s", run.label)
+    else:
+        record = runs[0].record
+        log.info("%s on %s: %s trainable parameters stored per task (%s in the optimiser), %s, %s",
+                 first.method.name, task.name, f"{record['trainable_params']:,}", f"{record['optimizer_params']:,}",
+                 device, record["precision"])
+    group = GroupSettings(
+        batch_size=first.train.batch_size, eval_batch_size=first.train.eval_batch_size, pad_id=pad_id,
+        pad_to=first.train.max_length if model.members.padded_pooling else None, seed=first.model_seed,
+        device=device, bf16=bf16,
+    )
+
+    def on_done(index: int, result: MemberResult) -> None:
+        outcomes[id(runs[index])] = _finish(runs[index], result)
+
+    fit(model, [run.member for run in runs], task, group, on_done)
+
+
+def _finish(run: _Run, result: MemberResult) -> Outcome:
+    """Write a run's record as it leaves the group."""
+    record = run.record
+    if result.error is not None:
+        return _failed(run, RuntimeError(result.error), None, result)
+    record.update(
+        test=result.test, dev_best=result.dev_best, best_epoch=result.best_epoch, epochs_run=result.epochs_run,
+        history=result.history, train_seconds=round(result.train_seconds, 3), train_steps=result.train_steps,
+        eval_seconds=round(result.eval_seconds, 3), test_seconds=round(result.test_seconds, 3), gates=result.gates,
+        status="ok",
+    )
+    try:
+        write_record(run.path, {**record, "finished_at": utc_now()})
+    except OSError as error:  # the others go on; the sweep summary reports this run
+        log.error("failed: %s: could not write its record %s: %s", run.label, run.path, error)
+        return Outcome("failed", record, error)
+    scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
+    log.info("done: %s: test %s (best dev epoch %d of %d), record %s", run.label, scores, result.best_epoch,
+             result.epochs_run, run.path)
+    return Outcome("ok", record)
+
+
+def _failed(run: _Run, error: BaseException, trace: str | None, result: MemberResult | None = None) -> Outcome:
+    record = run.record
+    message = f"{type(error).__name__}: {error}".splitlines()[0] if result is None else str(error)
+    record.update(status="failed", error=message, traceback=trace, test=None, dev_best=None)
+    if result is not None:
+        record.update(history=result.history, epochs_run=result.epochs_run, train_steps=result.train_steps)
+    try:
+        write_record(run.path, {**record, "finished_at": utc_now()})
+    except OSError as write_error:
+        log.error("failed: %s: %s; and its record could not be written to %s: %s", run.label, record["error"],
+                  run.path, write_error)
+        return Outcome("failed", record, error)
+    log.error("failed: %s: %s (record written to %s)", run.label, record["error"], run.path)
+    return Outcome("failed", record, error)
+
+
+def _fused(runs: list[_Run]) -> dict | None:
+    """The `fused` field of the records: null for a separate run, else the group (an id its rerun reproduces)."""
+    if len(runs) == 1:
+        return None
+    digest = hashlib.sha256(" ".join(sorted(str(run.path) for run in runs)).encode()).hexdigest()[:10]
+    return {"group": digest, "size": len(runs)}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -103,53 +292,3 @@ def use_allocated_cpus() -> None:
     allocated = os.environ.get("SLURM_CPUS_PER_TASK")
     if allocated and allocated.isdigit() and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(int(allocated))
-
-
-def _train_and_test(cfg: DictConfig) -> dict:
-    use_allocated_cpus()
-    task = TaskSpec.from_config(cfg.task)
-    data_dir = None if cfg.data.dir is None else str(cfg.data.dir)
-    train_split = load_split(task, data_dir, "train")
-    test_split = load_split(task, data_dir, "test")
-    if cfg.k == "all":  # Table 3: all of train; select and report on the official dev split
-        train_rows, dev_rows, dev_split = np.arange(len(train_split)), np.arange(len(test_split)), test_split
-    else:
-        train_rows, dev_rows = few_shot_split(len(train_split), cfg.k, cfg.seed, cfg.dev_size)
-        dev_split = train_split
-    device, bf16 = resolve_device(cfg)
-
-    tokenizer = load_tokenizer(cfg.model.name)
-    backbone = load_backbone(cfg.model.name, task.num_labels, cfg.model_seed)
-    model = build_pelt_model(backbone, cfg.method, cfg.model_seed).to(device)
-    counts = parameter_counts(model)
-    log.info("%s on %s: %s trainable parameters stored per task (%s in the optimiser), %s, %s",
-             cfg.method.name, task.name, f"{counts['trainable_params']:,}", f"{counts['optimizer_params']:,}",
-             device, "bf16" if bf16 else "fp32")
-
-    settings = TrainSettings(
-        lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience, batch_size=cfg.train.batch_size,
-        grad_clip=cfg.train.grad_clip, eval_batch_size=cfg.train.eval_batch_size, seed=cfg.model_seed,
-        device=device, bf16=bf16,
-    )
-    length, pad = cfg.train.max_length, tokenizer.pad_token_id
-    train = encode(train_split, train_rows, tokenizer, length)
-    dev = Evaluator(encode(dev_split, dev_rows, tokenizer, length), task, settings, pad)
-    test = Evaluator(encode(test_split, np.arange(len(test_split)), tokenizer, length), task, settings, pad)
-
-    result = fit(model, train, dev, task, settings, pad)
-    model.context.start_gate_recording()
-    test_scores = test(model)
-    gates = model.context.stop_gate_recording()
-    log.info("test %s", ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in test_scores.items()))
-    return {
-        "test": test_scores, "dev_best": result.dev_best, "best_epoch": result.best_epoch,
-        "epochs_run": result.epochs_run, "history": result.history, **counts,
-        "train_seconds": round(result.train_seconds, 3), "train_steps": result.train_steps,
-        "eval_seconds": round(result.eval_seconds + test.seconds, 3), "test_seconds": round(test.seconds, 3),
-        "test_examples": len(test_split), "gates": gates,
-        "split": {
-            "train_indices": None if cfg.k == "all" else train_rows.tolist(),
-            "dev_indices": None if cfg.k == "all" else dev_rows.tolist(),
-        },
-        "device": str(device), "precision": "bf16" if bf16 else "fp32", "data_source": train_split.source,
-    }

@@ -1,7 +1,11 @@
 """The training loop: AdamW, linear decay, dev evaluation every epoch, early stopping (App. B, METHODS.md).
 
-A plain PyTorch loop, read top to bottom. The best trainable state is kept in memory (no checkpoint
-files) and restored before the one test evaluation.
+One loop trains a *group* of runs ("members") that share one frozen backbone; a separate run is a group of
+one. Every step concatenates the active members' batches (each member its own data order) into one forward
+and one backward. What is per member is visible in the loop: its learning rate and schedule, its own
+gradient norm clipping, its dev score, its early stopping and best state. A member that stops leaves the
+group; its best state is restored and its test set scored (with the others that stop at the same epoch),
+and the caller hears of it at once (`on_done`), so its record is written while the others go on.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .data import Encoded, collate, evaluation_batches
+from .data import Encoded, collate_group
+from .methods import load_member_state, member_state
 from .metrics import compute_metrics
 from .tasks import TaskSpec
 
@@ -26,133 +32,383 @@ log = logging.getLogger("peltbench")
 
 @dataclass
 class TrainSettings:
+    """One member's training settings (App. B)."""
+
     lr: float
     epochs: int = 50
     patience: int = 10
-    batch_size: int = 16
     grad_clip: float = 1.0
+    seed: int = 42  # the member's data order
+
+
+@dataclass
+class GroupSettings:
+    """What the members of a group share: the backbone's device and precision, and the batch shapes."""
+
+    batch_size: int = 16
     eval_batch_size: int = 128
-    seed: int = 42
+    pad_id: int = 0
+    pad_to: int | None = None  # pad every batch to this width (gate_pooling=padded), else to its longest row
+    seed: int = 42             # dropout
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     bf16: bool = False
 
 
 @dataclass
-class TrainResult:
+class Member:
+    """One run of the group: its data, its settings, and what the loop keeps for it."""
+
+    name: str
+    train: Encoded
+    dev: Encoded
+    test: Encoded
+    settings: TrainSettings
+    history: list[dict] = field(default_factory=list)
+    best_score: float = -math.inf
+    best_epoch: int = 0
+    dev_best: dict = field(default_factory=dict)
+    best_state: dict | None = None
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    steps: int = 0
+    error: str | None = None  # why it stopped without a result (a non-finite loss)
+
+
+@dataclass
+class MemberResult:
+    test: dict | None
+    dev_best: dict
     best_epoch: int
     epochs_run: int
-    dev_best: dict
     history: list[dict]
     train_seconds: float
     train_steps: int
     eval_seconds: float
+    test_seconds: float
+    gates: dict | None
+    predictions: np.ndarray | None
+    error: str | None = None
 
 
-class Evaluator:
-    """Scores one evaluation set; its padded, length-sorted batches are built once and stay on the device."""
-
-    def __init__(self, encoded: Encoded, task: TaskSpec, settings: TrainSettings, pad_id: int) -> None:
-        self.batches = evaluation_batches(encoded, settings.eval_batch_size, pad_id, settings.device)
-        self.order = [row for rows, _ in self.batches for row in rows]
-        self.labels = encoded.labels
-        self.task = task
-        self.settings = settings
-        self.seconds = 0.0  # wall time of the last call
-
-    @torch.inference_mode()
-    def __call__(self, model) -> dict:
-        start = _now(self.settings.device)
-        model.eval()
-        logits = []
-        for _, batch in self.batches:
-            with _autocast(self.settings):
-                logits.append(model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).float())
-        outputs = np.empty((len(self.labels), model.backbone.config.num_labels), dtype=np.float32)
-        outputs[self.order] = torch.cat(logits).cpu().numpy()  # one device-to-host copy, back in row order
-        predictions = outputs[:, 0] if self.task.is_regression else outputs.argmax(axis=1)
-        self.seconds = _now(self.settings.device) - start
-        return compute_metrics(self.task.metrics, self.task.main_metric, predictions, self.labels)
+Logger = Callable[[int, int, dict], None]  # (member index, epoch, metrics)
 
 
-def fit(model, train: Encoded, dev: Evaluator, task: TaskSpec, settings: TrainSettings, pad_id: int) -> TrainResult:
-    """Train with early stopping on the dev set's main metric; leave the model in its best state."""
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
-    total_steps = settings.epochs * steps_per_epoch
-    optimizer = torch.optim.AdamW(
-        parameters, lr=settings.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-        fused=settings.device.type == "cuda",
-    )
-    # Hugging Face's linear schedule with no warm-up: from lr down to 0 over the planned epochs.
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, (total_steps - step) / total_steps))
-    shuffler = torch.Generator().manual_seed(settings.seed)
-    torch.manual_seed(settings.seed)  # dropout
+def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
+        on_done: Callable[[int, MemberResult], None], on_epoch: Logger | None = None) -> None:
+    """Train the group until every member has stopped; `on_done(index, result)` for each, as it stops."""
+    steps_per_epoch = math.ceil(len(members[0].train) / group.batch_size)
+    optimizer = MemberAdamW(model)
+    for m, member in enumerate(members):
+        optimizer.schedule(m, member.settings.lr, member.settings.epochs * steps_per_epoch)
+    clip = torch.tensor([m.settings.grad_clip for m in members], device=group.device)
+    shufflers = [torch.Generator().manual_seed(m.settings.seed) for m in members]
+    dev = [EvaluationSet(m.dev, group) for m in members]
+    test = [EvaluationSet(m.test, group) for m in members]
+    torch.manual_seed(group.seed)  # dropout
 
-    best_score, best_epoch, best_state, dev_best = -math.inf, 0, None, {}
-    history: list[dict] = []
-    train_seconds = eval_seconds = 0.0
-    steps = 0
-    for epoch in range(1, settings.epochs + 1):
-        start = _now(settings.device)
-        loss = _train_epoch(model, train, task, settings, optimizer, schedule, parameters, shuffler, pad_id)
-        train_seconds += _now(settings.device) - start
-        steps += steps_per_epoch
-        scores = dev(model)
-        eval_seconds += dev.seconds
-        score = scores["main"] if scores["main"] is not None else -math.inf
-        history.append({"epoch": epoch, "train_loss": loss, "dev_main": scores["main"]})
-        if best_state is None or score > best_score:  # strict improvement only (HF EarlyStoppingCallback)
-            best_score, best_epoch, dev_best = score, epoch, scores
-            best_state = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-        log.info(
-            "epoch %d/%d  loss %.4f  dev %s %s  (best %s at epoch %d)  %.1fs",
-            epoch, settings.epochs, loss, task.main_metric, _fmt(scores["main"]), _fmt(dev_best["main"]),
-            best_epoch, _now(settings.device) - start,
-        )
-        if epoch - best_epoch >= settings.patience:
-            log.info("early stopping: no improvement in %d evaluations", settings.patience)
-            break
-    _restore(model, best_state)
-    return TrainResult(best_epoch, epoch, dev_best, history, train_seconds, steps, eval_seconds)
+    active = list(range(len(members)))
+    epoch, step = 0, 0
+    bar = tqdm(total=max(m.settings.epochs for m in members), desc="epochs", unit="epoch", disable=None, leave=False)
+    while active:
+        epoch += 1
+        model.members.set_active(active, group.device)
+        start = _now(group.device)
+        losses, first_bad = _train_epoch(model, members, active, task, group, optimizer, clip, shufflers, step)
+        seconds = _now(group.device) - start
+        step += steps_per_epoch
+        model.members.start_gate_recording()
+        scores, eval_seconds = evaluate(model, [dev[m] for m in active], task, group, "dev")
+        gates = model.members.stop_gate_recording()
+        stopping = []
+        for position, m in enumerate(active):
+            member = members[m]
+            member.train_seconds += seconds
+            member.eval_seconds += eval_seconds
+            member.steps += steps_per_epoch
+            if first_bad[position] >= 0:  # the loss went non-finite: stop at once, with the reason
+                member.error = (f"the training loss became {losses[position]} at epoch {epoch}, step "
+                                f"{first_bad[position] + 1} of {steps_per_epoch}: lower method.lr or check the data")
+                stopping.append(m)
+                continue
+            score = scores[position]["main"]
+            member.history.append({"epoch": epoch, "train_loss": losses[position], "dev_main": score})
+            score = -math.inf if score is None else score
+            if member.best_state is None or score > member.best_score:  # strict improvement only (HF)
+                member.best_score, member.best_epoch, member.dev_best = score, epoch, scores[position]
+                member.best_state = member_state(model, m)
+            if on_epoch is not None:
+                on_epoch(m, epoch, _epoch_metrics(losses[position], scores[position], optimizer.lr_at(m, step - 1),
+                                                  seconds + eval_seconds, gates[m]))
+            if epoch - member.best_epoch >= member.settings.patience or epoch >= member.settings.epochs:
+                stopping.append(m)
+        _log_epoch(members, active, epoch, losses, scores, seconds + eval_seconds, task)
+        bar.update(1)
+        for m in stopping:
+            optimizer.leave(m)
+        if stopping:
+            _finish(model, members, stopping, test, task, group, epoch, on_done)
+            active = [m for m in active if m not in stopping]
+    bar.close()
+    model.members.set_active(None)
 
 
-def _train_epoch(model, train, task, settings, optimizer, schedule, parameters, shuffler, pad_id) -> float:
+def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers, first_step):
+    """One epoch of the active members; per member its mean loss, and the first step whose loss was not finite (-1)."""
     model.train()
-    order = torch.randperm(len(train), generator=shuffler).tolist()
-    total, count = 0.0, 0
-    starts = range(0, len(order), settings.batch_size)
-    # A bar within the epoch for long epochs (k=all) on a terminal; off in logs and batch jobs (disable=None).
-    for start in tqdm(starts, desc="train", unit="step", leave=False, disable=None, mininterval=2):
-        batch = collate(train, order[start : start + settings.batch_size], pad_id, settings.device)
-        with _autocast(settings):
+    orders = [torch.randperm(len(members[m].train), generator=shufflers[m]).tolist() for m in active]
+    size = len(orders[0])
+    total = torch.zeros(len(active), device=group.device)
+    first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
+    starts = range(0, size, group.batch_size)
+    for step, start in enumerate(tqdm(starts, desc="train", unit="step", leave=False, disable=None, mininterval=2)):
+        rows = [order[start : start + group.batch_size] for order in orders]
+        batch = collate_group([members[m].train for m in active], rows, group.pad_id, group.device, group.pad_to)
+        with _autocast(group):
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-        loss = _loss(logits.float(), batch["labels"], task)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        total += loss.detach() * len(batch["labels"])
-        count += len(batch["labels"])
-    return float(total) / count
+        losses = member_losses(logits, batch["labels"], len(active), task)
+        losses.sum().backward()
+        clip_per_member(optimizer, clip)
+        optimizer.step(first_step + step)
+        optimizer.zero_grad()
+        with torch.no_grad():
+            bad = ~torch.isfinite(losses)
+            first_bad = torch.where(bad & (first_bad < 0), step, first_bad)
+            total += losses.detach() * len(rows[0])
+    total = (total / size).tolist()
+    return total, first_bad.tolist()
 
 
-def _loss(logits: torch.Tensor, labels: torch.Tensor, task: TaskSpec) -> torch.Tensor:
+def member_losses(logits: torch.Tensor, labels: torch.Tensor, members: int, task: TaskSpec) -> torch.Tensor:
+    """Each member's mean loss over its own rows: (members,). Cross-entropy, or MSE for regression (STS-B)."""
     if task.is_regression:
-        return F.mse_loss(logits.squeeze(-1), labels)
-    return F.cross_entropy(logits, labels)
+        per_row = F.mse_loss(logits.squeeze(-1), labels, reduction="none")
+    else:
+        per_row = F.cross_entropy(logits, labels, reduction="none")
+    return per_row.view(members, -1).mean(dim=1)
 
 
 @torch.no_grad()
-def _restore(model, state: dict) -> None:
-    for name, parameter in model.named_parameters():
-        if name in state:
-            parameter.copy_(state[name])
+def clip_per_member(optimizer: MemberAdamW, max_norm: torch.Tensor) -> None:
+    """Clip each member's gradient to its own global norm (torch.nn.utils.clip_grad_norm_ per member).
+
+    Only the slots a member trains count: gradients that reached other members' untrained slots are zeroed.
+    """
+    entries = [(e, p.grad) for e, p in zip(optimizer.entries, optimizer.params) if p.grad is not None]
+    if not entries:
+        return
+    norms = []
+    for entry, grad in entries:
+        if entry.mask is not None:
+            grad.mul_(entry.mask)
+        flat = grad.view(optimizer.members, -1) if entry.stacked else grad.view(1, -1)
+        norm = torch.linalg.vector_norm(flat, dim=1)
+        norms.append(norm if entry.stacked else F.pad(norm, (0, optimizer.members - 1)))
+    total = torch.linalg.vector_norm(torch.stack(norms), dim=0)
+    coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_([g for _, g in entries], [optimizer.member_view(coefficient, e) for e, _ in entries])
 
 
-def _autocast(settings: TrainSettings):
-    if settings.bf16:
-        return torch.autocast(device_type=settings.device.type, dtype=torch.bfloat16)
+@dataclass(eq=False)
+class _Entry:
+    stacked: bool
+    dims: int                    # the parameter's number of dimensions
+    flags: torch.Tensor          # (members,) float: 1 where the member trains this parameter
+    flags_key: tuple             # the same flags as a tuple
+    mask: torch.Tensor | None    # flags shaped to the parameter, when some member does not train it
+
+
+class MemberAdamW:
+    """AdamW over member-stacked parameters, with one learning rate and schedule per member.
+
+    Elementwise, so each member's slice follows torch.optim.AdamW exactly as a separate optimiser would
+    (β = (0.9, 0.999), ε = 1e-8, weight decay 0: the official code's Hugging Face defaults), and Hugging
+    Face's linear schedule with no warm-up, from the member's lr down to 0 over its planned epochs.
+    A member that does not train a slot, or has left the group, gets learning rate 0 there.
+    """
+
+    def __init__(self, model, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        self.members = model.members.count
+        self.params, self.entries = [], []
+        for _, parameter, flags, stacked in model.member_parameters():
+            key = tuple(flags)
+            flags = torch.tensor(flags, dtype=torch.float32, device=parameter.device)
+            self.params.append(parameter)
+            entry = _Entry(stacked, parameter.dim(), flags, key, None)
+            if stacked and not bool(flags.all()):
+                entry.mask = self.member_view(flags, entry).to(parameter.dtype)
+            self.entries.append(entry)
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.betas, self.eps, self.count = betas, eps, 0
+        self.lr = torch.zeros(self.members)
+        self.total_steps = torch.ones(self.members)
+        self.training = torch.zeros(self.members, dtype=torch.bool)
+
+    def schedule(self, member: int, lr: float, total_steps: int) -> None:
+        self.lr[member], self.total_steps[member], self.training[member] = lr, max(total_steps, 1), True
+
+    def leave(self, member: int) -> None:
+        self.training[member] = False
+
+    def lr_at(self, member: int, step: int) -> float:
+        """The learning rate of `member` at (0-based) step `step`: linear decay to 0, no warm-up."""
+        total = float(self.total_steps[member])
+        return float(self.lr[member]) * max(0.0, (total - step) / total)
+
+    def member_view(self, values: torch.Tensor, entry: _Entry) -> torch.Tensor:
+        """(members,) values shaped to broadcast over a parameter (member 0's value for an unstacked one)."""
+        return values.view(self.members, *[1] * (entry.dims - 1)) if entry.stacked else values[0]
+
+    @torch.no_grad()
+    def step(self, step: int) -> None:
+        lrs = torch.tensor([self.lr_at(m, step) if self.training[m] else 0.0 for m in range(self.members)])
+        self.count += 1
+        beta1, beta2 = self.betas
+        step_size = (lrs / (1 - beta1**self.count)).to(self.params[0].device)
+        indices = [i for i, p in enumerate(self.params) if p.grad is not None]
+        params = [self.params[i] for i in indices]
+        grads = [p.grad for p in params]
+        exp_avg = [self.exp_avg[i] for i in indices]
+        exp_avg_sq = [self.exp_avg_sq[i] for i in indices]
+        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, 1 - beta2)
+        denominator = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_div_(denominator, math.sqrt(1 - beta2**self.count))
+        torch._foreach_add_(denominator, self.eps)
+        scaled: dict[tuple, torch.Tensor] = {}  # -step size per member, once per distinct pattern of flags
+        for i in indices:
+            if self.entries[i].flags_key not in scaled:
+                scaled[self.entries[i].flags_key] = -step_size * self.entries[i].flags
+        sizes = [self.member_view(scaled[self.entries[i].flags_key], self.entries[i]) for i in indices]
+        updates = torch._foreach_mul(exp_avg, sizes)
+        torch._foreach_div_(updates, denominator)
+        torch._foreach_add_(params, updates)
+
+    def zero_grad(self) -> None:
+        for parameter in self.params:
+            parameter.grad = None
+
+
+def _finish(model, members, stopping, test, task, group, epoch, on_done) -> None:
+    """The members that stop at this epoch: restore each one's best state, score their test sets together."""
+    scored = [m for m in stopping if members[m].error is None]
+    for m in scored:
+        load_member_state(model, m, members[m].best_state)
+    results: dict[int, tuple] = {}
+    if scored:
+        model.members.set_active(scored, group.device)
+        model.members.start_gate_recording()
+        scores, seconds, predictions = evaluate(model, [test[m] for m in scored], task, group, "test", keep=True)
+        gates = model.members.stop_gate_recording()
+        results = {m: (scores[i], seconds, predictions[i], gates[m]) for i, m in enumerate(scored)}
+    for m in stopping:
+        member = members[m]
+        test_scores, seconds, predicted, gate_means = results.get(m, (None, 0.0, None, None))
+        member.best_state = None  # free it: the record is about to be written
+        on_done(m, MemberResult(
+            test=test_scores, dev_best=member.dev_best, best_epoch=member.best_epoch, epochs_run=epoch,
+            history=member.history, train_seconds=member.train_seconds, train_steps=member.steps,
+            eval_seconds=member.eval_seconds + seconds, test_seconds=seconds, gates=gate_means,
+            predictions=predicted, error=member.error,
+        ))
+
+
+class EvaluationSet:
+    """One member's evaluation rows: padded, length-sorted batches, built once and kept on the device."""
+
+    def __init__(self, encoded: Encoded, group: GroupSettings) -> None:
+        order = sorted(range(len(encoded)), key=lambda r: len(encoded.input_ids[r]))
+        chunks = [order[i : i + group.eval_batch_size] for i in range(0, len(order), group.eval_batch_size)]
+        self.batches = [collate_group([encoded], [chunk], group.pad_id, group.device, group.pad_to) for chunk in chunks]
+        self.order = order
+        self.labels = encoded.labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@torch.inference_mode()
+def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSettings, label: str, keep: bool = False):
+    """Score each active member on its own evaluation set, all of them in the same forward passes.
+
+    Batch i holds every member's i-th length-sorted chunk; a member with fewer rows there repeats its first
+    row to fill its block, and those rows are ignored. Returns the scores per member and the wall time (and
+    with keep=True the predictions per member, in the set's own row order).
+    """
+    start = _now(group.device)
+    model.eval()
+    outputs: list[list[torch.Tensor]] = [[] for _ in sets]
+    count = max(len(s.batches) for s in sets)
+    for i in tqdm(range(count), desc=label, unit="batch", leave=False, disable=None, mininterval=2):
+        parts = [s.batches[i] if i < len(s.batches) else None for s in sets]
+        batch, sizes = _stack_blocks(parts, group.pad_id, group.device)
+        model.members.set_gate_rows(batch["real"])
+        with _autocast(group):
+            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        block = logits.shape[0] // len(sets)
+        for position, size in enumerate(sizes):
+            if size:
+                outputs[position].append(logits[position * block : position * block + size])
+    model.members.set_gate_rows(None)
+    host = torch.cat([torch.cat(parts) for parts in outputs]).float().cpu().numpy()  # one device-to-host copy
+    scores, predictions, offset = [], [], 0
+    for s in sets:
+        values = np.empty((len(s), host.shape[1]), dtype=np.float32)
+        values[s.order] = host[offset : offset + len(s)]
+        offset += len(s)
+        predicted = values[:, 0] if task.is_regression else values.argmax(axis=1)
+        scores.append(compute_metrics(task.metrics, task.main_metric, predicted, s.labels))
+        predictions.append(predicted)
+    seconds = _now(group.device) - start
+    return (scores, seconds, predictions) if keep else (scores, seconds)
+
+
+def _stack_blocks(parts: list[dict | None], pad_id: int, device: torch.device) -> tuple[dict, list[int]]:
+    """One batch from each member's chunk (None: it has no rows left), every block padded to the same rows and
+    width; `real` marks the rows that count, and the sizes say how many each member has."""
+    present = [p for p in parts if p is not None]
+    rows = max(p["input_ids"].shape[0] for p in present)
+    width = max(p["input_ids"].shape[1] for p in present)
+    blocks: dict[str, list[torch.Tensor]] = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "real": []}
+    sizes = []
+    for part in parts:
+        size = 0 if part is None else part["input_ids"].shape[0]
+        source = present[0] if part is None else part
+        for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
+            tensor = F.pad(source[key], (0, width - source[key].shape[1]), value=fill)
+            if tensor.shape[0] < rows:
+                tensor = torch.cat([tensor, tensor[:1].expand(rows - tensor.shape[0], -1)])
+            blocks[key].append(tensor[:rows])
+        blocks["real"].append(torch.arange(rows, device=device) < size)
+        sizes.append(size)
+    return {key: torch.cat(value) for key, value in blocks.items()}, sizes
+
+
+def _epoch_metrics(loss: float, scores: dict, lr: float, seconds: float, gates: dict | None) -> dict:
+    metrics = {"train_loss": loss, **{f"dev_{k}": v for k, v in scores.items() if k != "main"}, "lr": lr,
+               "epoch_seconds": seconds}
+    for submodule, values in (gates or {}).items():
+        metrics[f"gate_{submodule}"] = float(np.nanmean(values))
+    return metrics
+
+
+def _log_epoch(members, active, epoch, losses, scores, seconds, task) -> None:
+    if len(members) == 1:
+        member = members[0]
+        log.info("epoch %d/%d  loss %.4f  dev %s %s  (best %s at epoch %d)  %.1fs", epoch, member.settings.epochs,
+                 losses[0], task.main_metric, _fmt(scores[0]["main"]), _fmt(member.dev_best.get("main")),
+                 member.best_epoch, seconds)
+        return
+    values = [s["main"] for s in scores if s["main"] is not None]
+    spread = f"{min(values):.2f}..{max(values):.2f}" if values else "n/a"
+    log.info("epoch %d  %d of %d runs training  loss %.4f..%.4f  dev %s %s  %.1fs", epoch, len(active), len(members),
+             min(losses), max(losses), task.main_metric, spread, seconds)
+
+
+def _autocast(group: GroupSettings):
+    if group.bf16:
+        return torch.autocast(device_type=group.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

@@ -1,59 +1,143 @@
 """The PELT methods, as components a method config lists (`conf/method/*.yaml: components`).
 
 UniPELT is not a module of its own: `unipelt_apl` lists [adapter, prefix, lora] with `gated: true`,
-reusing the single methods unchanged.
+reusing the single methods unchanged. A model carries the methods of a group of runs on one backbone
+(base.py); a separate run is a group of one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from . import adapter, bitfit, full, ln, lora, parallel_adapter, prefix
-from .base import PeltModel, freeze_all_but, head_parameters, parameter_counts
+from .base import Members, PeltModel, freeze_all_but_trained, mark, stored_name
 
-Attach = Callable[[PeltModel, DictConfig], list[nn.Parameter]]
-
-COMPONENTS: dict[str, Attach] = {
-    "full": full.attach,
-    "bitfit": bitfit.attach,
-    "ln": ln.attach,
-    "adapter": adapter.attach,
-    "prefix": prefix.attach,
-    "lora": lora.attach,
-    "parallel_adapter": parallel_adapter.attach,
+COMPONENTS = {
+    "full": full,
+    "bitfit": bitfit,
+    "ln": ln,
+    "adapter": adapter,
+    "prefix": prefix,
+    "lora": lora,
+    "parallel_adapter": parallel_adapter,
 }
-
 HEAD_CHOICES = ("train", "bias", "frozen")
+GATE_POOLING = ("masked", "padded")
 
 
-def build_pelt_model(backbone: nn.Module, method: DictConfig, model_seed: int) -> PeltModel:
-    """Attach the method's components to a `BertForSequenceClassification` and freeze everything else.
+def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seeds: int | Sequence[int],
+                     classifiers: Sequence[nn.Linear] | None = None) -> PeltModel:
+    """Attach the methods of a group's members to one `BertForSequenceClassification` and freeze everything else.
 
-    The model seed is set again before each component is built (App. B), so a submodule starts from the
-    same weights alone or inside UniPELT.
+    `methods` and `model_seeds`: one per member (or a single method and seed: a separate run). `classifiers`:
+    each member's initial head (default: the backbone's own, for a group of one). Member m's new modules are
+    drawn with the model seed set again before each of its components (App. B), so a member starts from the
+    same weights alone, inside UniPELT, or inside any group.
     """
-    check_method(method)
-    model = PeltModel(backbone)
-    trainable: list[nn.Parameter] = []
-    for component in method.components:
-        torch.manual_seed(model_seed)
-        trainable += COMPONENTS[component](model, method)
-    trainable += head_parameters(model, method.head)
-    freeze_all_but(model, trainable)
+    methods = [methods] if isinstance(methods, DictConfig) else list(methods)
+    seeds = [model_seeds] * len(methods) if isinstance(model_seeds, int) else list(model_seeds)
+    for method in methods:
+        check_method(method)
+    if len(methods) > 1 and any("full" in method.components for method in methods):
+        raise ValueError("fine-tuning trains the backbone itself: it cannot share it with other runs")
+    model = PeltModel(backbone, Members(len(methods)), classifiers or [backbone.classifier])
+    model.members.padded_pooling = padded_pooling(methods)
+    for name, component in COMPONENTS.items():
+        users = {m: method for m, method in enumerate(methods) if name in method.components}
+        if users:
+            component.install(model, users)
+    for slot, (method, seed) in enumerate(zip(methods, seeds)):
+        for name in method.components:
+            torch.manual_seed(seed)
+            COMPONENTS[name].init_member(model, slot, method)
+        mark(model, _head_parameters(model, method.head), [slot])
+    freeze_all_but_trained(model)
     return model
 
 
+def _head_parameters(model: PeltModel, head: str) -> list[nn.Parameter]:
+    """The classifier parameters a method trains: `train` (all), `bias` (BitFit), `frozen` (prefix, LoRA)."""
+    return {"train": [model.head.weight, model.head.bias], "bias": [model.head.bias], "frozen": []}[head]
+
+
+def padded_pooling(methods: Sequence[DictConfig]) -> bool:
+    """Whether the group's gates average over every position of a batch padded to max length (the authors' code).
+
+    A group cannot mix the two poolings (peltbench.fusion keeps them apart); methods without gates do not care.
+    """
+    poolings = {method.get("gate_pooling", "masked") for method in methods if method.get("gated", False)}
+    if len(poolings) > 1:
+        raise ValueError("a group cannot mix gate_pooling=masked and gate_pooling=padded")
+    return poolings == {"padded"}
+
+
 def check_method(method: DictConfig) -> None:
-    """Raise ValueError, naming the valid choices, for a component or head a method config cannot have."""
+    """Raise ValueError, naming the valid choices, for a component or setting a method config cannot have."""
     unknown = [c for c in method.components if c not in COMPONENTS]
     if unknown:
         raise ValueError(f"method {method.name}: unknown component(s) {unknown}; known: {sorted(COMPONENTS)}")
     if method.head not in HEAD_CHOICES:
         raise ValueError(f"method {method.name}: head must be one of {list(HEAD_CHOICES)}, not {method.head!r}")
+    if "adapter" in method.components and "parallel_adapter" in method.components:
+        raise ValueError(f"method {method.name}: adapter and parallel_adapter are two FFN adapters; no method uses both")
+    if method.get("gate_pooling", "masked") not in GATE_POOLING:
+        raise ValueError(f"method {method.name}: gate_pooling must be one of {list(GATE_POOLING)}, not {method.gate_pooling!r}")
+    if "lora" in method.components:
+        lora.check(method)
 
 
-__all__ = ["COMPONENTS", "PeltModel", "build_pelt_model", "check_method", "parameter_counts"]
+def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
+    """Counts as METHODS.md defines them, for the member in `slot` of a model built for it alone.
+
+    `trainable_params`: what must be stored per task, head excluded; the prefix encoder counts its final
+    L × 2 × layers × H tensor instead of its parameters (the MLP is discarded after training).
+    `head_params`: trainable head parameters. `optimizer_params`: everything the optimiser updates.
+    """
+    counts = {"trainable_params": 0, "head_params": 0, "optimizer_params": 0, "backbone_params": model.backbone_params}
+    for name, parameter, flags, stacked in model.member_parameters():
+        if not flags[slot]:
+            continue
+        size = parameter[slot].numel() if stacked else parameter.numel()
+        counts["optimizer_params"] += size
+        if name.startswith("head."):
+            counts["head_params"] += size
+        elif not name.startswith("prefix_encoder."):
+            counts["trainable_params"] += size
+    if model.prefix_encoder is not None and model.trains["prefix_encoder.embedding"][slot]:
+        counts["trainable_params"] += model.prefix_encoder.stored_numel(slot)
+    return counts
+
+
+def count_method(method: DictConfig, config, model_seed: int = 42) -> dict[str, int]:
+    """A method's parameter counts for a model of `config`'s shape, built alone on the meta device (no weights)."""
+    from transformers import BertForSequenceClassification
+
+    with torch.device("meta"):
+        return parameter_counts(build_pelt_model(BertForSequenceClassification(config), method, model_seed))
+
+
+def member_state(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
+    """What member `slot` trains, one tensor per trained parameter, under the plain model's names
+    (`bert.encoder.layer.0.output.LayerNorm.weight`, `bert.encoder.layer.0.output.adapter.down.weight`,
+    `classifier.weight`, ...). Padded slots come back whole (zeros past the member's own size)."""
+    state = {}
+    for name, parameter, flags, stacked in model.member_parameters():
+        if flags[slot]:
+            state[stored_name(name)] = (parameter[slot] if stacked else parameter).detach().clone()
+    return state
+
+
+@torch.no_grad()
+def load_member_state(model: PeltModel, slot: int, state: dict[str, torch.Tensor]) -> None:
+    """Put a `member_state` back into `slot`."""
+    for name, parameter, flags, stacked in model.member_parameters():
+        if flags[slot]:
+            (parameter[slot] if stacked else parameter).copy_(state[stored_name(name)])
+
+
+__all__ = ["COMPONENTS", "PeltModel", "build_pelt_model", "check_method", "count_method", "load_member_state",
+           "member_state", "parameter_counts"]

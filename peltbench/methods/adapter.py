@@ -12,43 +12,41 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import ForwardContext, PeltModel, maybe_gate, new_linear, plain_ffn_output
+from .base import Coefficient, MemberLinear, Members, PeltModel, ffn_output, mark, scale_rows
 
 
 class Adapter(nn.Module):
-    """Down (H → bottleneck), ReLU, Up (bottleneck → H), both with bias; optionally gated."""
+    """Down (H → bottleneck), ReLU, Up (bottleneck → H), both with bias; optionally gated. Members with a smaller
+    bottleneck than the group's largest hold zeros in the rest of their slot, which stay zero in training."""
 
-    def __init__(self, hidden_size: int, bottleneck: int, gated: bool, context: ForwardContext, layer: int) -> None:
+    def __init__(self, members: Members, users: dict[int, DictConfig], hidden_size: int, layer: int) -> None:
         super().__init__()
-        self.down = new_linear(hidden_size, bottleneck)
-        self.up = new_linear(bottleneck, hidden_size)
-        self.gate = maybe_gate(gated, hidden_size, context, "adapter", layer)
+        self.members = members
+        bottleneck = max(method.bottleneck for method in users.values())
+        self.down = MemberLinear(members, hidden_size, bottleneck)
+        self.up = MemberLinear(members, bottleneck, hidden_size)
+        gated = [bool(users[m].gated) if m in users else False for m in range(members.count)]
+        self.coefficient = Coefficient(members, hidden_size, "adapter", layer, gated, [1.0] * members.count)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.up(torch.relu(self.down(x)))
-        if self.gate is not None:
-            out = self.gate(x)[:, None, None].to(out.dtype) * out
-        return out
+        return scale_rows(self.up(torch.relu(self.down(x))), self.coefficient(x), self.members)
+
+    def init_member(self, slot: int, method: DictConfig) -> None:
+        hidden, bottleneck = self.up.weight.shape[1], method.bottleneck
+        self.down.init_bert(slot, bottleneck, hidden)
+        self.up.init_bert(slot, hidden, bottleneck)
+        self.coefficient.init_member(slot)
 
 
-class AdapterOutput(nn.Module):
-    """Wraps a `BertOutput`, reusing its dense, dropout and LayerNorm, and inserts the adapter."""
-
-    def __init__(self, output: nn.Module, adapter: Adapter) -> None:
-        super().__init__()
-        self.base = output
-        self.adapter = adapter
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        h = self.base.dropout(self.base.dense(hidden_states))
-        x = self.base.LayerNorm(h + input_tensor)
-        return self.base.LayerNorm(h + self.adapter(x) + input_tensor)
-
-
-def attach(model: PeltModel, method: DictConfig) -> list[nn.Parameter]:
-    trainable: list[nn.Parameter] = []
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    gated = [m for m in users if users[m].gated]
     for index, layer in enumerate(model.layers):
-        adapter = Adapter(model.hidden_size, method.bottleneck, method.gated, model.context, index)
-        layer.output = AdapterOutput(plain_ffn_output(layer, "adapter"), adapter)
-        trainable += adapter.parameters()
-    return trainable
+        adapter = Adapter(model.members, users, model.hidden_size, index)
+        ffn_output(layer).adapter = adapter
+        mark(model, [*adapter.down.parameters(), *adapter.up.parameters()], users)
+        mark(model, adapter.coefficient.gate_parameters(), gated)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    for layer in model.layers:
+        layer.output.adapter.init_member(slot, method)

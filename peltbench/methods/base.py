@@ -1,98 +1,256 @@
-"""What every PELT method shares: the wrapper model, the gate, new-module init, freezing and counting.
+"""What every PELT method shares: the group of runs on one backbone, member-stacked layers, the gate, freezing.
 
-A method is a list of components (`conf/method/*.yaml: components`). Each component attaches its modules
-to the backbone and returns the parameters it trains; `build_pelt_model` freezes everything else.
+A model here carries the PELT modules of a *group* of runs ("members") that share one frozen pretrained
+backbone. The rows of a batch are the members' batches concatenated (member 0's rows, then member 1's, ...),
+each member contributing the same number of rows; every new weight has a leading member dimension and is
+applied to its member's rows with one batched matmul. A separate run is a group of one: the same modules,
+member dimension 1. A member that does not use a component holds zeros in that component's slot (or, for
+prefixes, a fully masked one), so its rows see exactly the backbone without that component.
+
+Components attach their modules with `install(model, users)` and draw one member's initial weights with
+`init_member(model, slot, method)`, in the order a separate run draws them, after the model seed is set.
+Which member trains which tensor is recorded in `model.trains` (parameter name → one flag per member); the
+optimiser and the gradient clipping are per member (peltbench.train).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 INIT_STD = 0.02  # BERT's init for new Linear weights (METHODS.md); biases start at 0
 
 
-def new_linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
-    """A Linear initialised as BERT initialises its own: weight N(0, 0.02), bias 0."""
-    linear = nn.Linear(in_features, out_features, bias=bias)
-    nn.init.normal_(linear.weight, std=INIT_STD)
-    if bias:
-        nn.init.zeros_(linear.bias)
-    return linear
+class Members:
+    """The members of a group, and what one forward pass shares between the modules of the model.
 
-
-class ForwardContext:
-    """Per-forward state shared by the modules of one model: the padding mask, and optional gate statistics.
-
-    Gates average over real tokens only, so they need the mask the backbone received; `PeltModel.forward`
-    puts it here before calling the backbone.
+    `active`: the member slots whose rows are in the current batch (None: all of them, in slot order). Members
+    leave a group when they stop early; their slots stay in place, and modules pick the active slots.
+    `token_mask`: the padding mask the backbone received, for the gates' masked mean.
+    `padded_pooling`: gates average over every position of a batch padded to max length (the authors' code).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.active: torch.Tensor | None = None
         self.token_mask: torch.Tensor | None = None
-        self._gate_sums: dict[tuple[str, int], list[float]] | None = None
+        self.padded_pooling = False
+        self.prefixes: dict[int, tuple] | None = None  # per-forward prefix keys/values, see prefix.py
+        self._gate_log: list | None = None
+        self._gate_rows: torch.Tensor | None = None
+
+    @property
+    def active_count(self) -> int:
+        return self.count if self.active is None else len(self.active)
+
+    def set_active(self, slots: list[int] | None, device: torch.device | None = None) -> None:
+        if slots is None or list(slots) == list(range(self.count)):
+            self.active = None
+        else:
+            self.active = torch.tensor(list(slots), dtype=torch.long, device=device)
+
+    def active_slots(self) -> list[int]:
+        return list(range(self.count)) if self.active is None else self.active.tolist()
+
+    def pick(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The active members' slots of a tensor with a leading member dimension."""
+        return tensor if self.active is None else tensor.index_select(0, self.active.to(tensor.device))
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, ...) → (active members, rows per member, ...)."""
+        return x.view(self.active_count, -1, *x.shape[1:])
+
+    # ---- gate statistics: the mean gate per member, submodule and layer (for the record and the loggers)
 
     def start_gate_recording(self) -> None:
-        self._gate_sums = {}
+        self._gate_log = []
+
+    def set_gate_rows(self, rows: torch.Tensor | None) -> None:
+        """Which rows of the coming batches count (bool per row; None: all): evaluation pads some members' rows."""
+        self._gate_rows = rows
 
     def observe_gate(self, submodule: str, layer: int, values: torch.Tensor) -> None:
-        if self._gate_sums is not None:
-            total = self._gate_sums.setdefault((submodule, layer), [0.0, 0])
-            total[0] += float(values.float().sum())
-            total[1] += values.numel()
+        if self._gate_log is not None:  # kept as they are; summed once, at the end
+            self._gate_log.append((submodule, layer, values.detach(), self.active, self._gate_rows))
 
-    def stop_gate_recording(self) -> dict[str, list[float]] | None:
-        """Mean gate value per submodule and layer over everything seen since `start_gate_recording`."""
-        sums, self._gate_sums = self._gate_sums, None
-        if not sums:
-            return None
-        layers = 1 + max(layer for _, layer in sums)
-        means: dict[str, list[float]] = {}
-        for (submodule, layer), (total, count) in sorted(sums.items()):
-            means.setdefault(submodule, [float("nan")] * layers)[layer] = total / count
-        return means
+    def stop_gate_recording(self) -> list[dict[str, list[float]] | None]:
+        """Per member: mean gate per submodule and layer since `start_gate_recording` (None for a member without gates)."""
+        log, self._gate_log, self._gate_rows = self._gate_log, None, None
+        if not log:
+            return [None] * self.count
+        keys = sorted({(submodule, layer) for submodule, layer, *_ in log})
+        totals = torch.zeros(len(keys), 2, self.count, device=log[0][2].device)
+        for submodule, layer, values, active, rows in log:
+            weight = torch.ones_like(values, dtype=torch.float32) if rows is None else rows.float()
+            members = self.count if active is None else len(active)
+            sums = torch.stack([(values.float() * weight).view(members, -1).sum(1), weight.view(members, -1).sum(1)])
+            slots = torch.arange(self.count, device=values.device) if active is None else active
+            totals[keys.index((submodule, layer))].index_add_(1, slots, sums)
+        totals = totals.cpu()
+        layers = 1 + max(layer for _, layer in keys)
+        result: list[dict[str, list[float]] | None] = []
+        for slot in range(self.count):
+            means: dict[str, list[float]] = {}
+            for (submodule, layer), (total, count) in zip(keys, totals[:, :, slot].tolist()):
+                if count > 0:
+                    means.setdefault(submodule, [float("nan")] * layers)[layer] = total / count
+            result.append(means or None)
+        return result
+
+
+def draw(target: torch.Tensor, init) -> None:
+    """Fill `target` (one member's slot, maybe a strided view) with `init` drawn on a fresh tensor of its shape,
+    so the random numbers fall exactly as they would in a separate run's own nn.Linear."""
+    fresh = torch.empty(target.shape, dtype=target.dtype, device=target.device)
+    init(fresh)
+    with torch.no_grad():
+        target.copy_(fresh)
+
+
+def bert_normal(tensor: torch.Tensor) -> torch.Tensor:
+    return nn.init.normal_(tensor, std=INIT_STD)
+
+
+class MemberLinear(nn.Module):
+    """y = x W_mᵀ + b_m for the rows of member m. weight (members, out, in), bias (members, out).
+
+    A member's slot has exactly nn.Linear's shapes, so it saves, loads and initialises as one.
+    Slots start at zero; a member that does not use the layer keeps zeros there and gets y = 0.
+    """
+
+    def __init__(self, members: Members, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.members = members
+        self.weight = nn.Parameter(torch.zeros(members.count, out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(members.count, out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.members.pick(self.weight).transpose(1, 2)
+        rows = x.reshape(weight.shape[0], -1, x.shape[-1])
+        if self.bias is None:
+            out = torch.bmm(rows, weight)
+        else:
+            out = torch.baddbmm(self.members.pick(self.bias).unsqueeze(1), rows, weight)
+        return out.view(*x.shape[:-1], -1)
+
+    def init_bert(self, slot: int, rows: int, columns: int) -> None:
+        """BERT's init for a new Linear of `columns` → `rows` in this slot: weight N(0, 0.02), bias 0."""
+        draw(self.weight[slot, :rows, :columns], bert_normal)
 
 
 class Gate(nn.Module):
-    """UniPELT's gate (§3.2): g = mean over real tokens t of sigmoid(Linear_H→1(x_t)).
+    """UniPELT's gate (§3.2): g = mean over tokens t of sigmoid(Linear_H→1(x_t)), one scalar per example.
 
-    One scalar in (0, 1) per example, per layer, per submodule, computed from the submodule's own input.
-    The mean is masked (METHODS.md "Gates: one shape everywhere"), so g does not depend on padding.
+    The mean is over real tokens (METHODS.md "Gates: one shape everywhere"), or, with gate_pooling=padded,
+    over every position of a batch padded to max length, as the authors' code did.
     """
 
-    def __init__(self, hidden_size: int, context: ForwardContext, submodule: str, layer: int) -> None:
+    def __init__(self, members: Members, hidden_size: int, submodule: str, layer: int) -> None:
         super().__init__()
-        self.linear = new_linear(hidden_size, 1)
-        self.context = context
+        self.linear = MemberLinear(members, hidden_size, 1)
+        self.members = members
         self.submodule = submodule
         self.layer = layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (batch, tokens, hidden) → g: (batch,)."""
+        """x: (rows, tokens, hidden) → g: (rows,)."""
         per_token = torch.sigmoid(self.linear(x)).squeeze(-1)
-        mask = self.context.token_mask
-        if mask is None:
+        mask = self.members.token_mask
+        if mask is None or self.members.padded_pooling:
             gate = per_token.mean(dim=1)
         else:
             mask = mask.to(per_token.dtype)
             gate = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        self.context.observe_gate(self.submodule, self.layer, gate.detach())
+        self.members.observe_gate(self.submodule, self.layer, gate)
         return gate
 
 
-def maybe_gate(gated: bool, hidden_size: int, context: ForwardContext, submodule: str, layer: int) -> Gate | None:
-    return Gate(hidden_size, context, submodule, layer) if gated else None
+class Coefficient(nn.Module):
+    """What multiplies a submodule's output for each member: its gate when the member's method is gated,
+    else a constant (1 for an adapter, `lora_scale` for LoRA). With no gated member and every constant 1 it
+    is nothing at all, and the submodule's output is used as it is."""
+
+    def __init__(self, members: Members, hidden_size: int, submodule: str, layer: int,
+                 gated: list[bool], constants: list[float]) -> None:
+        super().__init__()
+        self.members = members
+        self.gate = Gate(members, hidden_size, submodule, layer) if any(gated) else None
+        self.mixed = any(gated) and not all(gated)
+        self.needs_constant = not all(gated) and any(c != 1.0 for c, g in zip(constants, gated) if not g)
+        self.gated_members = list(gated)
+        self.register_buffer("gated", torch.tensor(gated, dtype=torch.bool), persistent=False)
+        self.register_buffer("constant", torch.tensor(constants, dtype=torch.float32), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """(active members, rows per member) or (active members, 1); None when it is 1 for every member."""
+        if self.gate is None:
+            return self.members.pick(self.constant)[:, None] if self.needs_constant else None
+        gate = self.members.split(self.gate(x))
+        if self.mixed:
+            gate = torch.where(self.members.pick(self.gated)[:, None], gate, self.members.pick(self.constant)[:, None])
+        return gate
+
+    def init_member(self, slot: int) -> None:
+        if self.gate is not None and self.gated_members[slot]:
+            self.gate.linear.init_bert(slot, 1, self.gate.linear.weight.shape[2])
+
+    def gate_parameters(self) -> list[nn.Parameter]:
+        return [] if self.gate is None else list(self.gate.parameters())
+
+
+def scale_rows(out: torch.Tensor, coefficient: torch.Tensor | None, members: Members) -> torch.Tensor:
+    """out (rows, ...) times a per-member, per-row coefficient (active members, rows per member or 1)."""
+    if coefficient is None:
+        return out
+    grouped = members.split(out)
+    shape = (*coefficient.shape, *[1] * (grouped.dim() - 2))
+    return (grouped * coefficient.reshape(shape).to(out.dtype)).view(out.shape)
+
+
+class MemberHead(nn.Module):
+    """The classifier on BERT's pooled output, one per member: logits_m = W_m p + b_m.
+
+    It runs in fp32 even under bf16 autocast, and so does the loss: bf16 logits collapse a narrow band of
+    regression predictions (STS-B) onto a few values.
+    """
+
+    def __init__(self, members: Members, classifiers: list[nn.Linear]) -> None:
+        super().__init__()
+        self.members = members
+        self.weight = nn.Parameter(torch.stack([c.weight.detach().float() for c in classifiers]))
+        self.bias = nn.Parameter(torch.stack([c.bias.detach().float() for c in classifiers]))
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=pooled.device.type, enabled=False):
+            rows = self.members.split(pooled.float())
+            logits = torch.baddbmm(self.members.pick(self.bias).unsqueeze(1), rows, self.members.pick(self.weight).transpose(1, 2))
+        return logits.reshape(-1, logits.shape[-1])
 
 
 class PeltModel(nn.Module):
-    """A `BertForSequenceClassification` with PELT modules attached; forward returns the logits."""
+    """A BERT backbone with the PELT modules of a group of members attached; forward returns the logits.
 
-    def __init__(self, backbone: nn.Module) -> None:
+    The rows of `input_ids` are the active members' rows, member by member, the same number per member.
+    """
+
+    def __init__(self, backbone: nn.Module, members: Members, classifiers: list[nn.Linear]) -> None:
         super().__init__()
         self.backbone = backbone
-        self.context = ForwardContext()
+        self.members = members
+        self.head = MemberHead(members, classifiers)
+        del self.backbone.classifier  # each member's own head replaces it
         # The denominator of Table 4's "% of the backbone": the pretrained encoder, pooler included.
         self.backbone_params = sum(p.numel() for p in backbone.bert.parameters())
+        self.prefix_encoder: nn.Module | None = None
+        self.trains: dict[str, list[bool]] = {}  # parameter name → does member m train it
+        self.unstacked: set[str] = set()  # trained parameters without a member dimension (fine-tuning's backbone)
+        self._marked: dict[int, list[bool]] = {}
+        self._unstacked: set[int] = set()
+
+    @property
+    def config(self):
+        return self.backbone.config
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -102,56 +260,48 @@ class PeltModel(nn.Module):
     def hidden_size(self) -> int:
         return self.backbone.config.hidden_size
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        self.context.token_mask = attention_mask
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        self.members.token_mask = attention_mask
         try:
-            output = self.backbone(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            if self.prefix_encoder is not None:
+                self.members.prefixes = self.prefix_encoder()
+            output = self.backbone.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return self.head(self.backbone.dropout(output.pooler_output))
         finally:
-            self.context.token_mask = None
-        return output.logits
+            self.members.token_mask = None
+            self.members.prefixes = None
+
+    def member_parameters(self) -> list[tuple[str, nn.Parameter, list[bool], bool]]:
+        """(name, parameter, flags, stacked) for every trained parameter: flags say which members train it;
+        stacked: it has a leading member dimension (all but fine-tuning's backbone weights)."""
+        named = dict(self.named_parameters())
+        return [(name, named[name], flags, name not in self.unstacked) for name, flags in self.trains.items() if any(flags)]
 
 
-def head_parameters(model: PeltModel, head: str) -> list[nn.Parameter]:
-    """The classifier parameters a method trains: `train` (all), `bias` (BitFit), `frozen` (prefix, LoRA)."""
-    classifier = model.backbone.classifier
-    choices = {"train": list(classifier.parameters()), "bias": [classifier.bias], "frozen": []}
-    return choices[head]
+def mark(model: PeltModel, what, slots, stacked: bool = True) -> None:
+    """The members in `slots` train `what`: a module (all its parameters) or a list of parameters.
+
+    Kept by parameter while components are attached (a later wrapper renames them); `freeze_all_but_trained`
+    turns it into `model.trains`, by name."""
+    for parameter in (what.parameters() if isinstance(what, nn.Module) else what):
+        flags = model._marked.setdefault(id(parameter), [False] * model.members.count)
+        for slot in slots:
+            flags[slot] = True
+        if not stacked:
+            model._unstacked.add(id(parameter))
 
 
-def freeze_all_but(model: nn.Module, trainable: list[nn.Parameter]) -> None:
-    """The one place that decides requires_grad: the method's parameters train, nothing else does."""
-    keep = {id(p) for p in trainable}
-    for parameter in model.parameters():
-        parameter.requires_grad_(id(parameter) in keep)
-
-
-def parameter_counts(model: PeltModel) -> dict[str, int]:
-    """Counts as METHODS.md defines them.
-
-    `trainable_params`: what must be stored per task, head excluded; a module with `stored_numel()` (the
-    prefix encoder, whose MLP is discarded after training) counts that instead of its parameters.
-    `head_params`: trainable head parameters. `optimizer_params`: everything the optimiser updates.
-    """
-    head_ids = {id(p) for p in model.backbone.classifier.parameters()}
-    replaced: set[int] = set()
-    stored = 0
-    for module in model.modules():
-        if hasattr(module, "stored_numel") and any(p.requires_grad for p in module.parameters()):
-            stored += module.stored_numel()
-            replaced.update(id(p) for p in module.parameters())
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    stored += sum(p.numel() for p in trainable if id(p) not in head_ids and id(p) not in replaced)
-    return {
-        "trainable_params": stored,
-        "head_params": sum(p.numel() for p in trainable if id(p) in head_ids),
-        "optimizer_params": sum(p.numel() for p in trainable),
-        "backbone_params": model.backbone_params,
-    }
+def freeze_all_but_trained(model: PeltModel) -> None:
+    """The one place that decides requires_grad: what some member trains trains, nothing else does."""
+    for name, parameter in model.named_parameters():
+        flags = model._marked.get(id(parameter))
+        parameter.requires_grad_(flags is not None and any(flags))
+        if flags is not None:
+            model.trains[name] = flags
+            if id(parameter) in model._unstacked:
+                model.unstacked.add(name)
+    model._marked, model._unstacked = {}, set()
 
 
 def self_attention(layer: nn.Module) -> nn.Module:
@@ -160,9 +310,90 @@ def self_attention(layer: nn.Module) -> nn.Module:
     return getattr(module, "inner", module)
 
 
-def plain_ffn_output(layer: nn.Module, method: str) -> nn.Module:
-    """The layer's `BertOutput`; two FFN adapters in one layer are not a combination any method defines."""
-    output = layer.output
-    if not hasattr(output, "dense") or not hasattr(output, "LayerNorm"):
-        raise ValueError(f"{method}: layer.output is already wrapped by another FFN adapter")
-    return output
+def ffn_output(layer: nn.Module) -> nn.Module:
+    """The layer's FFN output block, wrapped (once) so FFN adapters can be added to it (see FfnOutput)."""
+    if not isinstance(layer.output, FfnOutput):
+        layer.output = FfnOutput(layer.output)
+    return layer.output
+
+
+class FfnOutput(nn.Module):
+    """Wraps a `BertOutput`, reusing its dense, dropout and LayerNorm, and adds the FFN adapters some member uses.
+
+    With h = dropout(dense(intermediate)) and a the attention output (the block's residual input):
+        out = LN(h + Adapter(LN(h + a)) + ParallelAdapter(a) + a)
+    A member without one of them holds zeros in its slot, so its terms are exactly 0.
+    """
+
+    def __init__(self, output: nn.Module) -> None:
+        super().__init__()
+        self.base = output
+        self.adapter: nn.Module | None = None
+        self.parallel_adapter: nn.Module | None = None
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        h = self.base.dropout(self.base.dense(hidden_states))
+        out = h
+        if self.adapter is not None:
+            out = out + self.adapter(self.base.LayerNorm(h + input_tensor))
+        if self.parallel_adapter is not None:
+            out = out + self.parallel_adapter(input_tensor)
+        return self.base.LayerNorm(out + input_tensor)
+
+
+class MemberBias(nn.Module):
+    """A pretrained Linear whose bias is the member's own (BitFit): y = x Wᵀ + b_m, W shared and frozen."""
+
+    def __init__(self, members: Members, linear: nn.Linear) -> None:
+        super().__init__()
+        self.members = members
+        self.weight = linear.weight
+        self.bias = nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(members.count, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        bias = self.members.pick(self.bias).unsqueeze(1).to(out.dtype)
+        return (self.members.split(out.reshape(-1, out.shape[-1])) + bias).view(out.shape)
+
+
+class MemberLayerNorm(nn.Module):
+    """A pretrained LayerNorm whose gain and bias are the member's own (LN-tuning, BitFit)."""
+
+    def __init__(self, members: Members, norm: nn.LayerNorm) -> None:
+        super().__init__()
+        self.members = members
+        self.normalized_shape, self.eps = norm.normalized_shape, norm.eps
+        self.weight = nn.Parameter(norm.weight.detach().unsqueeze(0).repeat(members.count, 1))
+        self.bias = nn.Parameter(norm.bias.detach().unsqueeze(0).repeat(members.count, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        rows = self.members.split(normed.reshape(-1, normed.shape[-1]))
+        weight = self.members.pick(self.weight).unsqueeze(1).to(normed.dtype)
+        bias = self.members.pick(self.bias).unsqueeze(1).to(normed.dtype)
+        return torch.addcmul(bias, rows, weight).view(normed.shape)
+
+
+def member_affine(model: PeltModel) -> None:
+    """Give every pretrained Linear of the encoder a per-member bias and every LayerNorm a per-member gain and
+    bias (once; BitFit and LN-tuning share them)."""
+    if getattr(model, "_member_affine", False):
+        return
+    for parent in list(model.backbone.bert.modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, nn.LayerNorm):
+                setattr(parent, child_name, MemberLayerNorm(model.members, child))
+            elif type(child) is nn.Linear and child.bias is not None:
+                setattr(parent, child_name, MemberBias(model.members, child))
+    model._member_affine = True
+
+
+def stored_name(name: str) -> str:
+    """A parameter's name as the plain (unwrapped) model would have it: wrappers' `base.` / `inner.` segments
+    and the `backbone.` prefix go, so BERT's own tensors keep their Hugging Face names."""
+    parts = [part for part in name.split(".") if part not in ("base", "inner")]
+    if parts and parts[0] == "backbone":
+        parts = parts[1:]
+    if parts[:1] == ["head"]:
+        parts = ["classifier", *parts[1:]]
+    return ".".join(parts)

@@ -4,10 +4,15 @@ output, all LayerNorm biases and the pooler (102,912 for BERT-base, METHODS.md).
 from __future__ import annotations
 
 from omegaconf import DictConfig
-from torch import nn
 
-from .base import PeltModel
+from .base import MemberBias, MemberLayerNorm, PeltModel, mark, member_affine
 
 
-def attach(model: PeltModel, method: DictConfig) -> list[nn.Parameter]:
-    return [p for name, p in model.backbone.bert.named_parameters() if name.endswith("bias")]
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    member_affine(model)
+    modules = [m for m in model.backbone.bert.modules() if isinstance(m, (MemberBias, MemberLayerNorm))]
+    mark(model, [m.bias for m in modules], users)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    """Nothing to draw: the biases start from the checkpoint."""

@@ -1,12 +1,21 @@
-"""Fine-tuning: every parameter of the backbone trains (the head as `head:` says)."""
+"""Fine-tuning: every parameter of the backbone trains (the head as `head:` says).
+
+It changes the backbone itself, so a fine-tuning run cannot share one: it is always a group of one, and
+its backbone tensors have no member dimension (`model.unstacked`).
+"""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
-from torch import nn
 
-from .base import PeltModel
+from .base import PeltModel, mark
 
 
-def attach(model: PeltModel, method: DictConfig) -> list[nn.Parameter]:
-    return list(model.backbone.bert.parameters())
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    if model.members.count != 1:
+        raise ValueError("fine-tuning trains the backbone itself: it cannot share it with other runs")
+    mark(model, model.backbone.bert, users, stacked=False)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    """Nothing to draw: it starts from the checkpoint."""

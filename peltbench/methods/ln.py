@@ -4,11 +4,15 @@ values — the embeddings' LayerNorm and two per layer (38,400 for BERT-base, ME
 from __future__ import annotations
 
 from omegaconf import DictConfig
-from torch import nn
 
-from .base import PeltModel
+from .base import MemberLayerNorm, PeltModel, mark, member_affine
 
 
-def attach(model: PeltModel, method: DictConfig) -> list[nn.Parameter]:
-    norms = [m for m in model.backbone.bert.modules() if isinstance(m, nn.LayerNorm)]
-    return [p for norm in norms for p in norm.parameters()]
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    member_affine(model)
+    norms = [m for m in model.backbone.bert.modules() if isinstance(m, MemberLayerNorm)]
+    mark(model, [p for norm in norms for p in (norm.weight, norm.bias)], users)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    """Nothing to draw: the gains and biases start from the checkpoint."""

@@ -8,47 +8,38 @@ model starts exactly as the pretrained one (METHODS.md).
 
 from __future__ import annotations
 
-import math
-
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import PeltModel, plain_ffn_output
+from .base import MemberLinear, Members, PeltModel, draw, ffn_output, mark, scale_rows
+from .lora import kaiming
 
 
 class ParallelAdapter(nn.Module):
-    def __init__(self, hidden_size: int, bottleneck: int, scale: float) -> None:
+    def __init__(self, members: Members, users: dict[int, DictConfig], hidden_size: int) -> None:
         super().__init__()
-        self.down = nn.Linear(hidden_size, bottleneck)
-        self.up = nn.Linear(bottleneck, hidden_size)
-        nn.init.kaiming_uniform_(self.down.weight, a=math.sqrt(5))
-        nn.init.zeros_(self.down.bias)
-        nn.init.zeros_(self.up.weight)
-        nn.init.zeros_(self.up.bias)
-        self.scale = scale
+        self.members = members
+        bottleneck = max(method.bottleneck for method in users.values())
+        self.down = MemberLinear(members, hidden_size, bottleneck)
+        self.up = MemberLinear(members, bottleneck, hidden_size)
+        scales = [float(users[m].adapter_scale) if m in users else 0.0 for m in range(members.count)]
+        self.register_buffer("scale", torch.tensor(scales), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * self.up(torch.relu(self.down(x)))
+        return scale_rows(self.up(torch.relu(self.down(x))), self.members.pick(self.scale)[:, None], self.members)
+
+    def init_member(self, slot: int, method: DictConfig) -> None:
+        draw(self.down.weight[slot, : method.bottleneck], kaiming)  # bias, Up: zeros (already)
 
 
-class ParallelAdapterOutput(nn.Module):
-    """Wraps a `BertOutput`, reusing its dense, dropout and LayerNorm."""
-
-    def __init__(self, output: nn.Module, adapter: ParallelAdapter) -> None:
-        super().__init__()
-        self.base = output
-        self.adapter = adapter
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        h = self.base.dropout(self.base.dense(hidden_states))
-        return self.base.LayerNorm(h + self.adapter(input_tensor) + input_tensor)
-
-
-def attach(model: PeltModel, method: DictConfig) -> list[nn.Parameter]:
-    trainable: list[nn.Parameter] = []
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     for layer in model.layers:
-        adapter = ParallelAdapter(model.hidden_size, method.bottleneck, method.adapter_scale)
-        layer.output = ParallelAdapterOutput(plain_ffn_output(layer, "parallel_adapter"), adapter)
-        trainable += adapter.parameters()
-    return trainable
+        adapter = ParallelAdapter(model.members, users, model.hidden_size)
+        ffn_output(layer).parallel_adapter = adapter
+        mark(model, adapter, users)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    for layer in model.layers:
+        layer.output.parallel_adapter.init_member(slot, method)
