@@ -12,7 +12,6 @@ from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from . import UserError
 from .packaged import options
 
 log = logging.getLogger("peltbench")
@@ -45,45 +44,24 @@ Hydra's own options: peltbench --hydra-help
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _run(cfg: DictConfig) -> str:
-    from .runner import run_experiment  # imported here so config errors answer before torch loads
+    from .runner import run_group, sweep_status  # imported here so config errors answer before torch loads
 
-    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    try:
-        record = run_experiment(cfg, Path(to_absolute_path(cfg.results_dir)))
-    except UserError as error:
-        if sweep:  # logged, and the sweep goes on; its summary lists the run as not run
-            log.error("%s", error)
-            return "error"
-        print(f"peltbench: error: {error}", file=sys.stderr)
+    [outcome] = run_group([cfg], Path(to_absolute_path(cfg.results_dir)))
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # the sweep goes on; its summary lists what is not done
+        return sweep_status(outcome)
+    if outcome.status == "error":
+        print(f"peltbench: error: {outcome.error}", file=sys.stderr)
         sys.exit(2)
-    except Exception:
-        if sweep:  # the runner logged it (and wrote a `failed` record); the sweep goes on, its summary lists it
-            return "failed"
-        raise
-    return record["status"]
+    if outcome.status == "failed":  # the runner logged why, and wrote a `failed` record a rerun retries
+        sys.exit(1)
+    return outcome.status
 
 
 def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(HELP.format(methods=" ".join(options("method")), tasks=" ".join(options("task"))))
         return
-    register_slurm_launcher()
     _run()
-
-
-def register_slurm_launcher() -> None:
-    """Make `hydra/launcher=slurm` available (when the `slurm` extra is installed).
-
-    Importing the plugin registers its config; registering its class by hand is needed because an editable
-    install (setuptools >= 64) hides `hydra_plugins.peltbench_slurm` from Hydra's plugin scan (hydra#2359).
-    """
-    try:
-        from hydra_plugins.peltbench_slurm import PeltbenchSlurmLauncher
-    except ImportError:  # hydra-submitit-launcher is not installed
-        return
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance().register(PeltbenchSlurmLauncher)
 
 
 if __name__ == "__main__":

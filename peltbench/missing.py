@@ -101,6 +101,12 @@ def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequ
     return runs
 
 
+def compose_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]]) -> list[DictConfig]:
+    """Each job's config (as the task function will see it, less most of `hydra`), composed fast."""
+    compose = _Composer(config_loader, sweep_config)
+    return [compose(list(job), num) for num, job in enumerate(jobs)]
+
+
 class _Composer:
     """Each job's config as Hydra's `load_sweep_config(sweep_config, job)` makes it (less most of `hydra`), but fast.
 
@@ -256,9 +262,9 @@ def _load(arguments: list[str]) -> Sweep:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from .cli import register_slurm_launcher
+    from .launchers import register_launchers
 
-    register_slurm_launcher()  # so that hydra/launcher=slurm composes
+    register_launchers()  # so that hydra/launcher=slurm composes
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         sweep_config = loader.load_configuration(config_name="config", overrides=arguments, run_mode=RunMode.MULTIRUN)

@@ -39,7 +39,14 @@ class Outcome:
     skipped: bool = False
 
 
-def run_experiment(cfg: DictConfig, results_dir: Path) -> dict:
+def sweep_status(outcome: Outcome) -> str:
+    """What a sweep's job returns for a run (its summary reads the records): a bad input is logged in one line."""
+    if outcome.status == "error":
+        log.error("%s", outcome.error)
+    return outcome.status
+
+
+def run_experiment(cfg: DictConfig, results_dir: Path | None = None) -> dict:
     """Run one config and write its record, or return the finished record of an identical earlier run.
 
     A UserError (bad config or input) writes no record. Any other failure writes a `failed` record,
@@ -51,8 +58,10 @@ def run_experiment(cfg: DictConfig, results_dir: Path) -> dict:
     return outcome.record
 
 
-def run_group(cfgs: list[DictConfig], results_dir: Path) -> list[Outcome]:
+def run_group(cfgs: list[DictConfig], results_dir: Path | None = None) -> list[Outcome]:
     """Train the runs of `cfgs` together on one backbone (a group of one: a separate run); one Outcome each.
+
+    Records go under `results_dir`, or each config's own `results_dir` (relative to the working directory).
 
     Runs already done are skipped; a run with a bad config or input is left out (status `error`); a crash
     while training writes `failed` records for the runs that had not finished yet.
@@ -61,7 +70,7 @@ def run_group(cfgs: list[DictConfig], results_dir: Path) -> list[Outcome]:
     runs: list[_Run] = []
     for index, cfg in enumerate(cfgs):
         try:
-            run = _Run.prepare(cfg, results_dir)
+            run = _Run.prepare(cfg, results_dir or Path(str(cfg.results_dir)).expanduser().absolute())
         except UserError as error:
             outcomes[index] = Outcome("error", error=error)
             continue

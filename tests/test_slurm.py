@@ -49,7 +49,7 @@ def test_the_plugin_registers_nothing_without_hydra_submitit_launcher():
             "from hydra.core.config_store import ConfigStore\n"
             "assert not hasattr(plugin, 'PeltbenchSlurmLauncher')\n"
             "assert 'peltbench_slurm.yaml' not in ConfigStore.instance().repo.get('hydra', {}).get('launcher', {})\n"
-            "from peltbench.cli import register_slurm_launcher; register_slurm_launcher()\n")
+            "from peltbench.launchers import register_launchers; register_launchers()\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stderr == "", result.stderr
 

@@ -1,0 +1,128 @@
+"""The local launcher: a sweep's runs one after another in this process, compatible runs fused (`fuse=true`).
+
+Each run keeps its Hydra job (its folder, log and callbacks). The runs of a fused group train in the job of
+the group's first run, whose log holds the training; the job of every other member says which group it
+trained in. A separate run goes through the task function as on Hydra's basic launcher.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, List, Sequence, Tuple
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from omegaconf import DictConfig, open_dict, read_write
+
+log = logging.getLogger(__name__)
+
+Run = Tuple[List[str], int]  # one run of the sweep: its overrides and its job number
+
+
+@dataclass
+class PeltbenchLocalConf:
+    _target_: str = "hydra_plugins.peltbench_local._launcher.PeltbenchLocalLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="peltbench_local", node=PeltbenchLocalConf,
+                             provider="peltbench")
+
+
+class PeltbenchLocalLauncher(Launcher):
+    def __init__(self) -> None:
+        self.config = self.task_function = self.hydra_context = None
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
+        packs, alone = plan_packs(self.hydra_context.config_loader, self.config, runs)
+        fused = sum(len(pack) for pack in packs if len(pack) > 1)
+        log.info("%d runs%s", len(runs), f", {fused} of them in {sum(len(p) > 1 for p in packs)} fused groups" if fused else "")
+        returns: dict[int, JobReturn] = {}
+        done = 0
+        for pack in packs:
+            nums = ", ".join(f"#{num}" for _, num in pack)
+            if len(pack) == 1:
+                log.info("run %d of %d (#%d): %s", done + 1, len(runs), pack[0][1], " ".join(filter_overrides(pack[0][0])))
+                if pack in alone:
+                    log.info("fine-tuning trains alone: it changes the backbone, which fused runs share")
+            else:
+                log.info("runs %d-%d of %d, fused (%s)", done + 1, done + len(pack), len(runs), nums)
+            for (_, num), ret in zip(pack, run_pack(self, pack)):
+                returns[num] = ret
+            done += len(pack)
+        return [returns[num] for _, num in runs]
+
+
+def plan_packs(config_loader: Any, sweep_config: DictConfig, runs: List[Run]) -> Tuple[List[List[Run]], List[List[Run]]]:
+    """The runs grouped as they will train: fused groups (fuse=true) and runs of their own, in sweep order;
+    and the packs of the fine-tuning runs that could not fuse although fuse=true."""
+    from peltbench.fusion import plan_groups
+    from peltbench.missing import compose_jobs
+
+    cfgs = compose_jobs(config_loader, sweep_config, [overrides for overrides, _ in runs])
+    groups = plan_groups(cfgs)
+    packs = [[runs[i] for i in group] for group in groups]
+    alone = [pack for pack, group in zip(packs, groups)
+             if cfgs[group[0]].get("fuse", False) and "full" in cfgs[group[0]].method.components]
+    return packs, alone
+
+
+def run_pack(launcher: Any, pack: List[Run], job_id: Any = None) -> List[JobReturn]:
+    """Run a pack as Hydra runs jobs: a separate run through the task function, a fused group all at once.
+
+    `job_id`: hydra.job.id of every run (the SLURM job's id); by default each run's job number, as locally.
+    """
+    configs = []
+    for overrides, num in pack:
+        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.id = num if job_id is None else job_id
+            config.hydra.job.num = num
+        configs.append(config)
+    if len(pack) == 1:
+        return [_job(launcher, configs[0], launcher.task_function)]
+    outcomes: list = []
+
+    def train_group(_: DictConfig) -> str:
+        from peltbench.runner import run_group, sweep_status
+
+        outcomes.extend(run_group([_task_config(config) for config in configs]))
+        return sweep_status(outcomes[0])
+
+    def member(position: int) -> Callable[[DictConfig], str]:
+        def task(_: DictConfig) -> str:
+            from peltbench.runner import sweep_status
+
+            log.info("trained in a fused group with run #%d (its log has the training)", configs[0].hydra.job.num)
+            return sweep_status(outcomes[position]) if outcomes else "error"
+        return task
+
+    returns = [_job(launcher, configs[0], train_group)]
+    returns += [_job(launcher, config, member(position)) for position, config in enumerate(configs) if position]
+    return returns
+
+
+def _job(launcher: Any, config: DictConfig, task_function: Callable) -> JobReturn:
+    ret = run_job(hydra_context=launcher.hydra_context, task_function=task_function, config=config,
+                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    return ret
+
+
+def _task_config(config: DictConfig) -> DictConfig:
+    """A job's config as its task function sees it (Hydra's run_job: without the `hydra` node)."""
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return task
