@@ -29,9 +29,18 @@ SEMANTIC_KEYS = ("k", "seed", "model_seed", "dev_size", "model.name", "train.epo
 FOLDER_KEYS = SEMANTIC_KEYS[2:]  # k and seed have folders of their own; the rest join the variant name
 
 
+# Method settings added after records existed, with the value that reproduces the behaviour from before they
+# existed: at that value they are left out of the identity, so earlier records keep their hash.
+LATER_METHOD_KEYS = {"gate_pooling": "masked"}
+
+
 def semantic_config(cfg: DictConfig) -> dict:
     """Everything that identifies an experiment: the method's settings, the task, and SEMANTIC_KEYS."""
-    identity = {"method": OmegaConf.to_container(cfg.method, resolve=True), "task": cfg.task.name}
+    method = OmegaConf.to_container(cfg.method, resolve=True)
+    for key, value in LATER_METHOD_KEYS.items():
+        if method.get(key) == value:
+            del method[key]
+    identity = {"method": method, "task": cfg.task.name}
     for key in SEMANTIC_KEYS:
         identity[key] = OmegaConf.select(cfg, key)
     return identity

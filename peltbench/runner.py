@@ -247,7 +247,7 @@ def _fused(runs: list[_Run]) -> dict | None:
     """The `fused` field of the records: null for a separate run, else the group (an id its rerun reproduces)."""
     if len(runs) == 1:
         return None
-    digest = hashlib.sha256(" ".join(sorted(str(run.path) for run in runs)).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(" ".join(sorted(run.label for run in runs)).encode()).hexdigest()[:10]
     return {"group": digest, "size": len(runs)}
 
 

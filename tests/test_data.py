@@ -11,7 +11,7 @@ import torch
 
 from conftest import SHARED_GLUE, TEST_ROWS, TRAIN_ROWS, compose_config, write_glue
 from peltbench import UserError
-from peltbench.data import collate, encode, evaluation_batches, few_shot_split, load_split, read_tsv
+from peltbench.data import collate_group, encode, few_shot_split, load_split, read_tsv
 from peltbench.packaged import options
 from peltbench.tasks import TaskSpec
 
@@ -156,7 +156,7 @@ def test_encoding_is_memoised_and_batches_pad_dynamically(glue_dir, tiny_checkpo
     assert again.input_ids == [first.input_ids[2], first.input_ids[0]]
     assert split.encodings[(tokenizer.name_or_path, 128)] == cached  # nothing tokenised twice
     assert first.token_type_ids[0].count(1) > 0  # sentence pairs get segment ids
-    batch = collate(first, [0, 1, 2], tokenizer.pad_token_id, torch.device("cpu"))
+    batch = collate_group([first], [[0, 1, 2]], tokenizer.pad_token_id, torch.device("cpu"))
     longest = max(len(ids) for ids in first.input_ids)
     assert batch["input_ids"].shape == (3, longest)
     assert batch["attention_mask"].sum(1).tolist() == [len(ids) for ids in first.input_ids]
@@ -166,11 +166,15 @@ def test_encoding_is_memoised_and_batches_pad_dynamically(glue_dir, tiny_checkpo
 def test_evaluation_batches_are_length_sorted_and_cover_every_row(glue_dir, tiny_checkpoint):
     from transformers import AutoTokenizer
 
+    from peltbench.train import EvaluationSet, GroupSettings
+
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
     split = load_split(spec("sst2"), str(glue_dir), "test")
     encoded = encode(split, range(len(split)), tokenizer, 128)
-    batches = evaluation_batches(encoded, 5, tokenizer.pad_token_id, torch.device("cpu"))
-    rows = [r for chunk, _ in batches for r in chunk]
-    assert sorted(rows) == list(range(len(split)))
-    lengths = [len(encoded.input_ids[r]) for r in rows]
+    evaluation = EvaluationSet(encoded, GroupSettings(eval_batch_size=5, pad_id=tokenizer.pad_token_id))
+    assert sorted(evaluation.order) == list(range(len(split)))
+    lengths = [len(encoded.input_ids[r]) for r in evaluation.order]
     assert lengths == sorted(lengths)
+    assert [b["input_ids"].shape[0] for b in evaluation.batches] == [5] * (len(split) // 5) + [len(split) % 5] * bool(len(split) % 5)
+    widths = [b["attention_mask"].sum(1).max().item() for b in evaluation.batches]
+    assert [b["input_ids"].shape[1] for b in evaluation.batches] == widths  # each batch padded to its own longest row

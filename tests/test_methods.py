@@ -39,7 +39,7 @@ BERT_BASE_STORED = {
     "ft": 109_482_240, "bitfit": 102_912, "adapter": 894_528, "prefix": 184_320, "lora": 294_912,
     "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
 }
-HEAD = {"train": {"classifier.weight", "classifier.bias"}, "bias": {"classifier.bias"}, "frozen": set()}
+HEAD = {"train": {"head.weight", "head.bias"}, "bias": {"head.bias"}, "frozen": set()}
 
 
 def method_config(name: str, **changes):
@@ -89,15 +89,15 @@ def test_trainable_set(name):
     model = build(name)
     config = method_config(name)
     names = _trainable_names(model)
-    assert {n for n in names if n.startswith("classifier.")} == HEAD[config.head]
-    body = {n for n in names if not n.startswith("classifier.")}
+    assert {n for n in names if n.startswith("head.")} == HEAD[config.head]
+    body = {n for n in names if not n.startswith("head.")}
     expected_fragment = {
         "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
-        "parallel_adapter": ".adapter.", "prefix": "prefix", "lora": "lora_",
+        "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_",
     }
     allowed = [expected_fragment[c] for c in config.components]
     if None in allowed:  # fine-tuning: everything
-        assert body == {n.removeprefix("backbone.") for n, _ in model.named_parameters() if not n.startswith("backbone.classifier")}
+        assert body == {n.removeprefix("backbone.") for n, _ in model.named_parameters() if n.startswith("backbone.")}
         return
     gates = {n for n in body if ".gate." in n}
     assert all(any(fragment in n for fragment in allowed) for n in body - gates), sorted(body)
@@ -123,7 +123,7 @@ def test_forward_backward_reaches_exactly_the_trainable(name, num_labels):
 def test_bitfit_trains_every_bias_and_only_biases():
     names = _trainable_names(build("bitfit"))
     all_biases = {n for n, _ in tiny_backbone().bert.named_parameters() if n.endswith("bias")}
-    assert names == {f"bert.{n}" for n in all_biases} | {"classifier.bias"}
+    assert names == {f"bert.{n}" for n in all_biases} | {"head.bias"}
 
 
 def test_ln_trains_every_layernorm():
@@ -136,15 +136,15 @@ def test_ln_trains_every_layernorm():
 @pytest.mark.parametrize("name", ["unipelt_ap", "unipelt_apl"])
 def test_gate_shape_and_range(name):
     model = build(name)
-    model.context.start_gate_recording()
+    model.members.start_gate_recording()
     model(*inputs())
-    gates = model.context.stop_gate_recording()
+    [gates] = model.members.stop_gate_recording()
     expected = {"adapter", "prefix"} | ({"lora_query", "lora_value"} if name == "unipelt_apl" else set())
     assert set(gates) == expected
     for values in gates.values():
         assert len(values) == 2 and all(0 < v < 1 for v in values)
     gate = next(m for m in model.modules() if isinstance(m, Gate))
-    model.context.token_mask = inputs()[1]
+    model.members.token_mask = inputs()[1]
     value = gate(torch.randn(3, 9, 32))
     assert value.shape == (3,) and bool(((value > 0) & (value < 1)).all())
 
@@ -155,19 +155,24 @@ def test_gate_ignores_padding():
     input_ids, mask, types = inputs(batch=2)
     padded = torch.cat([input_ids, torch.zeros(2, 5, dtype=torch.long)], dim=1)
     padded_mask = torch.cat([mask, torch.zeros(2, 5, dtype=torch.long)], dim=1)
-    model.context.start_gate_recording()
+    model.members.start_gate_recording()
     short = model(input_ids, mask, types)
-    gates_short = model.context.stop_gate_recording()
-    model.context.start_gate_recording()
+    [gates_short] = model.members.stop_gate_recording()
+    model.members.start_gate_recording()
     long = model(padded, padded_mask, torch.zeros_like(padded))
-    gates_long = model.context.stop_gate_recording()
+    [gates_long] = model.members.stop_gate_recording()
     torch.testing.assert_close(short, long)
     for key in gates_short:
         assert gates_short[key] == pytest.approx(gates_long[key], abs=1e-6)
 
 
-def _reference(num_labels: int = 2):
-    return tiny_backbone(num_labels)
+def _reference(model: PeltModel | None = None, num_labels: int = 2):
+    """The plain backbone, with the head of `model`'s (only) member."""
+    reference = tiny_backbone(num_labels)
+    if model is not None:
+        reference.classifier.weight.data.copy_(model.head.weight[0])
+        reference.classifier.bias.data.copy_(model.head.bias[0])
+    return reference
 
 
 def test_ungated_adapter_with_zero_up_leaves_output_unchanged():
@@ -175,22 +180,19 @@ def test_ungated_adapter_with_zero_up_leaves_output_unchanged():
     for layer in model.layers:
         torch.nn.init.zeros_(layer.output.adapter.up.weight)
         torch.nn.init.zeros_(layer.output.adapter.up.bias)
-    reference = _reference()
-    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    reference = _reference(model)
     torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
 
 
 def test_lora_with_zero_b_leaves_output_unchanged():
     model = build("lora")  # B starts at zero (METHODS.md), so the model starts as the pretrained one
-    reference = _reference()
-    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    reference = _reference(model)
     torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
 
 
 def test_parallel_adapter_starts_as_the_pretrained_model():
     model = build("mam", components=["parallel_adapter"])
-    reference = _reference()
-    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    reference = _reference(model)
     torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
 
 
@@ -202,8 +204,7 @@ def test_closed_gates_switch_adapter_and_lora_off():
             torch.nn.init.constant_(module.linear.bias, -1e4)
         if hasattr(module, "lora_b"):
             torch.nn.init.normal_(module.lora_b.weight)
-    reference = _reference()
-    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    reference = _reference(model)
     torch.testing.assert_close(model(*inputs()), reference(*_as_kwargs(inputs())).logits)
 
 
@@ -231,12 +232,15 @@ def test_prefix_attention_matches_a_hand_written_reference():
     hidden = torch.randn(2, 5, 32)
     token_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
     attention_mask = token_mask.bool()[:, None, None, :].expand(2, 1, 5, 5)
+    model.members.prefixes = model.prefix_encoder()  # what PeltModel.forward computes once per batch
     out, _ = wrapper(hidden, attention_mask=attention_mask)
 
     def heads(x):
         return x.view(2, 5, 2, 16).transpose(1, 2)
     q, k, v = heads(inner.query(hidden)), heads(inner.key(hidden)), heads(inner.value(hidden))
-    pk, pv = model.prefix_encoder.layer_prefix(0)
+    key_values, visible = model.members.prefixes
+    assert visible is None  # one member, every prefix position its own
+    pk, pv = key_values[0, :, 0].permute(1, 2, 0, 3)  # layer 0: (2, heads, L, head_dim)
     k = torch.cat([pk.expand(2, -1, -1, -1), k], dim=2)
     v = torch.cat([pv.expand(2, -1, -1, -1), v], dim=2)
     scores = q @ k.transpose(-1, -2) / 16**0.5
@@ -253,8 +257,7 @@ def test_prefix_gate_scales_prefix_keys_and_values():
         if isinstance(module, Gate):
             torch.nn.init.constant_(module.linear.bias, -1e4)
     logits = model(*inputs())
-    reference = _reference()
-    reference.classifier.load_state_dict(model.backbone.classifier.state_dict())
+    reference = _reference(model)
     assert not torch.allclose(logits, reference(*_as_kwargs(inputs())).logits)  # zero keys still take softmax mass
 
 

@@ -14,21 +14,7 @@ from peltbench.methods import build_pelt_model
 from peltbench.packaged import packaged_config
 from peltbench.runner import run_experiment
 from peltbench.tasks import TaskSpec
-from peltbench.train import TrainSettings, fit
-
-
-class ScriptedDev:
-    """A dev evaluator whose main scores follow a script; it remembers the adapter weights it saw."""
-
-    def __init__(self, scores):
-        self.scores = list(scores)
-        self.seen = []
-        self.seconds = 0.0
-
-    def __call__(self, model):
-        self.seen.append(model.layers[0].output.adapter.down.weight.detach().clone())
-        score = self.scores[len(self.seen) - 1]
-        return {"accuracy": score, "main": score}
+from peltbench.train import GroupSettings, Member, TrainSettings, fit
 
 
 def _tiny_training_set(n: int = 8) -> Encoded:
@@ -37,30 +23,47 @@ def _tiny_training_set(n: int = 8) -> Encoded:
     return Encoded(ids, [[0] * len(i) for i in ids], rng.integers(0, 2, n))
 
 
-def _adapter_model():
-    return build_pelt_model(tiny_backbone(), packaged_config("method/adapter.yaml"), 42)
+def _fit_scripted(monkeypatch, model, task, data, scores, settings):
+    """Train one member whose dev scores follow a script; remember the adapter weights each evaluation saw."""
+    import peltbench.train
+
+    seen = {"dev": [], "test": []}
+
+    def scripted(model, sets, task, group, label, keep=False):
+        seen[label].append(model.layers[0].output.adapter.down.weight[0].detach().clone())
+        score = scores[len(seen["dev"]) - 1] if label == "dev" else 0.0
+        result = [{"accuracy": score, "main": score}], 0.0
+        return (*result, [np.zeros(len(sets[0]))]) if keep else result
+
+    monkeypatch.setattr(peltbench.train, "evaluate", scripted)
+    results = []
+    member = Member("scripted", data, data, data, settings)
+    fit(model, [member], task, GroupSettings(), lambda index, result: results.append(result))
+    return results[0], seen
 
 
-def test_early_stopping_stops_after_patience_and_restores_the_best_state():
+def test_early_stopping_stops_after_patience_and_restores_the_best_state(monkeypatch):
     task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
-    dev = ScriptedDev([50, 60, 55, 60, 59, 58, 70])  # best 60 at epoch 2; 60 again at 4 is no strict improvement
-    model = _adapter_model()
-    result = fit(model, _tiny_training_set(), dev, task, TrainSettings(lr=1e-2, epochs=7, patience=3), pad_id=0)
+    model = build_pelt_model(tiny_backbone(), packaged_config("method/adapter.yaml"), 42)
+    # best 60 at epoch 2; 60 again at 4 is no strict improvement
+    result, seen = _fit_scripted(monkeypatch, model, task, _tiny_training_set(), [50, 60, 55, 60, 59, 58, 70],
+                                 TrainSettings(lr=1e-2, epochs=7, patience=3))
     assert (result.best_epoch, result.epochs_run) == (2, 5)
     assert result.dev_best == {"accuracy": 60, "main": 60}
     assert [h["dev_main"] for h in result.history] == [50, 60, 55, 60, 59]
-    torch.testing.assert_close(model.layers[0].output.adapter.down.weight, dev.seen[1], rtol=0, atol=0)
-    assert not torch.equal(dev.seen[1], dev.seen[4])  # training did move the weights after epoch 2
+    [tested] = seen["test"]
+    torch.testing.assert_close(tested, seen["dev"][1], rtol=0, atol=0)  # the test set saw the best state
+    assert not torch.equal(seen["dev"][1], seen["dev"][4])  # training did move the weights after epoch 2
     assert result.train_steps == 5  # 8 examples, batch 16 → 1 step per epoch
 
 
-def test_undefined_dev_scores_never_count_as_improvement():
+def test_undefined_dev_scores_never_count_as_improvement(monkeypatch):
     task = TaskSpec.from_config(compose_config("method=adapter", "task=stsb").task)
-    dev = ScriptedDev([None, None, None, None])
     data = _tiny_training_set()
     data.labels = data.labels.astype(np.float32)
     model = build_pelt_model(tiny_backbone(num_labels=1), packaged_config("method/adapter.yaml"), 42)
-    result = fit(model, data, dev, task, TrainSettings(lr=1e-3, epochs=4, patience=2), pad_id=0)
+    result, _ = _fit_scripted(monkeypatch, model, task, data, [None, None, None, None],
+                              TrainSettings(lr=1e-3, epochs=4, patience=2))
     assert (result.best_epoch, result.epochs_run) == (1, 3)
 
 

@@ -29,17 +29,17 @@ HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
 
 
-def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seeds: int | Sequence[int],
+def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seed: int | Sequence[int],
                      classifiers: Sequence[nn.Linear] | None = None) -> PeltModel:
     """Attach the methods of a group's members to one `BertForSequenceClassification` and freeze everything else.
 
-    `methods` and `model_seeds`: one per member (or a single method and seed: a separate run). `classifiers`:
+    `methods` and `model_seed`: one per member (or a single method and seed: a separate run). `classifiers`:
     each member's initial head (default: the backbone's own, for a group of one). Member m's new modules are
     drawn with the model seed set again before each of its components (App. B), so a member starts from the
     same weights alone, inside UniPELT, or inside any group.
     """
     methods = [methods] if isinstance(methods, DictConfig) else list(methods)
-    seeds = [model_seeds] * len(methods) if isinstance(model_seeds, int) else list(model_seeds)
+    seeds = [model_seed] * len(methods) if isinstance(model_seed, int) else list(model_seed)
     for method in methods:
         check_method(method)
     if len(methods) > 1 and any("full" in method.components for method in methods):

@@ -1,0 +1,231 @@
+"""Fused training: a member of a group computes exactly what its separate run computes (dropout off).
+
+Tolerances: the group's forward and gradients equal the separate model's to 1e-5 (relative) / 1e-6
+(absolute); on this CPU they come out bit-identical, but a batched matmul over more rows may sum in another
+order on other hardware. Losses, dev curves and scores of whole runs are compared to 1e-6.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from conftest import TINY, compose_config, tiny_backbone, tiny_run_overrides
+from peltbench.fusion import plan_groups
+from peltbench.methods import build_pelt_model, member_state
+from peltbench.methods.base import stored_name
+from peltbench.packaged import packaged_config
+from peltbench.runner import run_group
+from peltbench.train import MemberAdamW, clip_per_member
+
+# Every frozen-backbone method, some with their settings changed so members pad to each other's sizes.
+MEMBERS = [
+    ("adapter", {}), ("adapter", {"bottleneck": 4, "gated": True}), ("bitfit", {}), ("ln", {}), ("prefix", {}),
+    ("prefix_l50", {}), ("lora", {}), ("lora", {"lora_rank": 2, "lora_scale": 4.0}), ("unipelt_ap", {}),
+    ("unipelt_apl", {}), ("unipelt_ap_nogate", {}), ("unipelt_apl_nogate", {}), ("prefix_ln", {}), ("mam", {}),
+    ("mam_he", {"bottleneck": 16, "prefix_length": 3}),
+]
+
+
+def method(name: str, changes: dict):
+    config = OmegaConf.create(OmegaConf.to_container(packaged_config(f"method/{name}.yaml")))
+    for key, value in changes.items():
+        config[key] = value
+    return config
+
+
+def no_dropout_backbone(num_labels: int = 2):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(num_labels=num_labels, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **TINY)
+    return BertForSequenceClassification(config)
+
+
+def member_inputs(seed: int, rows: int = 3):
+    generator = torch.Generator().manual_seed(seed)
+    length = 5 + seed % 6
+    ids = torch.randint(5, 64, (rows, length), generator=generator)
+    mask = torch.ones(rows, length, dtype=torch.long)
+    mask[0, length - 2 :] = 0
+    return ids, mask
+
+
+def test_a_group_computes_each_members_logits_and_gradients():
+    """All methods in one group, each member its own rows: logits and gradients equal the separate models'."""
+    methods = [method(name, changes) for name, changes in MEMBERS]
+    seeds = [42 + i % 3 for i in range(len(methods))]  # members with different model seeds, too
+    group = build_pelt_model(no_dropout_backbone(), methods, seeds, [no_dropout_backbone().classifier] * len(methods))
+    inputs = [member_inputs(i) for i in range(len(methods))]
+    width = max(ids.shape[1] for ids, _ in inputs)
+    ids = torch.cat([F.pad(ids, (0, width - ids.shape[1])) for ids, _ in inputs])
+    mask = torch.cat([F.pad(mask, (0, width - mask.shape[1])) for _, mask in inputs])
+    labels = torch.randint(0, 2, (ids.shape[0],), generator=torch.Generator().manual_seed(7))
+    logits = group(ids, mask, torch.zeros_like(ids))
+    F.cross_entropy(logits, labels, reduction="none").view(len(methods), -1).mean(1).sum().backward()
+    gradients = {stored_name(name): p.grad for name, p, _, _ in group.member_parameters()}
+    for slot, (config, seed, (member_ids, member_mask)) in enumerate(zip(methods, seeds, inputs)):
+        alone = build_pelt_model(no_dropout_backbone(), config, seed)
+        alone_logits = alone(member_ids, member_mask, torch.zeros_like(member_ids))
+        torch.testing.assert_close(logits[3 * slot : 3 * slot + 3], alone_logits, rtol=1e-5, atol=1e-6)
+        F.cross_entropy(alone_logits, labels[3 * slot : 3 * slot + 3]).backward()
+        start = member_state(group, slot)
+        for name, parameter, _, _ in alone.member_parameters():
+            name = stored_name(name)
+            own = tuple(slice(0, n) for n in parameter.shape[1:])
+            torch.testing.assert_close(start[name][own], parameter[0].detach(), rtol=0, atol=0, msg=f"{slot} {name} init")
+            grad = gradients[name][slot]
+            torch.testing.assert_close(grad[own], parameter.grad[0], rtol=1e-5, atol=1e-6, msg=f"{slot} {name} grad")
+            padding = grad.clone()
+            padding[own] = 0
+            assert not padding.any(), f"{slot} {name}: a padded slot got a gradient"
+
+
+def test_member_adamw_and_clipping_equal_torch_per_member():
+    """Each member's slice follows torch's AdamW + linear schedule + clip_grad_norm_ with its own lr and norm."""
+    methods = [method("adapter", {}), method("adapter", {"bottleneck": 8}), method("lora", {})]
+    group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone().classifier] * 3)
+    optimizer = MemberAdamW(group)
+    lrs, totals = [1e-2, 3e-3, 5e-2], [5, 5, 3]
+    for m in range(3):
+        optimizer.schedule(m, lrs[m], totals[m])
+    references = []
+    for m in range(3):
+        state = {name: tensor.clone().requires_grad_(True) for name, tensor in member_state(group, m).items()}
+        torch_optimizer = torch.optim.AdamW(state.values(), lr=lrs[m], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda s, t=totals[m]: max(0.0, (t - s) / t))
+        references.append((state, torch_optimizer, schedule))
+    generator = torch.Generator().manual_seed(0)
+    for step in range(4):
+        for name, parameter, flags, _ in group.member_parameters():
+            parameter.grad = torch.randn(parameter.shape, generator=generator)
+            for m, (state, _, _) in enumerate(references):
+                if flags[m]:
+                    state[stored_name(name)].grad = parameter.grad[m].clone()
+        clip_per_member(optimizer, torch.tensor([0.5, 1.0, 2.0]))
+        optimizer.step(step)
+        optimizer.zero_grad()
+        for m, (state, torch_optimizer, schedule) in enumerate(references):
+            torch.nn.utils.clip_grad_norm_(state.values(), [0.5, 1.0, 2.0][m])
+            torch_optimizer.step()
+            schedule.step()
+            for name, tensor in member_state(group, m).items():
+                torch.testing.assert_close(tensor, state[name].detach(), rtol=1e-6, atol=1e-7, msg=f"step {step} {m} {name}")
+
+
+@pytest.fixture(scope="module")
+def quiet_checkpoint(tmp_path_factory, tiny_checkpoint) -> Path:
+    """The tiny checkpoint with dropout off, so a member's masks cannot differ from its separate run's."""
+    folder = tmp_path_factory.mktemp("tiny-bert-no-dropout")
+    shutil.copytree(tiny_checkpoint, folder, dirs_exist_ok=True)
+    no_dropout_backbone().save_pretrained(folder)
+    return folder
+
+
+def sweep_configs(checkpoint: Path, glue: Path, results: Path, methods, seeds=(111, 222), **extra) -> list:
+    overrides = [*tiny_run_overrides(checkpoint, glue, results), "train.epochs=4", "train.patience=2", "fuse=true"]
+    overrides += [f"{key}={value}" for key, value in extra.items()]
+    return [compose_config(f"method={name}", "task=mrpc", f"seed={seed}", f"method.lr={lr}", *overrides)
+            for name, lr in methods for seed in seeds]
+
+
+RUNS = [("adapter", 1e-2), ("lora", 3e-2), ("prefix", 3e-2), ("unipelt_apl", 1e-2), ("bitfit", 3e-2), ("ln", 3e-2),
+        ("mam", 1e-2), ("prefix_ln", 1e-2)]
+
+
+def test_a_fused_run_ends_as_its_separate_run(quiet_checkpoint, glue_dir, tmp_path):
+    """Losses, dev curve, early stopping, test scores and gates of every member equal its separate run."""
+    separate = [run_group([cfg])[0] for cfg in sweep_configs(quiet_checkpoint, glue_dir, tmp_path / "separate", RUNS)]
+    fused = run_group(sweep_configs(quiet_checkpoint, glue_dir, tmp_path / "fused", RUNS))
+    assert len(plan_groups(sweep_configs(quiet_checkpoint, glue_dir, tmp_path / "fused", RUNS))) == 1
+    stopped = set()
+    for alone, member in zip(separate, fused):
+        a, b = alone.record, member.record
+        assert a["status"] == b["status"] == "ok"
+        assert a["fused"] is None and b["fused"] == {"group": fused[0].record["fused"]["group"], "size": len(RUNS) * 2}
+        assert (a["best_epoch"], a["epochs_run"]) == (b["best_epoch"], b["epochs_run"])
+        assert [h["dev_main"] for h in a["history"]] == pytest.approx([h["dev_main"] for h in b["history"]], abs=1e-6)
+        assert [h["train_loss"] for h in a["history"]] == pytest.approx([h["train_loss"] for h in b["history"]], rel=1e-6)
+        assert a["test"] == pytest.approx(b["test"], abs=1e-6)
+        assert a["trainable_params"] == b["trainable_params"] and a["config_hash"] == b["config_hash"]
+        if a["gates"] is not None:
+            for key in a["gates"]:
+                assert a["gates"][key] == pytest.approx(b["gates"][key], abs=1e-6)
+        stopped.add(a["epochs_run"])
+    assert len({json.dumps(o.record["history"]) for o in fused}) == len(fused)  # the runs did differ
+
+
+def test_a_fused_rerun_is_identical_and_skips(tiny_checkpoint, glue_dir, tmp_path):
+    """With dropout on, a member's masks depend on its group; the same sweep again gives the same numbers."""
+    runs = [("adapter", 1e-2), ("unipelt_apl", 1e-2), ("lora", 3e-2)]
+    first = run_group(sweep_configs(tiny_checkpoint, glue_dir, tmp_path / "a", runs))
+    second = run_group(sweep_configs(tiny_checkpoint, glue_dir, tmp_path / "b", runs))
+    for a, b in zip(first, second):
+        for field in ("test", "dev_best", "best_epoch", "epochs_run", "history", "gates", "split", "fused"):
+            assert a.record[field] == b.record[field], field
+    again = run_group(sweep_configs(tiny_checkpoint, glue_dir, tmp_path / "a", runs))
+    assert all(o.skipped and o.status == "ok" for o in again)
+
+
+def test_members_stop_on_their_own_and_a_crash_fails_only_the_unfinished(quiet_checkpoint, glue_dir, tmp_path,
+                                                                         monkeypatch):
+    import peltbench.train
+
+    short = sweep_configs(quiet_checkpoint, glue_dir, tmp_path, [("adapter", 1e-2)], seeds=(111,))[0]
+    long = sweep_configs(quiet_checkpoint, glue_dir, tmp_path, [("lora", 3e-2)], seeds=(111,))[0]
+    short.train.epochs = 1  # leaves the group after epoch 1; its record is written then
+    real, calls = peltbench.train._train_epoch, []
+
+    def crash_in_epoch_two(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(peltbench.train, "_train_epoch", crash_in_epoch_two)
+    finished, crashed = run_group([short, long])
+    assert finished.status == "ok" and finished.record["epochs_run"] == 1
+    assert crashed.status == "failed" and crashed.record["error"] == "RuntimeError: CUDA out of memory (simulated)"
+    monkeypatch.undo()
+    skipped, retried = run_group([short, long])
+    assert skipped.skipped and not retried.skipped and retried.status == "ok"
+    assert retried.record["fused"] is None or retried.record["fused"]["size"] == 2
+
+
+def test_a_non_finite_loss_fails_its_member_and_says_where(quiet_checkpoint, glue_dir, tmp_path):
+    runs = [("adapter", 1e10), ("lora", 3e-2)]
+    exploded, fine = run_group(sweep_configs(quiet_checkpoint, glue_dir, tmp_path, runs, seeds=(111,)))
+    assert exploded.status == "failed" and "the training loss became" in exploded.record["error"]
+    assert "at epoch 2, step 1 of 1" in exploded.record["error"]  # the first step is finite; its update explodes
+    assert fine.status == "ok"
+    text = next(tmp_path.rglob("adapter*/**/result.json")).read_text()
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def _cfg(**changes):
+    cfg = compose_config("method=adapter", "task=rte", "fuse=true")
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return cfg
+
+
+def test_plan_groups_fuses_only_compatible_runs():
+    cfgs = [
+        _cfg(), _cfg(seed=222), _cfg(**{"method.lr": 1e-3}),  # one group: seeds and lr may differ
+        _cfg(k=500),                                             # another K
+        _cfg(**{"train.max_length": 64}),                        # another max length
+        compose_config("method=ft", "task=rte", "fuse=true"),    # fine-tuning trains alone
+        compose_config("method=lora", "task=rte", "fuse=false"),  # not fused
+        compose_config("method=lora", "task=rte", "fuse=true"),  # joins the first group
+        compose_config("method=unipelt_apl", "task=rte", "fuse=true", "method.gate_pooling=padded"),
+        compose_config("method=adapter", "task=mrpc", "fuse=true"),
+    ]
+    assert plan_groups(cfgs) == [[0, 1, 2, 7], [3], [4], [5], [6], [8], [9]]
+    capped = [_cfg(fuse_members=2) for _ in range(5)]
+    assert plan_groups(capped) == [[0, 1], [2, 3], [4]]
