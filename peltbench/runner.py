@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import UserError
 from .data import encode, few_shot_split, load_split
 from .methods import build_pelt_model, check_method, count_method
-from .model import initial_head, load_backbone, load_tokenizer
+from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
 from .tasks import TaskSpec
 from .train import GroupSettings, Member, MemberResult, TrainSettings, fit
@@ -127,12 +127,14 @@ def _train(runs: list[_Run]) -> list[Outcome]:
         ready = []
         for run in runs:
             try:
-                run.member = _prepare_member(run, task, tokenizer)
+                run.member, data = prepare_member(run.cfg, task, tokenizer, run.label)
+                run.record.update(data)
                 ready.append(run)
             except UserError as error:
                 outcomes[id(run)] = Outcome("error", error=error)
-        if ready:
-            _train_group(ready, task, device, bf16, tokenizer.pad_token_id, outcomes)
+        cap = memory_cap([run.cfg for run in ready], task, device, bf16) if ready else 1
+        for start in range(0, len(ready), cap):
+            _train_group(ready[start : start + cap], task, device, bf16, tokenizer.pad_token_id, outcomes)
     except UserError as error:
         for run in runs:
             outcomes.setdefault(id(run), Outcome("error", error=error))
@@ -144,9 +146,9 @@ def _train(runs: list[_Run]) -> list[Outcome]:
     return [outcomes[id(run)] for run in runs]
 
 
-def _prepare_member(run: _Run, task: TaskSpec, tokenizer) -> Member:
-    """The run's seeded split, tokenised; what the record says of its data."""
-    cfg = run.cfg
+def prepare_member(cfg: DictConfig, task: TaskSpec, tokenizer, name: str) -> tuple[Member, dict]:
+    """A run's seeded split, tokenised, and its settings, as a member of a group; and what its record says of
+    its data."""
     data_dir = None if cfg.data.dir is None else str(cfg.data.dir)
     train_split = load_split(task, data_dir, "train")
     test_split = load_split(task, data_dir, "test")
@@ -157,31 +159,73 @@ def _prepare_member(run: _Run, task: TaskSpec, tokenizer) -> Member:
         dev_split = train_split
     length = cfg.train.max_length
     member = Member(
-        name=run.label,
+        name=name,
         train=encode(train_split, train_rows, tokenizer, length),
         dev=encode(dev_split, dev_rows, tokenizer, length),
         test=encode(test_split, np.arange(len(test_split)), tokenizer, length),
         settings=TrainSettings(lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience,
                                grad_clip=cfg.train.grad_clip, seed=cfg.model_seed),
     )
-    run.record.update(
-        test_examples=len(test_split), data_source=train_split.source,
-        split={"train_indices": None if cfg.k == "all" else train_rows.tolist(),
-               "dev_indices": None if cfg.k == "all" else dev_rows.tolist()},
+    data = {
+        "test_examples": len(test_split), "data_source": train_split.source,
+        "split": {"train_indices": None if cfg.k == "all" else train_rows.tolist(),
+                  "dev_indices": None if cfg.k == "all" else dev_rows.tolist()},
+    }
+    return member, data
+
+
+def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf16: bool) -> int:
+    """How many of these runs one group may hold: all of them, except on CUDA, where no more than fit in the
+    GPU's free memory.
+
+    Per member, an estimate of training's peak: the activations kept for the backward pass of a batch padded
+    to max length (34·s·b·h bytes per layer in 16-bit, plus 5·heads·s²·b for attention: Korthikanti et al.
+    2022, doubled in fp32) and 16 bytes per trained parameter (fp32 weight, gradient, two AdamW moments). The
+    group gets 80% of what is free once the backbone is loaded. Padded dynamic batches are shorter than max
+    length, so this errs on the safe side.
+    """
+    if device.type != "cuda":
+        return len(cfgs)
+    first = cfgs[0]
+    config = load_config(first.model.name, task.num_labels)
+    width = 2 if bf16 else 4
+    tokens, length = first.train.batch_size * first.train.max_length, first.train.max_length
+    activations = config.num_hidden_layers * tokens * (
+        34 * config.hidden_size * width / 2 + 5 * config.num_attention_heads * length * width / 2)
+    counts = [count_method(cfg.method, config) for cfg in cfgs]
+    trained = max(count["optimizer_params"] for count in counts)
+    backbone = 4 * counts[0]["backbone_params"]  # fp32 weights (the embeddings' share is small)
+    free, _ = torch.cuda.mem_get_info(device)
+    cap = max(1, int(0.8 * (free - backbone) // (activations + 16 * trained)))
+    if cap < len(cfgs):
+        log.info("%d runs fit on %s at once (of %d free GiB): the group trains in parts", cap, device, free >> 30)
+    return cap
+
+
+def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
+    """The runs' methods on one copy of the pretrained backbone, each run with the head its model seed draws."""
+    first = cfgs[0]
+    backbone = load_backbone(first.model.name, task.num_labels, first.model_seed)
+    heads = [initial_head(cfg.model.name, task.num_labels, cfg.model_seed) for cfg in cfgs]
+    return build_pelt_model(backbone, [cfg.method for cfg in cfgs], [cfg.model_seed for cfg in cfgs], heads).to(device)
+
+
+def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf16: bool) -> GroupSettings:
+    """What the group's runs share (from its first run's config: compatible runs agree on it)."""
+    return GroupSettings(
+        batch_size=cfg.train.batch_size, eval_batch_size=cfg.train.eval_batch_size, pad_id=pad_id,
+        pad_to=cfg.train.max_length if model.members.padded_pooling else None, seed=cfg.model_seed,
+        device=device, bf16=bf16,
     )
-    return member
 
 
 def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: bool, pad_id: int,
                  outcomes: dict[int, Outcome]) -> None:
     first = runs[0].cfg
     fused = _fused(runs)
-    backbone = load_backbone(first.model.name, task.num_labels, first.model_seed)
-    heads = [initial_head(run.cfg.model.name, task.num_labels, run.cfg.model_seed) for run in runs]
-    model = build_pelt_model(backbone, [run.cfg.method for run in runs], [run.cfg.model_seed for run in runs],
-                             heads).to(device)
+    model = group_model([run.cfg for run in runs], task, device)
     for run in runs:
-        run.record.update(count_method(run.cfg.method, backbone.config))
+        run.record.update(count_method(run.cfg.method, model.config))
         run.record.update(device=str(device), precision="bf16" if bf16 else "fp32", fused=fused)
     if fused:
         log.info("fused group %s: %d runs on one %s backbone, %s, %s", fused["group"], len(runs), first.model.name,
@@ -193,11 +237,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         log.info("%s on %s: %s trainable parameters stored per task (%s in the optimiser), %s, %s",
                  first.method.name, task.name, f"{record['trainable_params']:,}", f"{record['optimizer_params']:,}",
                  device, record["precision"])
-    group = GroupSettings(
-        batch_size=first.train.batch_size, eval_batch_size=first.train.eval_batch_size, pad_id=pad_id,
-        pad_to=first.train.max_length if model.members.padded_pooling else None, seed=first.model_seed,
-        device=device, bf16=bf16,
-    )
+    group = group_settings(first, model, pad_id, device, bf16)
 
     def on_done(index: int, result: MemberResult) -> None:
         outcomes[id(runs[index])] = _finish(runs[index], result)

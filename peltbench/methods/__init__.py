@@ -7,6 +7,7 @@ reusing the single methods unchanged. A model carries the methods of a group of 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -116,8 +117,8 @@ def count_method(method: DictConfig, config, model_seed: int = 42) -> dict[str, 
     """A method's parameter counts for a model of `config`'s shape, built alone on the meta device (no weights)."""
     from transformers import BertForSequenceClassification
 
-    with torch.device("meta"):
-        return parameter_counts(build_pelt_model(BertForSequenceClassification(config), method, model_seed))
+    with torch.device("meta"):  # on a copy of the config: prefix-tuning switches its attention function
+        return parameter_counts(build_pelt_model(BertForSequenceClassification(copy.deepcopy(config)), method, model_seed))
 
 
 def member_state(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
