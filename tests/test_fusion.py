@@ -22,6 +22,7 @@ from peltbench.methods import build_pelt_model, member_state
 from peltbench.methods.base import stored_name
 from peltbench.packaged import packaged_config
 from peltbench.runner import run_group
+from peltbench.tasks import TaskSpec
 from peltbench.train import MemberAdamW, clip_per_member
 
 # Every frozen-backbone method, some with their settings changed so members pad to each other's sizes.
@@ -229,3 +230,40 @@ def test_plan_groups_fuses_only_compatible_runs():
     assert plan_groups(cfgs) == [[0, 1, 2, 7], [3], [4], [5], [6], [8], [9]]
     capped = [_cfg(fuse_members=2) for _ in range(5)]
     assert plan_groups(capped) == [[0, 1], [2, 3], [4]]
+
+
+def test_padded_gate_pooling_pads_every_batch_to_max_length(quiet_checkpoint, glue_dir, tmp_path, monkeypatch):
+    from peltbench.methods.base import Gate
+
+    widths = set()
+    real = Gate.forward
+
+    def spy(self, x):
+        widths.add(x.shape[1])
+        return real(self, x)
+
+    monkeypatch.setattr(Gate, "forward", spy)
+    cfg = sweep_configs(quiet_checkpoint, glue_dir, tmp_path, [("unipelt_ap", 1e-2)], seeds=(111,),
+                        **{"method.gate_pooling": "padded", "train.max_length": 24, "train.epochs": 1})[0]
+    [outcome] = run_group([cfg])
+    assert outcome.status == "ok" and widths == {24}
+    masked = sweep_configs(quiet_checkpoint, glue_dir, tmp_path, [("unipelt_ap", 1e-2)], seeds=(111,),
+                           **{"train.max_length": 24, "train.epochs": 1})[0]
+    widths.clear()
+    [other] = run_group([masked])
+    assert len(widths) > 1 and other.record["gates"] != outcome.record["gates"]
+    assert other.record["config_hash"] != outcome.record["config_hash"]
+
+
+def test_memory_cap_splits_a_group_that_would_not_fit_the_gpu(tiny_checkpoint, monkeypatch):
+    from peltbench.runner import memory_cap
+
+    cfgs = [compose_config("method=unipelt_apl", "task=rte", f"model.name={tiny_checkpoint}") for _ in range(40)]
+    task = TaskSpec.from_config(cfgs[0].task)
+    assert memory_cap(cfgs, task, torch.device("cpu"), False) == 40
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 40, 1 << 40))
+    assert memory_cap(cfgs, task, torch.device("cuda"), True) == 40  # plenty of room
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 << 20, 1 << 40))
+    few = memory_cap(cfgs, task, torch.device("cuda"), True)
+    assert 1 <= few < 40
+    assert memory_cap(cfgs, task, torch.device("cuda"), False) < few  # fp32 activations take twice the room

