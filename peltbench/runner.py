@@ -12,8 +12,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
+from .config import check_config
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, check_method, parameter_counts
+from .methods import build_pelt_model, parameter_counts
 from .model import load_backbone, load_tokenizer
 from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
 from .tasks import TaskSpec
@@ -51,24 +52,6 @@ def run_experiment(cfg: DictConfig, results_dir: Path) -> dict:
     write_record(path, {**record, "finished_at": utc_now()})
     log.info("done: test %s %s, record %s", cfg.task.main_metric, record["test"]["main"], path)
     return record
-
-
-def check_config(cfg: DictConfig) -> None:
-    """The checks Hydra cannot make: k, seeds and sizes, device and precision."""
-    if not (cfg.k == "all" or (isinstance(cfg.k, int) and cfg.k > 0)):
-        raise UserError(f"k={cfg.k}: must be a positive number of training examples (100, 500, 1000) or 'all'")
-    for key in ("seed", "model_seed", "dev_size"):
-        if not isinstance(cfg[key], int) or cfg[key] < 0:
-            raise UserError(f"{key}={cfg[key]}: must be a non-negative integer")
-    for key in ("epochs", "patience", "batch_size", "max_length", "eval_batch_size"):
-        if not isinstance(cfg.train[key], int) or cfg.train[key] < 1:
-            raise UserError(f"train.{key}={cfg.train[key]}: must be a positive integer")
-    if cfg.precision not in ("auto", "bf16", "fp32"):
-        raise UserError(f"precision={cfg.precision}: must be auto, bf16 or fp32")
-    try:
-        check_method(cfg.method)
-    except ValueError as error:
-        raise UserError(str(error)) from None
 
 
 def _identity(cfg: DictConfig, digest: str) -> dict:
