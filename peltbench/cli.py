@@ -43,7 +43,7 @@ and the command that runs only that: peltbench-missing SWEEP_ARGUMENTS.
 config groups:
   method=         {methods}
   task=           {tasks}
-  logger=         {loggers}  (default csv; several: logger=[csv,tensorboard]; none: logger=null)
+  logger=         {loggers}  (default csv; several: logger=[csv,tensorboard]; none: logger=[])
   +experiment=    {experiments}  (with -m)
   hydra/launcher=slurm   (with -m; hydra.launcher.partition=..., timeout_min=..., runs_per_job=...: README)
 
@@ -145,7 +145,7 @@ def preflight(arguments: list[str]) -> None:
                     check_config(job)
         except OverrideParseException as error:
             raise UserError(_bad_override(arguments, error)) from None
-        except (HydraException, OmegaConfBaseException) as error:
+        except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null
             raise UserError(one_line(error, arguments)) from None
 
 

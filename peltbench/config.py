@@ -149,7 +149,7 @@ def check_method(method: DictConfig) -> None:
 
 
 def check_logger(logger: DictConfig | None) -> None:
-    """Each logger chosen (logger=csv, logger=[csv,tensorboard], or none with logger=null) exists, has only its own
+    """Each logger chosen (logger=csv, logger=[csv,tensorboard], or none with logger=[]) exists, has only its own
     settings, and its optional dependency is installed: found now, not after training."""
     if logger is None:
         return

@@ -27,7 +27,7 @@ Metrics = dict[str, "float | None"]
 
 
 class RunLogger:
-    """One run's loggers (none with logger=null, several with logger=[csv,tensorboard]), each told the same."""
+    """One run's loggers (none with logger=[], several with logger=[csv,tensorboard]), each told the same."""
 
     def __init__(self, backends: list) -> None:
         self.backends = backends
