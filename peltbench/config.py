@@ -179,10 +179,10 @@ def check_known_keys(cfg: DictConfig) -> None:
         raise UserError(f"{key}: not a peltbench setting{hint} (peltbench --help lists them all)")
     for key in sorted(defaults - present):
         raise UserError(f"{key}: missing (peltbench needs it; its default is {_show(_select(packaged_config('config.yaml'), key))})")
-    task_keys = set().union(*(packaged_config(f"task/{name}.yaml").keys() for name in options("task")))
-    unknown = sorted(set(cfg.task.keys()) - task_keys)
+    packaged_task = packaged_config(f"task/{cfg.task.get('name')}.yaml")
+    unknown = sorted(set(cfg.task.keys()) - set(packaged_task.keys() if packaged_task is not None else cfg.task.keys()))
     if unknown:
-        raise UserError(f"task.{unknown[0]}: not a task setting")
+        raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}")
 
 
 def _leaves(node: DictConfig, prefix: str = "", skip: tuple[str, ...] = ()) -> Iterator[str]:

@@ -136,7 +136,7 @@ def test_good_values_pass(overrides):
     (("+epochs=3",), "epochs: not a peltbench setting"),
     (("+method.bottlenek=256",), "method.bottlenek: not a setting of method adapter"),
     (("+method.lora_rank=4",), "method.lora_rank: not a setting of method adapter (components [adapter])"),
-    (("+task.num_label=3",), "task.num_label: not a task setting"),
+    (("+task.num_label=3",), "task.num_label: not a setting of task cola"),
     (("~train.patience",), "train.patience: missing"),
     (("method.components=[adapter,lora]",), "method.lora_rank: missing; components [adapter,lora] need it"),
     (("+fuse=1",), "fuse=1: must be true or false"), (("+fuse_members=0",), "fuse_members=0: must be a positive"),
