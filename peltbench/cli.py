@@ -121,21 +121,22 @@ def preflight(arguments: list[str]) -> None:
     """Compose and check every run's config as Hydra is about to; raise UserError (one line) for bad input.
 
     Hydra's own errors (an unknown method, a bad override, a key that does not exist) become UserErrors too,
-    so every bad input ends the same way. --info, --hydra-help and commands that point Hydra at another config
-    tree (-cp, -cd) are left to Hydra.
+    so every bad input ends the same way. --info, --hydra-help, --experimental-rerun and commands that point
+    Hydra at another config tree (-cp, -cd) are left to Hydra (a run still checks its config when it starts).
     """
     from hydra import initialize_config_module
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
     args = get_args_parser().parse_args(arguments)  # Hydra's own parser: a bad flag exits 2 with its usage
-    if args.info or args.hydra_help or args.shell_completion or args.config_path or args.config_dir:
+    if (args.info or args.hydra_help or args.shell_completion or args.experimental_rerun or args.config_path
+            or args.config_dir):
         return
     if args.run + args.multirun + (args.cfg is not None) > 1:
         raise UserError("give only one of --run, --multirun (-m) and --cfg")
     if args.resolve and args.cfg is None:
         raise UserError("--resolve works only with --cfg")
-    mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
+    mode = RunMode.MULTIRUN if args.multirun or "hydra.mode=MULTIRUN" in args.overrides else RunMode.RUN
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         try:
