@@ -181,11 +181,12 @@ def one_line(error: Exception, arguments: list[str] = ()) -> str:
             return f"{key}: a {group} setting needs {group}=NAME on the command line"
         return f"{key}: no such setting (peltbench --help lists them all)"
     lines = [line.strip() for line in text.split("Config search path:")[0].splitlines() if line.strip()]
-    joined, listing = "", False
-    for line in lines:
-        joined += (" " if joined.endswith(":") else ", " if listing else "; " if joined else "") + line
-        listing = listing or joined.endswith(":") and line != lines[-1]
-    return re.sub(r"^In 'config': ", "", joined) or type(error).__name__
+    if not lines:
+        return type(error).__name__
+    lines[0] = re.sub(r"^In 'config': ", "", lines[0])
+    if len(lines) > 2 and lines[1].endswith(":"):  # a heading and its list: "Available options in 'method':" ...
+        return f"{lines[0]}; {lines[1]} {', '.join(lines[2:])}"
+    return "; ".join(lines)
 
 
 def _bad_override(arguments: list[str], error: OverrideParseException) -> str:

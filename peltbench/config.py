@@ -167,20 +167,23 @@ def check_logger(logger: DictConfig | None) -> None:
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """Refuse keys peltbench does not read (added with `+`): `+train.epoch=3` would otherwise run 50 epochs.
-    And keys it needs that were removed (with `~`)."""
-    defaults = set(_leaves(packaged_config("config.yaml"), skip=("hydra",)))
+    """Refuse keys peltbench does not read, added with `+` (`+train.epoch=3` would otherwise run 50 epochs), and
+    keys it needs that were removed with `~`. `method` and `logger` are checked by their own functions."""
+    packaged = packaged_config("config.yaml")
+    defaults = set(_leaves(packaged, skip=("hydra",)))
     known = defaults | set(SETTINGS)
     present = set(_leaves(cfg, skip=("hydra", "method", "task", "logger")))
-    for key in sorted(present - known):
-        parent = key.rpartition(".")[0]
-        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
+    unknown = sorted(present - known)
+    if unknown:
+        parent = unknown[0].rpartition(".")[0]
+        siblings = sorted(key.rpartition(".")[2] for key in known if key.rpartition(".")[0] == parent)
         hint = f"; {parent} has {', '.join(siblings)}" if parent and siblings else ""
-        raise UserError(f"{key}: not a peltbench setting{hint} (peltbench --help lists them all)")
-    for key in sorted(defaults - present):
-        raise UserError(f"{key}: missing (peltbench needs it; its default is {_show(_select(packaged_config('config.yaml'), key))})")
-    packaged_task = packaged_config(f"task/{cfg.task.get('name')}.yaml")
-    unknown = sorted(set(cfg.task.keys()) - set(packaged_task.keys() if packaged_task is not None else cfg.task.keys()))
+        raise UserError(f"{unknown[0]}: not a peltbench setting{hint} (peltbench --help lists them all)")
+    removed = sorted(defaults - present)
+    if removed:
+        raise UserError(f"{removed[0]}: missing (peltbench needs it; its default is {_show(_select(packaged, removed[0]))})")
+    task_file = packaged_config(f"task/{cfg.task.get('name')}.yaml")
+    unknown = sorted(set(cfg.task.keys()) - set(task_file.keys())) if task_file is not None else []
     if unknown:
         raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}")
 
