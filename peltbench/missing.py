@@ -27,6 +27,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .config import check_config
 from .record import config_hash, read_record, record_path
 
 USAGE = """\
@@ -97,7 +98,9 @@ def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequ
     runs = []
     for num, job in enumerate(jobs, start=first_num):
         values = dict(o.split("=", 1) for o in job)
-        runs.append(_check_run(compose(list(job), num), num, {key: values[key] for key in swept_keys}))
+        cfg = compose(list(job), num)
+        check_config(cfg)  # a run that cannot be (k=-1, no method=) is bad input, not a missing run
+        runs.append(_check_run(cfg, num, {key: values[key] for key in swept_keys}))
     return runs
 
 

@@ -18,8 +18,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
+from .config import check_config
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, check_method, count_method
+from .methods import build_pelt_model, count_method
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
 from .tasks import TaskSpec
@@ -289,24 +290,6 @@ def _fused(runs: list[_Run]) -> dict | None:
         return None
     digest = hashlib.sha256(" ".join(sorted(run.label for run in runs)).encode()).hexdigest()[:10]
     return {"group": digest, "size": len(runs)}
-
-
-def check_config(cfg: DictConfig) -> None:
-    """The checks Hydra cannot make: k, seeds and sizes, device and precision."""
-    if not (cfg.k == "all" or (isinstance(cfg.k, int) and cfg.k > 0)):
-        raise UserError(f"k={cfg.k}: must be a positive number of training examples (100, 500, 1000) or 'all'")
-    for key in ("seed", "model_seed", "dev_size"):
-        if not isinstance(cfg[key], int) or cfg[key] < 0:
-            raise UserError(f"{key}={cfg[key]}: must be a non-negative integer")
-    for key in ("epochs", "patience", "batch_size", "max_length", "eval_batch_size"):
-        if not isinstance(cfg.train[key], int) or cfg.train[key] < 1:
-            raise UserError(f"train.{key}={cfg.train[key]}: must be a positive integer")
-    if cfg.precision not in ("auto", "bf16", "fp32"):
-        raise UserError(f"precision={cfg.precision}: must be auto, bf16 or fp32")
-    try:
-        check_method(cfg.method)
-    except ValueError as error:
-        raise UserError(str(error)) from None
 
 
 def _identity(cfg: DictConfig, digest: str) -> dict:

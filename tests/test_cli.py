@@ -66,9 +66,9 @@ def test_run_skip_and_a_different_config(workdir):
     assert any("bottleneck=8" in str(p) for p in records(workdir))
 
 
-def _fails(result: subprocess.CompletedProcess, *fragments: str) -> str:
+def _fails(result: subprocess.CompletedProcess, *fragments: str, status: int = 2) -> str:
     output = result.stderr + result.stdout
-    assert result.returncode != 0, output
+    assert result.returncode == status, output
     for fragment in fragments:
         assert fragment in output, output
     assert "Traceback" not in output, output
@@ -99,7 +99,125 @@ def test_bad_inputs_are_one_line_and_write_no_record(workdir):
     assert records(workdir) == []
 
 
-def test_help_lists_methods_and_tasks(workdir):
-    result = peltbench("--help", cwd=workdir)
+BAD_INPUTS = [  # (arguments, the one line printed): Hydra's errors and peltbench's alike, each exit status 2
+    (["method=adaptr", "task=rte"], "Could not find 'method/adaptr'; Available options in 'method': adapter, bitfit,"),
+    (["task=rte"], "method= is required: one of adapter, bitfit, ft"),
+    (["method=lora"], "task= is required: one of cola, mnli"),
+    (["method=lora", "task=rte", "k=["], "k=[: not a valid override"),
+    (["method=lora", "task=rte", "k=-1"], "k=-1: must be a positive number of training examples"),
+    (["method=lora", "task=rte", "seed=abc"], "seed=abc: must be a non-negative integer"),
+    (["method=lora", "task=rte", "precision=fp16"], "precision=fp16: must be auto, bf16 or fp32"),
+    (["method=lora", "task=rte", "device=gpu"], "device=gpu: must be auto, cpu, cuda, cuda:N or mps"),
+    (["method=lora", "task=rte", "train.epochs=0"], "train.epochs=0: must be a positive integer"),
+    (["method=lora", "task=rte", "method.lora_targets=[query,output]"], "method.lora_targets=[query,output]: must be"),
+    (["method=lora", "task=rte", "train.epoch=3"], "train.epoch: no such setting"),
+    (["method=lora", "task=rte", "+train.epoch=3"], "train.epoch: not a peltbench setting; train has batch_size,"),
+    (["method=adapter", "task=rte", "+method.bottlenek=256"], "method.bottlenek: not a setting of method adapter"),
+    (["method=lora", "task=rte", "k=100,500"], "Ambiguous value for argument 'k=100,500'"),
+    (["method=lora", "task=rte", "logger=nope"], "Could not find 'logger/nope'"),
+    (["method=lora", "task=rte", "k=0", "--cfg", "job"], "k=0: must be a positive number"),
+    (["-m", "method=lora,adapter", "task=rte", "seed=111,-2"], "seed=-2: must be a non-negative integer"),
+    (["-m", "method=lora,adaptr", "task=rte"], "Could not find 'method/adaptr'"),
+    (["-m", "+experiment=fig2_bottleneck", "method.lr=0"], "method.lr: a method setting needs method=NAME"),
+    (["+experiment=table1"], "this is a sweep (hydra.sweeper.params, e.g. from +experiment=...): run it with -m"),
+    (["-m", "method=lora", "task=rte", "--cfg", "job"], "give only one of --run, --multirun (-m) and --cfg"),
+]
+
+
+@pytest.mark.parametrize("arguments,line", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_and_exit_status_2_before_anything_runs(arguments, line, tmp_path):
+    result = peltbench(*arguments, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"peltbench: error: {line}"), result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no Hydra log folder, no record: nothing started
+
+
+def test_bad_values_answer_before_torch_is_imported(tmp_path):
+    """Issue 9: a bad value was reported 12-21 s in, after torch had loaded."""
+    script = ("import sys; from peltbench.cli import main\n"
+              "sys.argv = ['peltbench', 'method=lora', 'task=rte', 'k=-1']\n"
+              "try:\n    main()\nexcept SystemExit as exit:\n"
+              "    print(exit.code, sorted({'torch', 'transformers', 'datasets'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.stdout == "2 []\n", result.stdout + result.stderr
+    assert result.stderr == "peltbench: error: k=-1: must be a positive number of training examples (100, 500, 1000) or 'all'\n"
+
+
+def _in_process(monkeypatch, tmp_path, *arguments: str) -> int:
+    """Exit status of `peltbench ARGUMENTS` run in this process (so the runner can be replaced)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["peltbench", *arguments])
+    from peltbench.cli import main
+
+    try:
+        main()
+    except SystemExit as exit:
+        return exit.code
+    return 0
+
+
+def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monkeypatch, tmp_path):
+    import peltbench.runner
+    from peltbench import UserError
+
+    def broken(cfg, results_dir):
+        raise RuntimeError("CUDA out of memory")
+
+    def bad_data(cfg, results_dir):
+        raise UserError("data file not found: glue/RTE/dev.tsv")
+
+    monkeypatch.setattr(peltbench.runner, "run_experiment", broken)
+    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 1
+    assert _in_process(monkeypatch, tmp_path, "-m", "method=lora", "task=rte,mrpc") == 1  # the sweep summary
+    monkeypatch.setattr(peltbench.runner, "run_experiment", bad_data)
+    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 2
+    monkeypatch.setattr(peltbench.runner, "run_experiment", lambda cfg, results_dir: {"status": "ok"})
+    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 0
+
+
+def test_no_arguments_prints_the_usage_with_status_2(tmp_path):
+    result = peltbench(cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("usage: peltbench method=METHOD task=TASK") and "--help" in result.stderr
+
+
+def test_version(tmp_path):
+    from importlib.metadata import version
+
+    result = peltbench("--version", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (0, f"peltbench {version('peltbench')}\n")
+
+
+def test_info_needs_no_method_or_task(tmp_path):
+    result = peltbench("--info", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "PeltbenchSlurmLauncher" in result.stdout and "logger/csv" in result.stdout
+
+
+def test_cfg_job_prints_the_config_and_runs_nothing(tmp_path):
+    result = peltbench("method=lora", "task=rte", "logger=[csv,tensorboard]", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "lora_rank: 8" in result.stdout and "tensorboard:" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_every_setting(tmp_path):
+    from conftest import compose_config
+    from peltbench.config import METHOD_SETTINGS, _leaves
+    from peltbench.packaged import options
+
+    result = peltbench("--help", cwd=tmp_path)
     assert result.returncode == 0
-    assert "unipelt_apl_nogate" in result.stdout and "qqp" in result.stdout
+    text = result.stdout
+    assert "unipelt_apl_nogate" in text and "qqp" in text and "+experiment=" in text and "table1_prefix_l50" in text
+    assert "logger=         csv mlflow tensorboard wandb" in text and "hydra/launcher=slurm" in text
+    defaults = compose_config("method=lora", "task=rte")
+    for key in _leaves(defaults, skip=("hydra", "method", "task", "logger")):
+        assert f"  {key}=" in text, key
+    for key in METHOD_SETTINGS:
+        assert key == "name" or f"  method.{key} " in text, key
+    for logger in options("logger"):
+        for key in _leaves(compose_config("method=lora", "task=rte", f"logger={logger}").logger):
+            assert f"  logger.{key}=" in text, key
+    assert "Exit status: 0 done" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,9 +10,9 @@ from hydra.errors import ConfigCompositionException
 
 from conftest import compose_config
 from peltbench import UserError
-from peltbench.packaged import options
+from peltbench.packaged import options, packaged_config
 from peltbench.record import config_hash, record_path, variant_name
-from peltbench.runner import check_config
+from peltbench.config import COMPONENT_SETTINGS, METHOD_SETTINGS, check_config
 
 METHODS, TASKS = options("method"), options("task")
 
@@ -80,13 +81,88 @@ def test_unknown_keys_and_groups_are_rejected_by_hydra():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("k=abc", "k=abc: must be a positive number"), ("k=0", "k=0"), ("seed=-1", "seed=-1"),
-    ("train.batch_size=0", "train.batch_size=0"), ("precision=fp16", "precision=fp16"),
-    ("method.head=sometimes", "head must be one of"),
+    ("k=abc", "k=abc: must be a positive number"), ("k=0", "k=0"), ("k=-1", "k=-1"), ("k=1.5", "k=1.5"),
+    ("k=true", "k=true"), ("seed=-1", "seed=-1"), ("seed=1.5", "seed=1.5"), ("model_seed=x", "model_seed=x"),
+    ("dev_size=0", "dev_size=0"), ("train.batch_size=0", "train.batch_size=0"), ("train.epochs=2.5", "train.epochs=2.5"),
+    ("train.patience=-3", "train.patience=-3"), ("train.max_length=0", "train.max_length=0"),
+    ("train.eval_batch_size=none", "train.eval_batch_size=none"), ("train.grad_clip=0", "train.grad_clip=0"),
+    ("train.grad_clip=inf", "train.grad_clip=inf"), ("precision=fp16", "precision=fp16: must be auto, bf16 or fp32"),
+    ("device=gpu", "device=gpu: must be auto, cpu, cuda, cuda:N or mps"), ("device=cuda:x", "device=cuda:x"),
+    ("device=cuda1", "device=cuda1"), ("model.name=''", "model.name=: must be"), ("data.dir=3", "data.dir=3"),
+    ("results_dir=''", "results_dir="),
+    ("method.head=sometimes", "method.head=sometimes: must be one of train, bias, frozen"),
+    ("method.lr=0", "method.lr=0: must be a positive number"), ("method.lr=-1e-4", "method.lr=-0.0001"),
+    ("method.lr=abc", "method.lr=abc"), ("method.bottleneck=0", "method.bottleneck=0: must be a positive integer"),
+    ("method.bottleneck=4.5", "method.bottleneck=4.5"), ("method.gated=yes", "method.gated=yes: must be true or false"),
+    ("method.gated=1", "method.gated=1"), ("method.components=[adapter,wings]", "method.components=[adapter,wings]"),
+    ("method.components=[]", "method.components=[]"), ("method.components=[adapter,adapter]", "[adapter,adapter]"),
+    ("+method.gate_pooling=mean", "method.gate_pooling=mean: must be masked or padded"),
 ])
 def test_bad_values_are_user_errors(override, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(UserError, match=re.escape(message)):
         check_config(compose_config("method=adapter", "task=cola", override))
+
+
+@pytest.mark.parametrize("method,override,message", [
+    ("lora", "method.lora_rank=0", "method.lora_rank=0: must be a positive integer"),
+    ("lora", "method.lora_scale=0", "method.lora_scale=0: must be a positive number"),
+    ("lora", "method.lora_targets=[query,output]", "method.lora_targets=[query,output]: must be a list of distinct"),
+    ("lora", "method.lora_targets=[query,query]", "method.lora_targets=[query,query]"),
+    ("lora", "method.lora_targets=[]", "method.lora_targets=[]"),
+    ("lora", "method.lora_targets=query", "method.lora_targets=query"),
+    ("prefix", "method.prefix_length=-10", "method.prefix_length=-10"),
+    ("prefix", "method.prefix_hidden=0", "method.prefix_hidden=0"),
+    ("mam", "method.adapter_scale=-4", "method.adapter_scale=-4"),
+])
+def test_bad_method_values_are_user_errors(method, override, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_config(compose_config(f"method={method}", "task=rte", override))
+
+
+@pytest.mark.parametrize("overrides", [
+    ("k=all",), ("k=1",), ("seed=0",), ("device=cpu",), ("device=cuda",), ("device=cuda:3",), ("device=mps",),
+    ("precision=bf16",), ("train.grad_clip=5",), ("method.lr=1",), ("+method.gate_pooling=padded",),
+    ("data.dir=/data/glue",), ("method.components=[adapter,lora]", "+method.lora_rank=4", "+method.lora_scale=2",
+                               "+method.lora_targets=[key]"),
+    ("+fuse=true", "+fuse_members=8", "+save.weights=true", "+save.predictions=false"),
+])
+def test_good_values_pass(overrides):
+    check_config(compose_config("method=adapter", "task=cola", *overrides))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (("+train.epoch=3",), "train.epoch: not a peltbench setting; train has batch_size, epochs, eval_batch_size"),
+    (("+model.revision=main",), "model.revision: not a peltbench setting; model has name"),
+    (("+epochs=3",), "epochs: not a peltbench setting"),
+    (("+method.bottlenek=256",), "method.bottlenek: not a setting of method adapter"),
+    (("+method.lora_rank=4",), "method.lora_rank: not a setting of method adapter (components [adapter])"),
+    (("+task.num_label=3",), "task.num_label: not a setting of task cola"),
+    (("~train.patience",), "train.patience: missing"),
+    (("method.components=[adapter,lora]",), "method.lora_rank: missing; components [adapter,lora] need it"),
+    (("+fuse=1",), "fuse=1: must be true or false"), (("+fuse_members=0",), "fuse_members=0: must be a positive"),
+    (("+save.weights=yes",), "save.weights=yes: must be true or false"),
+    (("+save.weight=true",), "save.weight: not a peltbench setting; save has predictions, weights"),
+])
+def test_unknown_and_missing_keys_are_user_errors(overrides, message):
+    """`+train.epoch=3` used to run a 50-epoch job, and `+method.bottlenek=256` an unchanged run in a new folder."""
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_config(compose_config("method=adapter", "task=cola", *overrides))
+
+
+def test_method_and_task_are_required():
+    with pytest.raises(UserError, match="method= is required: one of adapter, bitfit, ft"):
+        check_config(compose_config("task=cola"))
+    with pytest.raises(UserError, match="task= is required: one of cola, mnli"):
+        check_config(compose_config("method=lora"))
+
+
+def test_every_packaged_method_setting_is_known():
+    """The settings config.py knows per component are those conf/method/*.yaml use and methods/ registers."""
+    from peltbench.methods import COMPONENTS
+
+    assert set(COMPONENT_SETTINGS) == set(COMPONENTS)
+    used = {key for method in METHODS for key in packaged_config(f"method/{method}.yaml")}
+    assert used - {"components"} <= set(METHOD_SETTINGS)
 
 
 def test_k_all_is_accepted():

@@ -121,6 +121,15 @@ def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("peltbench-missing: error:") and "adaptr" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("arguments,line", [
+    (["method=lora", "task=rte", "seed=111,-1"], "seed=-1: must be a non-negative integer"),
+    (["task=rte,mrpc"], "method= is required: one of adapter,"),
+])
+def test_a_run_that_cannot_be_is_a_bad_argument_not_a_missing_run(arguments, line, tmp_path, capsys):
+    assert main([*arguments, f"results_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.startswith(f"peltbench-missing: error: {line}")
+
+
 def test_compact_covers_exactly_the_points_with_few_commands():
     keys = ["method", "task", "k", "seed"]
     grid = {"method": ["adapter", "lora", "ft"], "task": ["rte", "mrpc", "cola"], "k": ["100", "1000"],

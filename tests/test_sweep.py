@@ -67,20 +67,25 @@ def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir):
 
 
 def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
-    # 4 runs: lr -1 fails in the optimiser (a `failed` record); k=50 + dev_size=20 > 60 rows is a config error (no record).
-    sweep = ["-m", "method=adapter", "task=rte", "k=16,50", "method.lr=-1.0,0.001", "train.epochs=2", *TINY,
+    # 4 runs: max_length 256 fails on a long test row (the tiny model has 128 positions: a `failed` record);
+    # k=50 + dev_size=20 > 60 rows is a config error (no record).
+    test_file = workdir / "glue" / "RTE" / "dev.tsv"
+    lines = test_file.read_text().splitlines()
+    lines[1] = "\t".join([lines[1].split("\t")[0], " ".join(["the dog sat on the mat"] * 40), "a cat", "entailment"])
+    test_file.write_text("\n".join(lines) + "\n")
+    sweep = ["-m", "method=adapter", "task=rte", "k=16,50", "train.max_length=256,64", "train.epochs=2", *TINY,
              "hydra.sweep.dir=sweeps/failing"]
     result = peltbench(*sweep, cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "Traceback" not in output
     summary = output[output.index("peltbench sweep:"):].splitlines()
-    variant = "adapter,lr={},dev_size=20,model.name=tiny-bert,train.epochs=2,train.patience=50"
+    variant = "adapter,dev_size=20,model.name=tiny-bert,train.epochs=2,train.patience=50,train.max_length={}"
     assert summary[0] == "peltbench sweep: 4 runs: 1 done (0 of them skipped as already done), 1 failed, 2 missing"
-    assert summary[1] == f"  failed   {variant.format(-1.0)}/rte/k16/seed111: ValueError: Invalid learning rate: -1.0"
-    assert summary[2].startswith(f"  missing  {variant.format(-1.0)}/rte/k50/seed111 (no record: a config error or a killed job; "
+    assert summary[1].startswith(f"  failed   {variant.format(256)}/rte/k16/seed111: RuntimeError: ")  # from the embeddings
+    assert summary[2].startswith(f"  missing  {variant.format(256)}/rte/k50/seed111 (no record: a config error or a killed job; "
                                  f"its log: sweeps/failing/2_adapter_rte_k50_s111)")
-    assert summary[3].startswith(f"  missing  {variant.format(0.001)}/rte/k50/seed111 (no record")
+    assert summary[3].startswith(f"  missing  {variant.format(64)}/rte/k50/seed111 (no record")
     assert summary[4].startswith("Rerun the same command to run the failed and missing ones (done runs are skipped): peltbench -m ")
     assert len(summary) == 5
     assert "k=50 is too large" in output  # the config error itself was logged when its run came up

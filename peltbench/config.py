@@ -1,0 +1,217 @@
+"""Checks of a composed config that answer at once: `peltbench` runs them before Hydra starts a run, so a bad value
+costs a second, not a torch import (README, "Config errors"). The runner calls `check_config` again.
+
+Only omegaconf and the packaged YAML files are used here: nothing that imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from importlib.util import find_spec
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from . import UserError
+from .packaged import options, packaged_config
+
+HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
+LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
+GATE_POOLINGS = ("masked", "padded")         # gate mean over real tokens, or over all max_length positions
+PRECISIONS = ("auto", "bf16", "fp32")
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+
+# What each component reads from `method`, beside the settings every method has. A setting no component of the
+# method reads would only rename the run's folder (+method.lora_rank=4 on an adapter), so it is refused.
+# Its names are the ones peltbench.methods.COMPONENTS registers (tests/test_config.py holds the two together).
+COMMON_SETTINGS = ("name", "components", "head", "lr")
+COMPONENT_SETTINGS = {
+    "full": (),
+    "bitfit": (),
+    "ln": (),
+    "adapter": ("bottleneck", "gated", "gate_pooling"),
+    "prefix": ("prefix_length", "prefix_hidden", "gated", "gate_pooling"),
+    "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling"),
+    "parallel_adapter": ("bottleneck", "adapter_scale"),
+}
+OPTIONAL_SETTINGS = ("gate_pooling",)  # a method file may leave it out: masked
+
+# The optional dependency (module to import = extra to install) of each logger in conf/logger/.
+LOGGER_EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(value) -> bool:
+    return _is_int(value) and value > 0
+
+
+def _non_negative_int(value) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _positive_number(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value) and value > 0
+
+
+def _text(value) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _bool(value) -> bool:
+    return isinstance(value, bool)
+
+
+Rule = tuple[Callable[[object], bool], str]  # (is the value valid, what it must be)
+POSITIVE_INT: Rule = (_positive_int, "must be a positive integer")
+BOOL: Rule = (_bool, "must be true or false")
+
+# Every value outside `method`, `task` and `logger` that a run reads. Keys the packaged conf/config.yaml lacks
+# (fuse, save.*) are checked when a config has them.
+SETTINGS: dict[str, Rule] = {
+    "k": (lambda v: v == "all" or _positive_int(v),
+          "must be a positive number of training examples (100, 500, 1000) or 'all'"),
+    "seed": (_non_negative_int, "must be a non-negative integer"),
+    "model_seed": (_non_negative_int, "must be a non-negative integer"),
+    "dev_size": POSITIVE_INT,
+    "model.name": (_text, "must be a Hub id or a local BERT checkpoint directory"),
+    "data.dir": (lambda v: v is None or _text(v), "must be a local GLUE directory, or null for the Hub"),
+    "train.epochs": POSITIVE_INT,
+    "train.patience": POSITIVE_INT,
+    "train.batch_size": POSITIVE_INT,
+    "train.max_length": POSITIVE_INT,
+    "train.grad_clip": (_positive_number, "must be a positive number (the gradient-norm limit)"),
+    "train.eval_batch_size": POSITIVE_INT,
+    "results_dir": (_text, "must be a directory"),
+    "device": (lambda v: isinstance(v, str) and DEVICE.fullmatch(v) is not None,
+               "must be auto, cpu, cuda, cuda:N or mps"),
+    "precision": (lambda v: v in PRECISIONS, f"must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}"),
+    "fuse": BOOL,
+    "fuse_members": POSITIVE_INT,
+    "save.weights": BOOL,
+    "save.predictions": BOOL,
+}
+
+METHOD_SETTINGS: dict[str, Rule] = {
+    "name": (_text, "must be a name"),
+    "lr": (_positive_number, "must be a positive number (the learning rate)"),
+    "head": (lambda v: v in HEAD_CHOICES, f"must be one of {', '.join(HEAD_CHOICES)}"),
+    "gated": BOOL,
+    "gate_pooling": (lambda v: v in GATE_POOLINGS, f"must be {' or '.join(GATE_POOLINGS)}"),
+    "bottleneck": POSITIVE_INT,
+    "prefix_length": POSITIVE_INT,
+    "prefix_hidden": POSITIVE_INT,
+    "lora_rank": POSITIVE_INT,
+    "lora_scale": (_positive_number, "must be a positive number"),
+    "adapter_scale": (_positive_number, "must be a positive number"),
+    "lora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+}
+
+_ABSENT = object()
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise UserError, in one line naming the key, for a value or key that a run cannot have."""
+    for key in ("method", "task"):
+        if cfg.get(key) is None:
+            raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
+    check_known_keys(cfg)
+    for key, (valid, must) in SETTINGS.items():
+        value = _select(cfg, key)
+        if value is not _ABSENT and not valid(value):
+            raise UserError(f"{key}={_show(value)}: {must}")
+    check_method(cfg.method)
+    check_logger(cfg.get("logger"))
+
+
+def check_method(method: DictConfig) -> None:
+    """The method's components are known, it has the settings they read and no others, and each value is valid."""
+    components = method.get("components")
+    if not (_distinct_list(components) and components and set(components) <= set(COMPONENT_SETTINGS)):
+        raise UserError(f"method.components={_show(components)}: must be a list of distinct components from "
+                        f"{', '.join(COMPONENT_SETTINGS)}")
+    read = set(COMMON_SETTINGS).union(*(COMPONENT_SETTINGS[c] for c in components))
+    unknown = sorted(set(method.keys()) - read)
+    if unknown:
+        raise UserError(f"method.{unknown[0]}: not a setting of method {method.get('name')} (components "
+                        f"{_show(components)}); its settings: {', '.join(sorted(read))}")
+    missing = sorted(read - set(method.keys()) - set(OPTIONAL_SETTINGS))
+    if missing:
+        raise UserError(f"method.{missing[0]}: missing; components {_show(components)} need it "
+                        f"(add +method.{missing[0]}=VALUE)")
+    for key, (valid, must) in METHOD_SETTINGS.items():
+        if key in method and not valid(method[key]):
+            raise UserError(f"method.{key}={_show(method[key])}: {must}")
+
+
+def check_logger(logger: DictConfig | None) -> None:
+    """Each logger chosen (logger=csv, logger=[csv,tensorboard], or none with logger=[]) exists, has only its own
+    settings, and its optional dependency is installed: found now, not after training."""
+    if logger is None:
+        return
+    for name in logger.keys():
+        packaged = packaged_config(f"logger/{name}.yaml")
+        if packaged is None or name not in packaged:
+            raise UserError(f"logger.{name}: no such logger; choose from {', '.join(options('logger'))}")
+        extra = set(logger[name].keys()) - set(packaged[name].keys())
+        if extra:
+            raise UserError(f"logger.{name}.{sorted(extra)[0]}: not a setting of logger {name}; its settings: "
+                            f"{', '.join(packaged[name].keys()) or 'none'}")
+        module = LOGGER_EXTRAS.get(name)
+        if module is not None and find_spec(module) is None:
+            raise UserError(f"logger={name} needs the {module} package: pip install 'peltbench[{module}]'")
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse keys peltbench does not read, added with `+` (`+train.epoch=3` would otherwise run 50 epochs), and
+    keys it needs that were removed with `~`. `method` and `logger` are checked by their own functions."""
+    packaged = packaged_config("config.yaml")
+    defaults = set(_leaves(packaged, skip=("hydra",)))
+    known = defaults | set(SETTINGS)
+    present = set(_leaves(cfg, skip=("hydra", "method", "task", "logger")))
+    unknown = sorted(present - known)
+    if unknown:
+        parent = unknown[0].rpartition(".")[0]
+        siblings = sorted(key.rpartition(".")[2] for key in known if key.rpartition(".")[0] == parent)
+        hint = f"; {parent} has {', '.join(siblings)}" if parent and siblings else ""
+        raise UserError(f"{unknown[0]}: not a peltbench setting{hint} (peltbench --help lists them all)")
+    removed = sorted(defaults - present)
+    if removed:
+        raise UserError(f"{removed[0]}: missing (peltbench needs it; its default is {_show(_select(packaged, removed[0]))})")
+    task_file = packaged_config(f"task/{cfg.task.get('name')}.yaml")
+    unknown = sorted(set(cfg.task.keys()) - set(task_file.keys())) if task_file is not None else []
+    if unknown:
+        raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}")
+
+
+def _leaves(node: DictConfig, prefix: str = "", skip: tuple[str, ...] = ()) -> Iterator[str]:
+    """Dotted keys of every value that is not itself a mapping, e.g. `train.epochs` (lists are values)."""
+    for key in node.keys():
+        if key in skip or key == "defaults":
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none():
+            yield from _leaves(child, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _select(cfg: DictConfig, key: str):
+    return OmegaConf.select(cfg, key, default=_ABSENT)
+
+
+def _distinct_list(value) -> bool:
+    return isinstance(value, (list, ListConfig)) and len(set(map(str, value))) == len(value)
+
+
+def _show(value) -> str:
+    """A value as the user typed it: [query,value], not ListConfig's repr."""
+    if isinstance(value, (list, ListConfig)):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    if isinstance(value, DictConfig):
+        return str(OmegaConf.to_container(value))
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,207 @@
+"""peltbench.loggers: what each logger writes for a run, read back with the logger's own reader."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_config
+from peltbench import UserError
+from peltbench.config import check_config
+from peltbench.loggers import open_logger, run_params
+
+RUN = "lora/rte/k100/seed111"
+EPOCHS = [  # what a training loop reports: epoch 1 has no gate mean (say, nothing recorded yet)
+    (1, {"train_loss": 0.69, "dev_accuracy": 50.0, "lr": 5e-4, "epoch_seconds": 1.5, "gate_lora": None}),
+    (2, {"train_loss": 0.61, "dev_accuracy": 62.5, "lr": 2.5e-4, "epoch_seconds": 1.25, "gate_lora": 0.4}),
+]
+TEST = {"test_accuracy": 58.75, "test_f1": None}
+
+
+def needs(module: str):
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                              reason=f"{module} is not installed (pip install 'peltbench[{module}]')")
+
+
+def log_a_run(cfg, run_dir: Path, run_name: str = RUN) -> None:
+    with open_logger(cfg, run_dir, run_name) as logger:
+        for epoch, metrics in EPOCHS:
+            logger.log_epoch(epoch, metrics)
+        logger.log_test(TEST)
+
+
+def test_csv_is_the_default_a_row_per_epoch_then_the_test_row(tmp_path):
+    cfg = compose_config("method=lora", "task=rte")
+    assert list(cfg.logger) == ["csv"]
+    log_a_run(cfg, tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["epoch", "train_loss", "dev_accuracy", "lr", "epoch_seconds", "gate_lora", "test_accuracy"]
+    assert [row["epoch"] for row in rows] == ["1", "2", ""]
+    assert rows[0]["gate_lora"] == "" and float(rows[1]["gate_lora"]) == 0.4  # None is an empty cell
+    assert float(rows[1]["dev_accuracy"]) == 62.5 and float(rows[0]["lr"]) == 5e-4
+    assert float(rows[2]["test_accuracy"]) == 58.75 and rows[2]["train_loss"] == ""
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["metrics.csv"]  # no temporary file left
+
+
+def test_a_rerun_starts_a_new_csv(tmp_path):
+    cfg = compose_config("method=lora", "task=rte")
+    log_a_run(cfg, tmp_path)
+    with open_logger(cfg, tmp_path, RUN) as logger:
+        logger.log_epoch(1, {"train_loss": 0.5})
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == ["epoch,train_loss", "1,0.5"]
+
+
+def test_no_logger_writes_nothing(tmp_path):
+    cfg = compose_config("method=lora", "task=rte", "logger=[]")
+    assert cfg.get("logger") is None
+    check_config(cfg)
+    log_a_run(cfg, tmp_path / "run")
+    assert list((tmp_path / "run").iterdir()) == []
+
+
+@needs("tensorboard")
+def test_tensorboard_scalars_per_epoch_and_a_rerun_replaces_them(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = compose_config("method=lora", "task=rte", "logger=[csv,tensorboard]")
+    log_a_run(cfg, tmp_path)
+    assert (tmp_path / "metrics.csv").is_file()  # both loggers wrote
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == sorted(["train_loss", "dev_accuracy", "lr", "epoch_seconds", "gate_lora",
+                                                       "test_accuracy"])
+    assert [(s.step, s.value) for s in events.Scalars("dev_accuracy")] == [(1, 50.0), (2, 62.5)]
+    assert [(s.step, round(s.value, 4)) for s in events.Scalars("gate_lora")] == [(2, 0.4)]
+    assert [(s.step, s.value) for s in events.Scalars("test_accuracy")] == [(2, 58.75)]  # at the last epoch
+
+    with open_logger(cfg, tmp_path, RUN) as logger:  # the same run again (a failed run retried)
+        logger.log_epoch(1, {"dev_accuracy": 10.0})
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(s.step, s.value) for s in events.Scalars("dev_accuracy")] == [(1, 10.0)]
+
+
+@needs("tensorboard")
+def test_tensorboard_save_dir_collects_runs_by_name(tmp_path):
+    cfg = compose_config("method=lora", "task=rte", "logger=tensorboard", f"logger.tensorboard.save_dir={tmp_path}/tb")
+    log_a_run(cfg, tmp_path / "run", "lora/rte/k100/seed111")
+    log_a_run(cfg, tmp_path / "run2", "lora/rte/k100/seed222")
+    assert [p.name for p in sorted((tmp_path / "tb" / "lora" / "rte" / "k100").iterdir())] == ["seed111", "seed222"]
+    assert any((tmp_path / "tb" / RUN).glob("events.out.tfevents.*"))
+
+
+@needs("mlflow")
+def test_mlflow_file_store_runs_side_by_side(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)  # the default tracking_uri, mlruns, is relative to where peltbench runs
+    cfg = compose_config("method=lora", "task=rte", "logger=mlflow", "seed=222")
+    first = open_logger(cfg, tmp_path / "a", "lora/rte/k100/seed222")
+    second = open_logger(cfg, tmp_path / "b", "adapter/rte/k100/seed222")  # a fused sweep: two runs open at once
+    for epoch, metrics in EPOCHS:
+        first.log_epoch(epoch, metrics)
+        second.log_epoch(epoch, {"dev_accuracy": metrics["dev_accuracy"] + 1})
+    first.log_test(TEST)
+    first.close()
+    second.close(failed=True)
+
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    runs = {run.info.run_name: run for run in client.search_runs([client.get_experiment_by_name("peltbench").experiment_id])}
+    assert set(runs) == {"lora/rte/k100/seed222", "adapter/rte/k100/seed222"}
+    run = runs["lora/rte/k100/seed222"]
+    assert run.info.status == "FINISHED" and runs["adapter/rte/k100/seed222"].info.status == "FAILED"
+    history = client.get_metric_history(run.info.run_id, "dev_accuracy")
+    assert [(m.step, m.value) for m in history] == [(1, 50.0), (2, 62.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "gate_lora")] == [(2, 0.4)]
+    assert run.data.metrics["test_accuracy"] == 58.75 and "test_f1" not in run.data.metrics
+    assert run.data.params["method.lr"] == "0.0005" and run.data.params["seed"] == "222"
+    assert run.data.params["task"] == "rte" and run.data.tags["peltbench.run_dir"] == str(tmp_path / "a")
+    assert [(m.step, m.value) for m in client.get_metric_history(runs["adapter/rte/k100/seed222"].info.run_id,
+                                                                 "dev_accuracy")] == [(1, 51.0), (2, 63.5)]
+
+
+@needs("wandb")
+def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = compose_config("method=lora", "task=rte", "logger=wandb", "logger.wandb.tags=[pilot]")
+    log_a_run(cfg, tmp_path)
+    [log] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    records = list(_wandb_records(log.read_bytes()))
+    history = [{_key(item): json.loads(item.value_json) for item in r.history.item} for r in records
+               if r.WhichOneof("record_type") == "history"]
+    assert [(h["_step"], h["dev_accuracy"]) for h in history] == [(1, 50.0), (2, 62.5)]
+    assert "gate_lora" not in history[0] and history[1]["gate_lora"] == 0.4
+    summary = {_key(item): json.loads(item.value_json) for r in records if r.WhichOneof("record_type") == "summary"
+               for item in r.summary.update}
+    assert summary["test_accuracy"] == 58.75
+    [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.display_name == RUN and list(run.tags) == ["pilot"] and run.project == "peltbench"
+    [exit_record] = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
+    assert exit_record.exit_code == 0
+
+
+def _key(item) -> str:
+    return item.key or "/".join(item.nested_key)
+
+
+def _wandb_records(data: bytes, block: int = 32768):
+    """The records of a `.wandb` file: LevelDB's log format (7-byte file header; per chunk crc, length, type)."""
+    from wandb.proto import wandb_internal_pb2
+
+    position, pieces = 7, b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
+        pieces += data[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a record is complete
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pieces)
+            yield record
+            pieces = b""
+
+
+def test_run_params_are_flat_and_leave_out_hydra_and_the_task_files():
+    params = run_params(compose_config("method=adapter", "task=cola", "method.bottleneck=64"))
+    assert params["method.bottleneck"] == 64 and params["train.epochs"] == 50 and params["task"] == "cola"
+    assert params["method.components"] == ["adapter"] and params["model.name"] == "bert-base-uncased"
+    assert not any(key.startswith(("hydra", "logger", "task.")) for key in params)
+
+
+@pytest.mark.parametrize("logger", ["tensorboard", "mlflow", "wandb"])
+def test_a_missing_extra_is_a_one_line_error_at_config_time(logger, monkeypatch):
+    monkeypatch.setitem(sys.modules, logger, None)  # as if not installed: find_spec answers None
+    with pytest.raises(UserError, match=rf"^logger={logger} needs the {logger} package: pip install 'peltbench\[{logger}\]'$"):
+        check_config(compose_config("method=lora", "task=rte", f"logger=[csv,{logger}]"))
+
+
+def test_a_missing_extra_stops_the_command_before_anything_runs(tmp_path):
+    hide = "import sys; sys.modules['tensorboard'] = None; sys.argv[0] = 'peltbench'; from peltbench.cli import main; main()"
+    result = subprocess.run([sys.executable, "-c", hide, "method=lora", "task=rte", "logger=tensorboard"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    assert result.stderr == "peltbench: error: logger=tensorboard needs the tensorboard package: " \
+                            "pip install 'peltbench[tensorboard]'\n"
+    assert list(tmp_path.iterdir()) == []  # no log folder, no record
+
+
+@pytest.mark.parametrize("override,message", [
+    ("logger.wandb.projekt=x", "logger.wandb.projekt: not a setting of logger wandb"),
+    ("logger.csv.path=x", "logger.csv.path: not a setting of logger csv; its settings: none"),
+])
+def test_unknown_logger_settings_are_refused(override, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_config(compose_config("method=lora", "task=rte", "logger=[csv,wandb]", f"+{override}"))
