@@ -18,7 +18,7 @@ from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
 from .others import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .protocol import Selection
+from .protocol import Selection, model_short_name
 from .scores import score_table, upper_bounds
 from .significance import significance
 
@@ -244,7 +244,8 @@ def table1_caption(table, render):
 
 
 def _no_runs(render):
-    return f"No runs for this table under the rendered model and protocol ({render.selection.protocol})"
+    selection = render.selection
+    return f"No runs for this table yet under model {model_short_name(selection.model)} and protocol {selection.protocol}"
 
 
 def _seeds(table):

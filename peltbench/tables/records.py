@@ -130,7 +130,7 @@ def _read(path):
     try:
         record = json.loads(text)
     except json.JSONDecodeError as error:
-        end = " (truncated?)" if error.pos >= len(text.rstrip()) else ""
+        end = "" if text.rstrip().endswith("}") else " (truncated?)"  # a record is one object: it ends with }
         raise BadRecord(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}{end}") from None
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object")
