@@ -201,12 +201,12 @@ def choose_protocol(runs, option=None):
     if precision is None:
         counts = same["protocol"].map(lambda label: parse_protocol(label)[PRECISION]).value_counts()
         precision = min(counts.index, key=lambda name: (-counts[name], name != "fp32", name)) if len(counts) else "fp32"
-        reason = "the precision of most of these runs" if len(counts) > 1 else "as recorded"
+        reason = "the one most of these runs used" if len(counts) > 1 else "as recorded"
     else:
         reason = "chosen with --protocol"
     label = ",".join([*(f"{key}={value}" for key, value in wanted.items()), f"{PRECISION}={precision}"])
     which = "chosen with --protocol" if option else "the paper's protocol (the default)"
-    return protocol_label_order(label), f"{which}; precision {reason}"
+    return protocol_label_order(label), f"{which}; precision: {reason}"
 
 
 def protocol_label_order(label):
