@@ -130,7 +130,7 @@ def layernorm_figure(means, k):
     for axes in panels[len(tasks):]:
         axes.set_visible(False)
     figure.colorbar(image, ax=panels[: len(tasks)].tolist(), label="mean |pretrained − tuned|")
-    figure.suptitle(f"LN-tuning: change of LayerNorm gain and bias per layer ({k_label(k)}, mean over n data seeds)")
+    figure.suptitle(f"LN-tuning: change of LayerNorm gain and bias per layer\n({k_label(k)}, mean over n data seeds)")
     return figure
 
 
