@@ -10,6 +10,7 @@ string is the `protocol` column of `load_records` and what `peltbench-tables --p
 import json
 import posixpath
 from dataclasses import dataclass
+from functools import lru_cache
 
 import yaml
 from omegaconf import OmegaConf
@@ -25,8 +26,10 @@ PAPER_MODEL = "bert-base-uncased"
 PAPER_MODEL_IDS = (PAPER_MODEL, "google-bert/bert-base-uncased")
 
 
+@lru_cache(maxsize=None)
 def config_defaults():
-    """conf/config.yaml as a plain dict: its `train.*`, `dev_size` and `model_seed` are the paper's protocol."""
+    """conf/config.yaml as a plain dict (read once; never change it): its `train.*`, `dev_size` and
+    `model_seed` are the paper's protocol."""
     return OmegaConf.to_container(packaged_config("config.yaml"))
 
 
@@ -70,13 +73,19 @@ def protocol_label(settings):
 
 def parse_protocol(label):
     """`train.epochs=3,precision=fp32` -> {"train.epochs": "3", "precision": "fp32"} (canonical strings)."""
+    return dict(_parse(label))
+
+
+@lru_cache(maxsize=None)
+def _parse(label):
+    """Parsed once per distinct label (a results dir holds thousands of records and a handful of protocols)."""
     pairs = {}
     for part in filter(None, (piece.strip() for piece in label.split(","))):
         key, equals, value = part.partition("=")
         if not equals or not key.strip():
             raise UserError(f"--protocol {label}: expected KEY=VALUE[,KEY=VALUE...], e.g. train.epochs=3,dev_size=200")
         pairs[key.strip()] = canonical(yaml.safe_load(value.strip()) if value.strip() else None)
-    return pairs
+    return tuple(pairs.items())
 
 
 def is_paper_protocol(label):

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from ..packaged import options, packaged_config
 from .names import METHODS, TASKS
-from .protocol import canonical, normalize_model, protocol_label, run_protocol
+from .protocol import canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
 WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with save.weights=true
 EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_steps", "test_seconds", "test_examples")
@@ -245,8 +245,7 @@ def _flatten(record, path):
 
 def _train_settings(config):
     """Every `train.*` setting of the run; one the record predates counts at conf/config.yaml's default."""
-    defaults = OmegaConf.to_container(packaged_config("config.yaml").train)
-    return {**defaults, **config["train"]}
+    return {**config_defaults()["train"], **config["train"]}
 
 
 def _precision(record):
