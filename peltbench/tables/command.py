@@ -66,13 +66,14 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         check_args(args)
-        return render(args)
+        return render_tables(args)
     except UserError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
 
 
-def render(args):
+def render_tables(args):
+    """Read, select, write; returns the exit status."""
     records, unreadable = read_records(args.results_dir)
     for path, reason in unreadable:
         print(f"{PROG}: unreadable record, skipped: {path}: {reason}", file=sys.stderr)
@@ -128,7 +129,7 @@ def _say_selection(selection, ledger, args, render_context):
     if ledger.in_tables.empty and len(ledger.other_settings):
         protocols = ledger.other_settings[ledger.other_settings["model"] == selection.model]["protocol"].value_counts()
         found = "; ".join(f"--protocol {label} ({count} runs)" for label, count in protocols.items())
-        render_context.notes.append(f"no run of this model follows the rendered protocol"
+        render_context.notes.append("no run of this model follows the rendered protocol"
                                     + (f"; its protocols: {found}" if found else ""))
     if render_context.paper is None:
         render_context.notes.append(f"no paper tables in {args.paper_dir}: the ours - paper comparison is skipped")

@@ -167,9 +167,11 @@ def write_table4(out, runs, render):
     if table.empty:
         return write_missing(out, "table4", "Table 4", "table4", _no_runs(render), other_settings_markdown(render.others, render.selection))
     caption = table4_caption(runs, render.selection)
+    warning = render.selection.warning()
+    beside = f" **{warning}**" if render.paper and warning else ""  # the paper's numbers stand beside ours
     out.text("table4.md", markdown.efficiency_markdown(
         table, render.paper["table4"] if render.paper else None,
-        caption + " Column setups: the (task, K) setups a method's time ratios average over."))
+        caption + " Column setups: the (task, K) setups a method's time ratios average over." + beside))
     out.text("table4.tex", latex.efficiency_latex(table, caption, "tab:table4"))
     out.csv("table4.csv", table, index=True)
     return [("table4.md / .tex / .csv", "Table 4: trainable parameters, training and inference time relative to fine-tuning")]
