@@ -181,8 +181,10 @@ def default_model(records):
     pool, where = (paper_runs, "under the paper's protocol") if len(paper_runs) else (records, "")
     counts = pool["model"].value_counts()
     best = min(counts.index, key=lambda name: (-counts[name], name))
-    others = f"; {len(counts) - 1} other model(s) found, choose one with --model" if len(counts) > 1 else ""
-    return best, f"not the paper's {PAPER_MODEL}: the model with the most runs{' ' + where if where else ''}{others}"
+    if len(models) == 1:
+        return best, f"not the paper's {PAPER_MODEL}: the only model in these records"
+    return best, (f"not the paper's {PAPER_MODEL}: the model with the most runs{' ' + where if where else ''}; "
+                  f"{len(models) - 1} other model(s) found, choose one with --model")
 
 
 def match_model(name, models):
@@ -210,7 +212,7 @@ def choose_protocol(runs, option=None):
     if precision is None:
         counts = same["protocol"].map(lambda label: parse_protocol(label)[PRECISION]).value_counts()
         precision = min(counts.index, key=lambda name: (-counts[name], name != "fp32", name)) if len(counts) else "fp32"
-        reason = "the one most of these runs used" if len(counts) > 1 else "as recorded"
+        reason = {0: "fp32, as no run has this protocol", 1: "as recorded"}.get(len(counts), "the one most of these runs used")
     else:
         reason = "chosen with --protocol"
     label = ",".join([*(f"{key}={value}" for key, value in wanted.items()), f"{PRECISION}={precision}"])
