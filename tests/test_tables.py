@@ -25,20 +25,28 @@ SCORES = {
 }
 
 
-def write_record(root, method, task, k, seed, main, variant=None, settings=None, **fields):
-    """One result.json as docs/record.md lays it out (only the fields the tables read)."""
+# The paper's protocol as conf/config.yaml sets it (App. B), as a record's config carries it.
+PAPER_TRAIN = {"epochs": 50, "patience": 10, "batch_size": 16, "max_length": 128, "grad_clip": 1.0, "eval_batch_size": 128}
+
+
+def write_record(root, method, task, k, seed, main, variant=None, settings=None, model="bert-base-uncased",
+                 train=None, dev_size=1000, precision="fp32", **fields):
+    """One result.json as docs/record.md lays it out (the fields the tables read); `train` overrides train.* keys."""
     variant = variant or method
     record = {
         "schema": 1, "method": method, "variant": variant, "task": task, "k": k, "seed": seed,
-        "model": "bert-base-uncased", "status": "ok" if main is not None else "failed",
+        "model": model, "status": "ok" if main is not None else "failed",
         "error": None if main is not None else "RuntimeError: boom",
-        "test": {"main": main}, "gates": None,
-        "config": {"method": {"name": method, **(settings or {})}, "task": {"name": task}, "k": k, "seed": seed},
+        "test": {"main": main}, "gates": None, "precision": precision,
+        "config": {"method": {"name": method, **(settings or {})}, "task": {"name": task}, "k": k, "seed": seed,
+                   "model_seed": 42, "dev_size": dev_size, "model": {"name": model},
+                   "train": {**PAPER_TRAIN, **(train or {})}, "precision": "auto"},
         **fields,
     }
     folder = root / variant / task / f"k{k}" / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "result.json").write_text(json.dumps(record))
+    return folder / "result.json"
 
 
 def write_synthetic(root, k=100):

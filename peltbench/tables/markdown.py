@@ -4,8 +4,8 @@ GitHub drops `<u>`, so the paper's underline (2nd best) is written `<ins>`; bold
 """
 import pandas as pd
 
-from .formatting import MISSING, blocks, is_missing, larger_of_pair, number, param_count, percent, seeds_note, signed
-from .names import AVG, k_label, method_label, task_label
+from .formatting import MISSING, apart_title, blocks, is_missing, larger_of_pair, number, param_count, percent, seeds_note, signed
+from .names import AVG, EFFICIENCY_METHODS, k_label, method_label, task_label
 
 UPPER_BOUND_HEADER = ["K", "max({A, P})", "UniPELT (AP)", "max({A, P, L})", "UniPELT (APL)"]  # Table 2's columns
 
@@ -15,25 +15,39 @@ def frame_markdown(frame):
     return frame.to_markdown(index=False, disable_numparse=True)
 
 
-def score_table_markdown(table, title, caption, expected, significant=frozenset()):
+def score_table_markdown(table, title, caption, expected, table_name, significant=frozenset()):
     """Table 1 or 3: one pipe table per K, then the legend and the runs that were left out.
 
-    `significant` holds (k, method, task) cells to mark with `*` (see significance.md).
+    `significant` holds (k, method, task) cells to mark with `*` (see significance.md). Methods the paper's
+    table does not have follow a separating row, unranked.
     """
     parts = [f"# {title}", "", caption, ""]
+    header = ["Method", *(task_label(task) for task in (*table.tasks, AVG))]
+    apart = False
     for k, rows in blocks(table.cells):
-        lines = [_row(method, cells, table.tasks, expected, k, significant) for method, cells in rows]
-        header = ["Method", *(task_label(task) for task in (*table.tasks, AVG))]
+        lines = []
+        for method, cells, paper_row in rows:
+            if not paper_row and not any(line[0] == _apart_label(table_name) for line in lines):
+                lines.append([_apart_label(table_name)] + [""] * (len(header) - 1))
+                apart = True
+            lines.append(_row(method, cells, table.tasks, expected, k, significant))
         parts += [f"## {k_label(k)}", "", frame_markdown(pd.DataFrame(lines, columns=header)), ""]
-    return "\n".join([*parts, _legend(expected, significant), "", *problems_markdown(table.problems)])
+    return "\n".join([*parts, _legend(expected, significant, apart and table_name), "", *problems_markdown(table.problems)])
 
 
-def _legend(expected, significant):
+def _apart_label(table_name):
+    return f"*{apart_title(table_name)}:*"
+
+
+def _legend(expected, significant, apart_table=None):
     legend = [f"**Bold**: best, <ins>underlined</ins>: 2nd best per column and K. `{MISSING}`: no score."]
     if expected > 1:
         legend.append(f"`n=3`: fewer seeds than the {expected} expected.")
     if significant:
         legend.append("`*`: differs from the best single method, Welch's t-test p < 0.05 (significance.md).")
+    if apart_table:
+        legend.append(f"Rows below *{apart_title(apart_table)}* are methods the paper's {apart_table} does not have: "
+                      "they take no bold or underline.")
     return " ".join(legend)
 
 
@@ -81,17 +95,21 @@ def _bold_larger(bound, unipelt):
 
 
 def efficiency_markdown(table, paper, caption):
-    """Table 4 with the paper's numbers beside ours (when the paper's table is at hand)."""
+    """Table 4 with the paper's numbers beside ours (when the paper's table is at hand); methods the paper's
+    Table 4 does not have follow a separating row."""
     paper = paper.set_index("method") if paper is not None else pd.DataFrame()
     rows = []
     for method, row in table.iterrows():
         ours = [f"{param_count(row['trainable_params'])} ({percent(row['params_percent'])})",
                 percent(row["train_time_percent"]), percent(row["inference_time_percent"])]
+        if method not in EFFICIENCY_METHODS and not any(line[0] == _apart_label("Table 4") for line in rows):
+            rows.append([_apart_label("Table 4")])
         rows.append([method_label(method), *_beside(ours, paper, method), str(int(row["setups"]))])
     names = ["#Param.", "Time_T", "Time_I"]
     if not paper.empty:
         names = [f"{name}{suffix}" for name in names for suffix in ("", " (paper)")]
     header = ["Method", *names, "setups"]
+    rows = [row + [""] * (len(header) - len(row)) for row in rows]
     return "\n".join(["# Table 4: trainable parameters and relative training / inference time", "", caption, "",
                       frame_markdown(pd.DataFrame(rows, columns=header)), ""])
 
@@ -108,9 +126,12 @@ def _beside(ours, paper, method):
     return [text for pair in zip(ours, theirs) for text in pair]
 
 
-def diff_markdown(diff, title, tasks):
-    """"Ours − paper" for Table 1 or 3: one table per K, each cell `+0.51 (79.61)`, the paper's number in parentheses."""
-    parts = [f"# {title}", "",
+def diff_markdown(diff, title, tasks, caption):
+    """"Ours − paper" for Table 1 or 3: one table per K, each cell `+0.51 (79.61)`, the paper's number in parentheses.
+
+    `caption` says which model and protocol our runs used (and warns when that is not the paper's).
+    """
+    parts = [f"# {title}", "", caption, "",
              f"Each cell: ours − paper, the paper's number in parentheses; `{MISSING}` where either side has no number.", ""]
     header = ["Method", *(task_label(task) for task in (*tasks, AVG))]
     for k, block in diff.groupby("k", sort=False):
@@ -128,14 +149,14 @@ def _diff_cell(cells, method, task):
     return MISSING if is_missing(cell["paper"]) else f"{signed(cell['difference'])} ({number(cell['paper'])})"
 
 
-def diff_upper_bound_markdown(diff):
-    """"Ours − paper" for Table 2, same cell format as `diff_markdown`."""
+def diff_upper_bound_markdown(diff, caption):
+    """"Ours − paper" for Table 2, same cell format as `diff_markdown`, under the same kind of caption."""
     wide = diff.assign(text=[f"{signed(d)} ({number(p)})" if not is_missing(p) else MISSING
                              for d, p in zip(diff["difference"], diff["paper"])])
     table = wide.pivot(index="k", columns="column", values="text").reindex(columns=["upper_ap", "unipelt_ap", "upper_apl", "unipelt_apl"])
     table = table.loc[list(dict.fromkeys(diff["k"]))].reset_index()
     table.columns = UPPER_BOUND_HEADER
-    return "\n".join(["# Table 2: ours − paper", "", "Each cell: ours − paper, the paper's number in parentheses.", "",
+    return "\n".join(["# Table 2: ours − paper", "", caption, "", "Each cell: ours − paper, the paper's number in parentheses.", "",
                       frame_markdown(table), ""])
 
 

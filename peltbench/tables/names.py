@@ -17,14 +17,20 @@ AVG = "avg"  # the Avg. column travels as one more "task" in the long score fram
 METHODS = (
     "ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora",
     "unipelt_ap", "unipelt_ap_nogate", "unipelt_apl", "unipelt_apl_nogate",
-    "ln", "prefix_ln", "mam",
+    "ln", "prefix_ln", "mam", "mam_he",
 )
+# The rows each paper table has. Other methods are set apart below them and take no bold / underline,
+# so a method the paper did not run never displaces the paper's best (issue 8).
+TABLE1_METHODS = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl")
+TABLE3_METHODS = ("ft", "adapter", "prefix", "lora", "unipelt_ap", "unipelt_ap_nogate", "unipelt_apl")
 METHOD_LABELS = {
     "ft": "Fine-tuning", "bitfit": "BitFit", "adapter": "Adapter", "prefix": "Prefix-tuning",
     "prefix_l50": "Prefix-tuning (L = 50)", "lora": "LoRA",
     "unipelt_ap": "UniPELT (AP)", "unipelt_ap_nogate": "UniPELT (AP)-NoGate",
     "unipelt_apl": "UniPELT (APL)", "unipelt_apl_nogate": "UniPELT (APL)-NoGate",
-    "ln": "LN-tuning", "prefix_ln": "Prefix+LN", "mam": "MAM adapter",
+    "ln": "LN-tuning", "prefix_ln": "Prefix+LN",
+    # Two MAMs: the LN-tuning paper's BERT-base setting and He et al.'s own (prefix L = 30, FFN adapter 512).
+    "mam": "MAM (LN-paper, L=8, r=8)", "mam_he": "MAM (He et al.)",
 }
 # Table 4's row order.
 EFFICIENCY_METHODS = ("ft", "bitfit", "prefix", "lora", "adapter", "unipelt_ap", "unipelt_apl")

@@ -1,145 +1,253 @@
 """Write every table and figure into the output directory; each writer returns the index entries it made.
 
 An entry is (file names, what they hold). A table without runs is still written, as a note naming the
-sweep that fills it, so an older table of that name does not outlive its records.
+sweep that fills it; any other file of this tool's names that an earlier render left and this one did
+not write is removed (`Output.prune`), so no output outlives its records.
 """
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from . import latex, markdown
-from .efficiency import efficiency_table
-from .figures import bottleneck_figure, gate_figure, lora_scale_figure
-from .names import k_label
+from .efficiency import efficiency_table, is_fused, machines
+from .figures import bottleneck_figure, gate_figure, lora_scale_figure, most_runs_k
+from .layernorm import SWEEP as LN_SWEEP
+from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_ln_runs
+from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
+from .others import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
+from .protocol import Selection, model_short_name
 from .scores import score_table, upper_bounds
 from .significance import significance
 
 CSV_FLOATS = "%.6g"
+# Every name this tool writes; `prune` removes only files of these names.
+OWN_NAMES = re.compile(r"(table[1-4]\.(md|tex|csv)|diff_table[1-3]\.(md|csv)|significance\.(md|csv)"
+                       r"|fig[\w-]*\.(png|csv)|other_runs\.md|README\.md)")
 FIGURES = {
     "fig2_bottleneck.png": (bottleneck_figure, "Figure 2: adapter score vs. bottleneck size (CoLA, K = 100)", "fig2_bottleneck"),
     "fig3_lora_scale.png": (lora_scale_figure, "Figure 3: LoRA score vs. scaling factor per (task, K)", "fig3_lora_scale"),
-    "fig_gates.png": (gate_figure, "UniPELT's mean gate per layer and submodule, per task", "table1"),
 }
 
 
-def write_text(out, name, text):
-    (Path(out) / name).write_text(text)
+class Output:
+    """The output directory; remembers what this render wrote."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.written = set()
+
+    def path(self, name):
+        self.written.add(name)
+        return self.folder / name
+
+    def text(self, name, text):
+        self.path(name).write_text(text)
+
+    def csv(self, name, frame, index=False):
+        frame.to_csv(self.path(name), index=index, float_format=CSV_FLOATS)
+
+    def figure(self, name, figure):
+        figure.savefig(self.path(name), dpi=150)
+
+    def prune(self):
+        """Remove this tool's files that this render did not write; returns their names."""
+        stale = sorted(path.name for path in self.folder.iterdir()
+                       if path.is_file() and OWN_NAMES.fullmatch(path.name) and path.name not in self.written)
+        for name in stale:
+            (self.folder / name).unlink()
+        return stale
 
 
-def write_csv(out, name, frame, index=False):
-    frame.to_csv(Path(out) / name, index=index, float_format=CSV_FLOATS)
+@dataclass
+class Render:
+    """What every writer needs besides its runs."""
+
+    selection: Selection
+    expected: int          # data seeds a Table 1 cell expects
+    ddof: int
+    paper: dict | None     # the paper's tables (paper.load_paper), None: no side-by-side
+    others: pd.DataFrame   # runs of other models / protocols, listed below Tables 1 and 3
+    say: object = print    # one line to the console
+    notes: list = field(default_factory=list)
 
 
-def write_missing(out, name, title, sweep):
-    """A table with no runs: a note in each format naming the sweep that fills it."""
-    note = f"No runs for this table yet: `peltbench -m +experiment={sweep}`, then `make tables`."
-    write_text(out, f"{name}.md", f"# {title}\n\n{note}\n")
-    write_text(out, f"{name}.tex", f"% {title}: {note}\n")
-    write_text(out, f"{name}.csv", "")
+def write_missing(out, name, title, sweep, why="No runs for this table yet", below=""):
+    """A table with no runs: a note in each format naming the sweep that fills it (and, in Markdown, the
+    runs of other models or protocols that could)."""
+    note = f"{why}: `peltbench -m +experiment={sweep}`, then `make tables`."
+    out.text(f"{name}.md", f"# {title}\n\n{note}\n{below}")
+    out.text(f"{name}.tex", f"% {title}: {note}\n")
+    out.text(f"{name}.csv", "")
     return [(f"{name}.md / .tex / .csv", f"{title}: no runs yet (`peltbench -m +experiment={sweep}`)")]
 
 
-def write_table1(out, runs, paper, expected, ddof):
+def write_table1(out, runs, render):
     """Table 1, its significance marks and summary, Table 2 (computed from it), and both "ours − paper"."""
     runs = runs[runs["k"] != "all"]
+    below = other_settings_markdown(render.others[render.others["k"] != "all"], render.selection)
     if runs.empty:
-        return [*write_missing(out, "table1", "Table 1", "table1"), *write_missing(out, "table2", "Table 2", "table2")]
-    table = score_table(runs, ddof)
+        return [*write_missing(out, "table1", "Table 1", "table1", _no_runs(render), below),
+                *write_missing(out, "table2", "Table 2", "table2", _no_runs(render), below)]
+    table = score_table(runs, render.ddof, TABLE1_METHODS)
     results = significance(table)
     flagged = {(row.k, row.method, row.task) for row in results.itertuples() if row.significant}
-    caption = table1_caption(table, expected, ddof)
-    write_text(out, "table1.md", markdown.score_table_markdown(
-        table, "Table 1: results on GLUE with K training examples (test)", caption, expected, flagged))
-    write_text(out, "table1.tex", latex.score_table_latex(
-        table, caption, "tab:table1", lambda k: f"[${k_label(k)}$] Test Performance", expected))
-    write_csv(out, "table1.csv", table.cells.astype({"rank": "Int64"}))
-    write_text(out, "significance.md", markdown.significance_markdown(results))
-    write_csv(out, "significance.csv", results)
+    caption = table1_caption(table, render)
+    out.text("table1.md", markdown.score_table_markdown(
+        table, "Table 1: results on GLUE with K training examples (test)", caption, render.expected, "Table 1", flagged)
+        + below)
+    out.text("table1.tex", latex.score_table_latex(
+        table, caption + (" *: differs from the best single method, Welch's t-test p < 0.05." if flagged else ""),
+        "tab:table1", lambda k: f"[${k_label(k)}$] Test Performance", render.expected, "Table 1", flagged))
+    out.csv("table1.csv", table.cells.astype({"rank": "Int64"}))
+    out.text("significance.md", markdown.significance_markdown(results))
+    out.csv("significance.csv", results)
     entries = [("table1.md / .tex / .csv", f"Table 1: mean ± std over data seeds per method, task and K (runs left out: {len(table.problems)})")]
-    if paper is not None:
-        entries += write_diff(out, "table1", "Table 1", diff_cells(table.cells, paper["table1"]), table.tasks)
+    if render.paper is not None:
+        entries += write_diff(out, "table1", "Table 1", diff_cells(table.cells, render.paper["table1"]), table.tasks, render)
     entries.append(("significance.md / .csv", "UniPELT vs. the best single method per task and K (Welch's t-test)"))
-    return entries + write_table2(out, table, paper)
+    return entries + write_table2(out, table, render)
 
 
-def write_table2(out, table, paper):
+def write_table2(out, table, render):
     bounds = upper_bounds(table.cells)
     caption = ("Average test performance over the tasks of Table 1: each UniPELT variant (the average of its "
                "per-task means, equal to Table 1's Avg. when every seed is present) against the upper bound that "
                "takes, on each task, the best mean of its submodules (max over adapter and prefix-tuning for AP; "
-               "adapter, prefix-tuning and LoRA for APL). The larger of each pair is bold.")
-    write_text(out, "table2.md", markdown.upper_bound_markdown(bounds, caption))
-    write_text(out, "table2.tex", latex.upper_bound_latex(bounds, caption, "tab:table2"))
-    write_csv(out, "table2.csv", bounds, index=True)
+               "adapter, prefix-tuning and LoRA for APL). The larger of each pair is bold. "
+               + render.selection.caption())
+    out.text("table2.md", markdown.upper_bound_markdown(bounds, caption))
+    out.text("table2.tex", latex.upper_bound_latex(bounds, caption, "tab:table2"))
+    out.csv("table2.csv", bounds, index=True)
     entries = [("table2.md / .tex / .csv", "Table 2: UniPELT vs. the upper bound of its submodules, per K")]
-    if paper is not None:
-        diff = diff_upper_bounds(bounds, paper["table2"])
-        write_text(out, "diff_table2.md", markdown.diff_upper_bound_markdown(diff))
-        write_csv(out, "diff_table2.csv", diff)
+    if render.paper is not None:
+        diff = diff_upper_bounds(bounds, render.paper["table2"])
+        out.text("diff_table2.md", markdown.diff_upper_bound_markdown(diff, diff_caption(render.selection)))
+        out.csv("diff_table2.csv", diff)
         entries.append(("diff_table2.md / .csv", "Table 2, ours − paper per cell"))
     return entries
 
 
-def write_table3(out, runs, paper, ddof):
+def write_table3(out, runs, render):
     """Table 3: K = all, one seed by default (conf/experiment/table3.yaml), so cells show std only if more ran."""
     runs = runs[runs["k"] == "all"]
+    below = other_settings_markdown(render.others[render.others["k"] == "all"], render.selection)
     if runs.empty:
-        return write_missing(out, "table3", "Table 3", "table3")
-    table = score_table(runs, ddof)
+        return write_missing(out, "table3", "Table 3", "table3", _no_runs(render), below)
+    table = score_table(runs, render.ddof, TABLE3_METHODS)
     caption = ("Results on GLUE when all training examples are used (K = all): best performance on the GLUE dev "
                f"split, main metric x100, over {_seeds(table)}; Avg. over the {_count(len(table.tasks), 'task')}. "
-               "Best and 2nd best per column are bold and underlined.")
-    write_text(out, "table3.md", markdown.score_table_markdown(table, "Table 3: results with all training examples (dev)", caption, 1))
-    write_text(out, "table3.tex", latex.score_table_latex(
-        table, caption, "tab:table3", lambda k: "[$K = all$] Best Performance on GLUE Dev", 1))
-    write_csv(out, "table3.csv", table.cells.astype({"rank": "Int64"}))
+               "Best and 2nd best per column are bold and underlined. " + render.selection.caption())
+    out.text("table3.md", markdown.score_table_markdown(
+        table, "Table 3: results with all training examples (dev)", caption, 1, "Table 3") + below)
+    out.text("table3.tex", latex.score_table_latex(
+        table, caption, "tab:table3", lambda k: "[$K = all$] Best Performance on GLUE Dev", 1, "Table 3"))
+    out.csv("table3.csv", table.cells.astype({"rank": "Int64"}))
     entries = [("table3.md / .tex / .csv", "Table 3: K = all, including UniPELT-NoGate")]
-    if paper is not None:
-        entries += write_diff(out, "table3", "Table 3", diff_cells(table.cells, paper["table3"]), table.tasks)
+    if render.paper is not None:
+        entries += write_diff(out, "table3", "Table 3", diff_cells(table.cells, render.paper["table3"]), table.tasks, render)
     return entries
 
 
-def write_diff(out, name, title, diff, tasks):
-    write_text(out, f"diff_{name}.md", markdown.diff_markdown(diff, f"{title}: ours − paper", tasks))
-    write_csv(out, f"diff_{name}.csv", diff)
+def write_diff(out, name, title, diff, tasks, render):
+    out.text(f"diff_{name}.md", markdown.diff_markdown(diff, f"{title}: ours − paper", tasks, diff_caption(render.selection)))
+    out.csv(f"diff_{name}.csv", diff)
     return [(f"diff_{name}.md / .csv", f"{title}, ours − paper per cell (paper's number beside it)")]
 
 
-def write_table4(out, runs, paper):
+def diff_caption(selection):
+    """Which runs "ours" are, and a warning when they are not the paper's model and protocol."""
+    return " ".join(filter(None, [selection.caption(), selection.warning() and f"**{selection.warning()}**"]))
+
+
+def write_table4(out, runs, render):
     table = efficiency_table(runs)
     if table.empty:
-        return write_missing(out, "table4", "Table 4", "table4")
-    caption = ("Trainable parameters (METHODS.md's count, classification head excluded; % of the backbone's "
-               "parameters) and training / inference time relative to fine-tuning. Time_T: seconds per training "
-               "step; Time_I: seconds per test example; each averaged over seeds per (task, K), divided by "
-               "fine-tuning's on the same (task, K), then averaged over the setups both ran (column setups).")
-    write_text(out, "table4.md", markdown.efficiency_markdown(table, paper["table4"] if paper else None, caption))
-    write_text(out, "table4.tex", latex.efficiency_latex(table, caption, "tab:table4"))
-    write_csv(out, "table4.csv", table, index=True)
+        return write_missing(out, "table4", "Table 4", "table4", _no_runs(render), other_settings_markdown(render.others, render.selection))
+    caption = table4_caption(runs, render.selection)
+    warning = render.selection.warning()
+    beside = f" **{warning}**" if render.paper and warning else ""  # the paper's numbers stand beside ours
+    out.text("table4.md", markdown.efficiency_markdown(
+        table, render.paper["table4"] if render.paper else None,
+        caption + " Column setups: the (task, K) setups a method's time ratios average over." + beside))
+    out.text("table4.tex", latex.efficiency_latex(table, caption, "tab:table4"))
+    out.csv("table4.csv", table, index=True)
     return [("table4.md / .tex / .csv", "Table 4: trainable parameters, training and inference time relative to fine-tuning")]
 
 
-def write_figures(out, records):
-    """Each figure as PNG; a figure without runs is not drawn and any older file of that name is removed."""
+def table4_caption(runs, selection):
+    """What Table 4's columns are, which runs' times were left out, and which machines timed the rest."""
+    ok = runs[runs["status"] == "ok"]
+    caption = ("Trainable parameters (METHODS.md's count, classification head excluded; % of the backbone's "
+               "parameters) and training / inference time relative to fine-tuning. Time_T: seconds per training "
+               "step; Time_I: seconds per test example; each averaged over seeds per (task, K), divided by "
+               "fine-tuning's on the same (task, K), then averaged over the setups both methods ran.")
+    fused = int(is_fused(ok).sum())
+    if fused:
+        caption += (f" {fused} fused run(s) (trained together on one backbone, so their seconds are their group's) "
+                    "count in #Param. but are left out of Time_T and Time_I.")
+    timed_on = machines(ok)
+    if timed_on:
+        caption += f" Timed on: {', '.join(timed_on)}."
+        if len(timed_on) > 1:
+            caption += " Warning: times from different machines are not comparable."
+    return caption + " " + selection.caption()
+
+
+def write_figures(out, runs, render):
+    """Figures 2 and 3 and UniPELT's gates as PNG; a figure without runs is not drawn (`prune` removes an old one)."""
     entries = []
     for name, (draw, title, sweep) in FIGURES.items():
-        figure = draw(records)
-        path = Path(out) / name
+        figure = draw(runs, render.ddof)
         if figure is None:
-            path.unlink(missing_ok=True)
             entries.append((name, f"not drawn: no runs for it yet (`peltbench -m +experiment={sweep}`)"))
             continue
-        figure.savefig(path, dpi=150)
+        out.figure(name, figure)
         entries.append((name, title))
-    return entries
+    figure = gate_figure(runs)
+    if figure is None:
+        entries.append(("fig_gates.png", "not drawn: no UniPELT runs yet (`peltbench -m +experiment=table1`)"))
+    else:
+        out.figure("fig_gates.png", figure)
+        entries.append(("fig_gates.png", "UniPELT's mean gate per layer and submodule, per task"))
+    return entries + write_layernorm_figure(out, runs, render)
 
 
-def table1_caption(table, expected, ddof):
+def write_layernorm_figure(out, runs, render):
+    """The LN-tuning paper's Figure 3 on GLUE from LN runs that saved their weights, and its numbers as CSV."""
+    saved = saved_ln_runs(runs[runs["changed"].map(len) == 0])
+    why = None
+    if saved.empty:
+        why = f"no LN-tuning run saved its weights; `{LN_SWEEP}` fills it"
+    else:
+        changes = layernorm_changes(saved, render.say)
+        if changes.empty:
+            why = "no saved LN-tuning run could be compared with its pretrained model (see the console)"
+    if why:
+        render.notes.append(f"fig_ln_change.png not drawn: {why}")
+        return [("fig_ln_change.png", f"not drawn: {why}")]
+    means = mean_changes(changes)
+    k = most_runs_k(changes.drop_duplicates(["task", "k", "seed"]))
+    out.figure("fig_ln_change.png", layernorm_figure(means, k))
+    out.csv("fig_ln_change.csv", means)
+    return [("fig_ln_change.png / .csv", f"LN-tuning paper's Figure 3 on GLUE: change of LayerNorm gain and bias per layer "
+                                        f"and task ({k_label(k)}; the CSV has every K, layer 0 = embeddings)")]
+
+
+def table1_caption(table, render):
     ks = ", ".join(sorted(set(table.cells["k"]), key=int))
     return (f"Results on GLUE with K = {{{ks}}} training examples: test performance (the official dev split), "
             "main metric x100 (CoLA Matthews corr., MRPC and QQP F1, STS-B Spearman, accuracy for the rest; MNLI matched). "
-            f"Mean and standard deviation over {_seeds(table)} (std with ddof = {ddof}; {expected} seeds expected per cell). "
+            f"Mean and standard deviation over {_seeds(table)} (std with ddof = {render.ddof}; {render.expected} seeds expected per cell). "
             f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then mean and std over the seeds that have "
-            "every task. Best and 2nd best per column and K are bold and underlined.")
+            "every task. Best and 2nd best per column and K are bold and underlined. " + render.selection.caption())
+
+
+def _no_runs(render):
+    selection = render.selection
+    return f"No runs for this table yet under model {model_short_name(selection.model)} and protocol {selection.protocol}"
 
 
 def _seeds(table):

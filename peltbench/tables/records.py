@@ -1,35 +1,87 @@
-"""Read result records (docs/record.md) into one pandas DataFrame, one row per run.
+"""Read result records (docs/record.md) into one pandas DataFrame, one row per run, with flat columns.
 
-Settings are read from each record's `config`, never from folder names (docs/record.md). A record's
-method settings count as the paper's defaults when `config.method` agrees with `conf/method/<method>.yaml`
-on every key that file sets: Tables 1-4 use only those runs; Figures 2 and 3 use the runs that differ
-in the one setting they sweep (`bottleneck`, `lora_scale`).
+Settings are read from each record's `config`, never from folder names (docs/record.md). Every column a
+comparison needs is its own column: each test and dev metric (`test_f1`, `dev_accuracy`, ...), the
+`train.*` settings (`train_epochs`, ...), `dev_size`, `model_seed`, `precision`, `model`, and `protocol`,
+one string for all of them (protocol.py), so a plain `groupby(["model", "protocol", ...])` cannot pool
+different protocols by accident.
+
+A record's method settings count as the paper's defaults when `config.method` agrees with
+`conf/method/<method>.yaml` on every key that file sets: Tables 1-4 use only those runs; Figures 2 and 3
+use the runs that differ in the one setting they sweep (`bottleneck`, `lora_scale`).
+
+A file that cannot be read as a record (not UTF-8, not JSON, truncated, a field missing or of the wrong
+type) is never guessed at: it is named with its reason and left out.
 """
 import json
+import warnings
+from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import OmegaConf
 
-from ..packaged import packaged_config
+from ..packaged import options, packaged_config
+from .names import METHODS, TASKS
+from .protocol import canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
-COLUMNS = (
-    "method", "variant", "task", "k", "seed", "model", "status", "error", "main",
-    "trainable_params", "backbone_params", "train_seconds", "train_steps", "test_seconds", "test_examples",
-    "gates", "settings", "changed", "config", "path",
-)
+WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with save.weights=true
 EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_steps", "test_seconds", "test_examples")
+COLUMNS = (
+    "method", "variant", "task", "k", "seed", "model", "status", "error", "main", "test_main", "dev_main",
+    "best_epoch", "epochs_run", "dev_size", "model_seed", "precision", "protocol",
+    *EFFICIENCY_FIELDS, "fused_group", "fused_size", "device", "machine_hostname", "machine_cpu", "machine_gpu",
+    "gates", "weights", "settings", "changed", "config", "path",
+)
+
+
+class BadRecord(ValueError):
+    """Why a result.json is not a usable record (one line)."""
+
+
+def read_records(results_dir="results/runs"):
+    """(records, unreadable): every readable `result.json` under `results_dir` as one row (see `load_records`),
+    and [(path, reason)] for each file that is not a usable record."""
+    rows, unreadable = [], []
+    for path in sorted(Path(results_dir).rglob("result.json")):
+        try:
+            rows.append(_flatten(_read(path), path))
+        except BadRecord as error:
+            unreadable.append((str(path), str(error)))
+    return _frame(rows), unreadable
 
 
 def load_records(results_dir="results/runs"):
-    """Every `result.json` under `results_dir` as one row of a DataFrame (columns: `COLUMNS`).
+    """Every readable `result.json` under `results_dir` as one row of a DataFrame; for notebooks too.
 
-    `k` is a string ("100", "all") so that one column holds both; `main` is `test.main` (NaN where the
-    run failed or the metric is undefined); `changed` lists the method settings that differ from the
-    method's defaults, e.g. `("bottleneck",)`. Usable from a notebook: `load_records("results/runs")`.
+    Columns: `COLUMNS`, then one per test metric (`test_mcc`, ...), dev metric (`dev_mcc`, ...) and
+    `train.*` setting (`train_epochs`, ...). `k` is a string ("100", "all") so one column holds both;
+    `main` (= `test_main`) is NaN where the run failed or the metric is undefined; `changed` lists the
+    method settings that differ from the method's defaults, e.g. `("bottleneck",)`. A file that is not a
+    usable record is left out with a one-line warning naming it.
     """
-    rows = [_flatten(_read(path), path) for path in sorted(Path(results_dir).rglob("result.json"))]
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    records, unreadable = read_records(results_dir)
+    for path, reason in unreadable:
+        warnings.warn(f"{path}: unreadable record, skipped: {reason}", stacklevel=2)
+    return records
+
+
+def _frame(rows):
+    extra = sorted({column for row in rows for column in row} - set(COLUMNS), key=_extra_order)
+    return pd.DataFrame(rows, columns=[*COLUMNS, *extra])
+
+
+def _extra_order(column):
+    """test_* before dev_* before train_*, each alphabetical."""
+    return (["test_", "dev_", "train_"].index(column[: column.index("_") + 1]) if "_" in column else 3, column)
+
+
+def known_runs(records):
+    """(known, unknown): runs of a method and task peltbench has, and the rest (listed, never a row or column)."""
+    methods = set(METHODS) | _packaged("method")
+    tasks = set(TASKS) | _packaged("task")
+    known = records["method"].isin(methods) & records["task"].isin(tasks)
+    return records[known], records[~known]
 
 
 def default_runs(records):
@@ -48,36 +100,160 @@ def swept_runs(records, method, setting):
     return runs.assign(value=pd.to_numeric(values, errors="coerce")).dropna(subset=["value"])
 
 
+def one_record_per_seed(runs):
+    """(kept, duplicates): each seed of one method setting, task and K counted once.
+
+    Two records of one seed under one model and protocol (e.g. `model.name=DIR` and `DIR/`) are kept
+    once when they agree (same status and score); when they disagree neither is counted: which one is
+    right is not for the tables to guess. `duplicates` holds every record of such seeds, with `duplicate`
+    = "same result" or "different results".
+    """
+    if runs.empty:
+        return runs, runs.assign(duplicate=pd.Series(dtype=str))
+    keys = runs[["model", "protocol", "method", "task", "k", "seed"]].astype(str).agg("|".join, axis=1)
+    keys = keys + "|" + runs["settings"].map(lambda settings: json.dumps(settings, sort_keys=True, default=str))
+    outcome = runs["status"] + "|" + runs["main"].map(repr)
+    repeated = keys.duplicated(keep=False)
+    agreeing = outcome.groupby(keys).transform("nunique") == 1
+    kept = runs[~repeated | (agreeing & ~keys.duplicated(keep="first"))]
+    duplicates = runs[repeated].assign(duplicate=agreeing[repeated].map({True: "same result", False: "different results"}))
+    return kept, duplicates
+
+
 def _read(path):
     try:
-        return json.loads(Path(path).read_text())
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadRecord(f"not UTF-8 text (byte {error.start})") from None
+    except OSError as error:
+        raise BadRecord(error.strerror or type(error).__name__) from None
+    try:
+        record = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not a valid result record ({error})") from error
+        end = "" if text.rstrip().endswith("}") else " (truncated?)"  # a record is one object: it ends with }
+        raise BadRecord(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}{end}") from None
+    if not isinstance(record, dict):
+        raise BadRecord("not a JSON object")
+    _check(record)
+    return record
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+def _scores(value):
+    return isinstance(value, dict) and all(_is_number(score) or score is None for score in value.values())
+
+
+def _gates(value):
+    return isinstance(value, dict) and all(
+        isinstance(layers, list) and all(_is_number(gate) for gate in layers) for layers in value.values())
+
+
+def _fused(value):
+    return isinstance(value, dict) and _is_int(value.get("size")) and isinstance(value.get("group"), str)
+
+
+# (field, check, what it must be, required): what the tables read from a record, and nothing else.
+FIELDS = (
+    ("method", lambda value: isinstance(value, str), "a string", True),
+    ("task", lambda value: isinstance(value, str), "a string", True),
+    ("k", lambda value: value == "all" or (_is_int(value) and value > 0), 'a positive integer or "all"', True),
+    ("seed", _is_int, "an integer", True),
+    ("status", lambda value: value in ("ok", "failed"), '"ok" or "failed"', True),
+    ("config", lambda value: isinstance(value, dict), "an object", True),
+    ("model", lambda value: isinstance(value, str) and bool(value), "a model name", False),
+    ("variant", _optional(lambda value: isinstance(value, str)), "a string", False),
+    ("error", _optional(lambda value: isinstance(value, str)), "a string", False),
+    ("test", _optional(_scores), "{metric: number or null}", False),
+    ("dev_best", _optional(_scores), "{metric: number or null}", False),
+    ("best_epoch", _optional(_is_int), "an integer", False),
+    ("epochs_run", _optional(_is_int), "an integer", False),
+    *((field, _optional(_is_number), "a number", False) for field in EFFICIENCY_FIELDS),
+    ("gates", _optional(_gates), "{submodule: [number per layer]}", False),
+    ("fused", _optional(_fused), '{"group": string, "size": integer}', False),
+    ("machine", _optional(lambda value: isinstance(value, dict)), "an object", False),
+    ("precision", _optional(lambda value: isinstance(value, str)), "a string", False),
+    ("device", _optional(lambda value: isinstance(value, str)), "a string", False),
+)
+CONFIG_FIELDS = (
+    ("method", lambda value: isinstance(value, dict), "an object", True),
+    ("train", lambda value: isinstance(value, dict), "an object", True),
+    ("dev_size", _is_int, "an integer", True),
+    ("model_seed", _is_int, "an integer", False),
+    ("model", lambda value: isinstance(value, dict), "an object", False),
+)
+
+
+def _check(record):
+    _check_fields(record, FIELDS, "")
+    _check_fields(record["config"], CONFIG_FIELDS, "config.")
+    if "model" not in record and not isinstance(record["config"].get("model", {}).get("name"), str):
+        raise BadRecord("field 'model' is missing")
+    if record["status"] == "ok" and not isinstance(record.get("test"), dict):
+        raise BadRecord("an ok record without test scores (field 'test')")
+
+
+def _check_fields(record, fields, prefix):
+    for field, check, expected, required in fields:
+        if field not in record:
+            if required:
+                raise BadRecord(f"field '{prefix}{field}' is missing")
+            continue
+        if not check(record[field]):
+            raise BadRecord(f"field '{prefix}{field}' is {json.dumps(record[field])[:40]}, expected {expected}")
 
 
 def _flatten(record, path):
-    """One record as a flat row; missing optional fields become None (a failed run has null scores)."""
-    config = record.get("config") or {}
-    settings = config.get("method") if isinstance(config.get("method"), dict) else {}
-    method = record.get("method") or settings.get("name")
+    """One record as a flat row; optional fields that are absent become None (a failed run has null scores)."""
+    config = record["config"]
+    settings = config["method"]
+    method = record["method"]
+    precision = _precision(record)
+    test, dev = record.get("test") or {}, record.get("dev_best") or {}
+    fused, machine = record.get("fused") or {}, record.get("machine") or {}
+    model = record.get("model") or config["model"]["name"]
+    weights = Path(path).parent / WEIGHTS_FILE
     row = {
-        "method": method,
-        "variant": record.get("variant", method),
-        "task": record.get("task"),
-        "k": str(record.get("k")),
-        "seed": record.get("seed"),
-        "model": record.get("model"),
-        "status": record.get("status", "ok"),
-        "error": record.get("error"),
-        "main": _score((record.get("test") or {}).get("main")),
-        "gates": record.get("gates"),
-        "settings": settings,
-        "changed": changed_settings(method, settings),
-        "config": config,
-        "path": str(path),
+        "method": method, "variant": record.get("variant") or method, "task": record["task"],
+        "k": str(record["k"]), "seed": record["seed"], "model": normalize_model(model),
+        "status": record["status"], "error": record.get("error"),
+        "main": _score(test.get("main")), "test_main": _score(test.get("main")), "dev_main": _score(dev.get("main")),
+        "best_epoch": record.get("best_epoch"), "epochs_run": record.get("epochs_run"),
+        "dev_size": config["dev_size"], "model_seed": config.get("model_seed"), "precision": precision,
+        "protocol": protocol_label(run_protocol(config, precision)),
+        "fused_group": fused.get("group"), "fused_size": fused.get("size"), "device": record.get("device"),
+        "machine_hostname": machine.get("hostname"), "machine_cpu": machine.get("cpu"), "machine_gpu": machine.get("gpu"),
+        "gates": record.get("gates"), "weights": str(weights) if weights.is_file() else None,
+        "settings": settings, "changed": changed_settings(method, settings), "config": config, "path": str(path),
     }
     row.update({field: record.get(field) for field in EFFICIENCY_FIELDS})
+    row.update({f"test_{metric}": _score(score) for metric, score in test.items() if metric != "main"})
+    row.update({f"dev_{metric}": _score(score) for metric, score in dev.items() if metric != "main"})
+    row.update({f"train_{key}": value for key, value in _train_settings(config).items()})
     return row
+
+
+def _train_settings(config):
+    """Every `train.*` setting of the run; one the record predates counts at conf/config.yaml's default."""
+    return {**config_defaults()["train"], **config["train"]}
+
+
+def _precision(record):
+    """The precision the run used: the record's own field, else `config.precision` unless that was `auto`."""
+    if record.get("precision"):
+        return record["precision"]
+    configured = record["config"].get("precision")
+    return configured if isinstance(configured, str) and configured != "auto" else None
 
 
 def _score(value):
@@ -88,10 +264,19 @@ def _score(value):
 def changed_settings(method, settings):
     """Keys of `config.method` whose value differs from `conf/method/<method>.yaml` (sorted tuple)."""
     defaults = method_defaults(method)
-    return tuple(sorted(key for key, value in settings.items() if key in defaults and value != defaults[key]))
+    return tuple(sorted(key for key, value in settings.items()
+                        if key in defaults and canonical(value) != canonical(defaults[key])))
 
 
 def method_defaults(method):
     """The method's default settings from its packaged config file (`conf/method/<method>.yaml`); {} if none."""
-    defaults = packaged_config(f"method/{method}.yaml")
-    return OmegaConf.to_container(defaults, resolve=True) if defaults is not None else {}
+    if method not in _packaged("method"):
+        return {}
+    return OmegaConf.to_container(packaged_config(f"method/{method}.yaml"), resolve=True)
+
+
+@lru_cache(maxsize=None)
+def _packaged(group):
+    """The names a config group offers (read once: a results dir holds thousands of records)."""
+    return frozenset(options(group))
+

