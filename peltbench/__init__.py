@@ -10,3 +10,10 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 class UserError(Exception):
     """A problem with the user's config or inputs: reported as one line, and no result record is written."""
+
+
+def load_run(run_dir, device=None):
+    """Rebuild a run saved with save.weights=true on its backbone; `.predict()` rescores its test set (runner.load_run)."""
+    from .runner import load_run as load
+
+    return load(run_dir, device)

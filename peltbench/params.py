@@ -9,23 +9,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 
 from . import UserError
-from .methods import build_pelt_model, parameter_counts
+from .methods import count_method
 from .packaged import options, packaged_config
 
 # The paper's order (Table 1, then Table 3's NoGate, then the LN-tuning paper's methods); others follow.
 PAPER_ORDER = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
-               "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam")
+               "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he")
 
 
-def count_method(method: str, config, model_seed: int = 42) -> dict[str, int]:
-    from transformers import BertForSequenceClassification
-
-    with torch.device("meta"):
-        model = build_pelt_model(BertForSequenceClassification(config), packaged_config(f"method/{method}.yaml"), model_seed)
-    return parameter_counts(model)
+def count_packaged(method: str, config) -> dict[str, int]:
+    """The counts of a packaged method (`conf/method/<method>.yaml`)."""
+    return count_method(packaged_config(f"method/{method}.yaml"), config)
 
 
 def paper_rounding(count: int) -> str:
@@ -59,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as error:
         sys.exit(f"peltbench-params: error: {error}")
     methods = sorted(options("method"), key=lambda m: (PAPER_ORDER.index(m) if m in PAPER_ORDER else len(PAPER_ORDER), m))
-    rows = [(method, count_method(method, config)) for method in methods]
+    rows = [(method, count_packaged(method, config)) for method in methods]
     if args.csv:
         print("method,trainable_params,percent_of_backbone,head_params,optimizer_params,backbone_params")
         for method, c in rows:

@@ -7,6 +7,7 @@ which runs are compatible); `run_experiment` is a group of one. Each run keeps i
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import traceback
@@ -20,11 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from . import UserError
 from .config import check_config
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, count_method
+from .methods import build_pelt_model, count_method, load_member_state
+from .loggers import RunLogger, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
+from .saving import PREDICTIONS, WEIGHTS, member_weights, read_weights, save_predictions, save_weights
 from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
 from .tasks import TaskSpec
-from .train import GroupSettings, Member, MemberResult, TrainSettings, fit
+from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
 
 log = logging.getLogger("peltbench")
 
@@ -99,13 +102,20 @@ class _Run:
     index: int = 0
     member: Member | None = None
     record: dict | None = None
+    logger: RunLogger | None = None
 
     @classmethod
     def prepare(cls, cfg: DictConfig, results_dir: Path) -> _Run:
         check_config(cfg)
         path = record_path(cfg, results_dir)
         digest = config_hash(cfg)
-        return cls(cfg, path, digest, check_existing(path, digest), record=_identity(cfg, digest))
+        finished = check_existing(path, digest)
+        missing = [name for name, wanted in ((WEIGHTS, cfg.save.weights), (PREDICTIONS, cfg.save.predictions))
+                   if wanted and not (path.parent / name).is_file()]
+        if finished is not None and missing:
+            log.info("rerun: %s is done but has no %s, which this run asks for", path.parent, " or ".join(missing))
+            finished = None
+        return cls(cfg, path, digest, finished, record=_identity(cfg, digest))
 
     @property
     def label(self) -> str:
@@ -239,14 +249,41 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
                  first.method.name, task.name, f"{record['trainable_params']:,}", f"{record['optimizer_params']:,}",
                  device, record["precision"])
     group = group_settings(first, model, pad_id, device, bf16)
+    for run in runs:
+        run.logger = open_logger(run.cfg, run.path.parent, run.label)
+
+    def on_epoch(index: int, epoch: int, metrics: dict) -> None:
+        runs[index].logger.log_epoch(epoch, metrics)
 
     def on_done(index: int, result: MemberResult) -> None:
-        outcomes[id(runs[index])] = _finish(runs[index], result)
+        outcomes[id(runs[index])] = _finish(runs[index], result, model, index, task)
 
-    fit(model, [run.member for run in runs], task, group, on_done)
+    try:
+        fit(model, [run.member for run in runs], task, group, on_done, on_epoch)
+    finally:
+        for run in runs:
+            run.logger.close(failed=id(run) not in outcomes or outcomes[id(run)].status != "ok")
 
 
-def _finish(run: _Run, result: MemberResult) -> Outcome:
+def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -> Outcome:
+    """A run leaves the group: keep what it asked for (weights, predictions), tell its logger, write its record."""
+    if result.error is None:
+        try:
+            saved = []
+            if run.cfg.save.weights:
+                weights = member_weights(model, slot, run.cfg.method, model.config)
+                saved += save_weights(run.path.parent, weights, run.cfg)
+            if run.cfg.save.predictions:
+                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task))
+            run.record["saved"] = saved
+        except OSError as error:
+            result.error = f"could not save the run's {'weights' if run.cfg.save.weights else 'predictions'}: {error}"
+        else:
+            run.logger.log_test({f"test_{key}": value for key, value in result.test.items() if key != "main"})
+    return _record(run, result)
+
+
+def _record(run: _Run, result: MemberResult) -> Outcome:
     """Write a run's record as it leaves the group."""
     record = run.record
     if result.error is not None:
@@ -324,3 +361,49 @@ def use_allocated_cpus() -> None:
     allocated = os.environ.get("SLURM_CPUS_PER_TASK")
     if allocated and allocated.isdigit() and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(int(allocated))
+
+
+@dataclass
+class LoadedRun:
+    """A finished run rebuilt from its folder: its config, record, and model on the backbone (`load_run`)."""
+
+    cfg: DictConfig
+    record: dict
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    bf16: bool
+
+    def predict(self, split: str = "test") -> tuple[dict, np.ndarray]:
+        """Score the run's test (or dev) rows with the loaded model, as the run did: (scores, predictions)."""
+        task = TaskSpec.from_config(self.cfg.task)
+        member, _ = prepare_member(self.cfg, task, self.tokenizer, self.record.get("variant", ""))
+        group = group_settings(self.cfg, self.model, self.tokenizer.pad_token_id, self.device, self.bf16)
+        evaluation = EvaluationSet(member.test if split == "test" else member.dev, group)
+        scores, _, predictions = evaluate(self.model, [evaluation], task, group, split, keep=True)
+        return scores[0], predictions[0]
+
+
+def load_run(run_dir: str | Path, device: str | None = None) -> LoadedRun:
+    """Rebuild a run saved with save.weights=true on its backbone: its record's config, the method's modules, and
+    the trained tensors from weights.safetensors. `LoadedRun.predict()` rescores its test set."""
+    run_dir = Path(run_dir)
+    try:
+        record = json.loads((run_dir / "result.json").read_text())
+        cfg = OmegaConf.create(record["config"])
+    except (OSError, ValueError, KeyError) as error:
+        raise UserError(f"{run_dir}: no readable result.json ({error})") from None
+    if not (run_dir / WEIGHTS).is_file():
+        raise UserError(f"{run_dir}: no {WEIGHTS} (run it with save.weights=true)")
+    if device is not None:
+        cfg.device = device
+    task = TaskSpec.from_config(cfg.task)
+    device_, bf16 = resolve_device(cfg)
+    model = group_model([cfg], task, device_)
+    tensors = {name: tensor.to(device_) for name, tensor in read_weights(run_dir).items()}
+    load_member_state(model, 0, tensors)
+    with torch.no_grad():
+        model.head.weight[0].copy_(tensors["classifier.weight"])
+        model.head.bias[0].copy_(tensors["classifier.bias"])
+    model.eval()
+    return LoadedRun(cfg, record, model, load_tokenizer(cfg.model.name), device_, bf16)

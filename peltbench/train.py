@@ -240,8 +240,8 @@ class MemberAdamW:
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.betas, self.eps, self.count = betas, eps, 0
-        self.lr = torch.zeros(self.members)
-        self.total_steps = torch.ones(self.members)
+        self.lr = torch.zeros(self.members, dtype=torch.float64)
+        self.total_steps = torch.ones(self.members, dtype=torch.float64)
         self.training = torch.zeros(self.members, dtype=torch.bool)
 
     def schedule(self, member: int, lr: float, total_steps: int) -> None:
@@ -261,7 +261,8 @@ class MemberAdamW:
 
     @torch.no_grad()
     def step(self, step: int) -> None:
-        lrs = torch.tensor([self.lr_at(m, step) if self.training[m] else 0.0 for m in range(self.members)])
+        lrs = torch.tensor([self.lr_at(m, step) if self.training[m] else 0.0 for m in range(self.members)],
+                           dtype=torch.float32)
         self.count += 1
         beta1, beta2 = self.betas
         step_size = (lrs / (1 - beta1**self.count)).to(self.params[0].device)

@@ -113,12 +113,23 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
     return counts
 
 
-def count_method(method: DictConfig, config, model_seed: int = 42) -> dict[str, int]:
-    """A method's parameter counts for a model of `config`'s shape, built alone on the meta device (no weights)."""
+def _alone(method: DictConfig, config) -> PeltModel:
+    """The method built alone on a model of `config`'s shape, on the meta device (no weights, no time)."""
     from transformers import BertForSequenceClassification
 
     with torch.device("meta"):  # on a copy of the config: prefix-tuning switches its attention function
-        return parameter_counts(build_pelt_model(BertForSequenceClassification(copy.deepcopy(config)), method, model_seed))
+        return build_pelt_model(BertForSequenceClassification(copy.deepcopy(config)), method, 42)
+
+
+def count_method(method: DictConfig, config) -> dict[str, int]:
+    """A method's parameter counts for a model of `config`'s shape, as a separate run has them."""
+    return parameter_counts(_alone(method, config))
+
+
+def member_shapes(method: DictConfig, config) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor the method trains, as a separate run has it, under the plain model's names."""
+    return {stored_name(name): tuple(parameter.shape[1:] if stacked else parameter.shape)
+            for name, parameter, _, stacked in _alone(method, config).member_parameters()}
 
 
 def member_state(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
@@ -141,4 +152,4 @@ def load_member_state(model: PeltModel, slot: int, state: dict[str, torch.Tensor
 
 
 __all__ = ["COMPONENTS", "PeltModel", "build_pelt_model", "check_method", "count_method", "load_member_state",
-           "member_state", "parameter_counts"]
+           "member_shapes", "member_state", "parameter_counts"]

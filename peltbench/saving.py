@@ -1,0 +1,110 @@
+"""What a run may keep beside its result.json: its trained tensors, its test predictions, a PEFT copy of a LoRA.
+
+    save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
+                            whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
+                            names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
+                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA run
+                            (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
+    save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
+
+`peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__
+from .methods import member_shapes, member_state
+
+WEIGHTS = "weights.safetensors"
+PREDICTIONS = "predictions.csv"
+PEFT_DIR = "peft"
+
+
+def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
+    """Member `slot`'s trained tensors, each cut to the member's own size (a group pads smaller members), and its
+    head even where the method leaves it frozen at its random init (prefix, LoRA): a copy needs it."""
+    state = member_state(model, slot)
+    tensors = {name: state[name][tuple(slice(0, n) for n in shape)].contiguous().cpu()
+               for name, shape in member_shapes(method, config).items()}
+    tensors["classifier.weight"] = model.head.weight[slot].detach().cpu().clone()
+    tensors["classifier.bias"] = model.head.bias[slot].detach().cpu().clone()
+    return tensors
+
+
+def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg) -> list[str]:
+    """weights.safetensors (and peft/ for a plain LoRA run); the files written, relative to run_dir."""
+    from omegaconf import OmegaConf
+    from safetensors.torch import save_file
+
+    metadata = {"peltbench": __version__, "model": str(cfg.model.name), "task": cfg.task.name,
+                "method": json.dumps(OmegaConf.to_container(cfg.method, resolve=True))}
+    _atomic(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata))
+    written = [WEIGHTS]
+    if list(cfg.method.components) == ["lora"] and not cfg.method.get("gated", False):
+        written += export_peft(run_dir / PEFT_DIR, tensors, cfg)
+    return written
+
+
+def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg) -> list[str]:
+    """A LoRA run in PEFT's format: adapter_config.json + adapter_model.safetensors (the head as modules_to_save).
+
+    Our y = W x + s · B(A x) is PEFT's LoRA with lora_alpha = s · r (scaling = lora_alpha / r) and no dropout.
+    """
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    method = cfg.method
+    config = {
+        "peft_type": "LORA", "task_type": "SEQ_CLS", "r": int(method.lora_rank),
+        "lora_alpha": float(method.lora_scale) * int(method.lora_rank), "lora_dropout": 0.0,
+        "target_modules": list(method.lora_targets), "bias": "none", "modules_to_save": ["classifier"],
+        "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
+        "base_model_name_or_path": str(cfg.model.name),
+    }
+    renamed = {}
+    for name, tensor in tensors.items():
+        name = name.replace(".lora_a.weight", ".lora_A.weight").replace(".lora_b.weight", ".lora_B.weight")
+        renamed[f"base_model.model.{name}"] = tensor
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _atomic(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)))
+    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
+
+
+def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task) -> str:
+    """predictions.csv: index (row of the official dev split), label, prediction (a class id, or the STS-B score)."""
+    def write(path: Path) -> None:
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["index", "label", "prediction"])
+            for index, (label, predicted) in enumerate(zip(labels.tolist(), predictions.tolist())):
+                if task.is_regression:
+                    writer.writerow([index, f"{label:.6g}", f"{predicted:.6g}"])
+                else:
+                    writer.writerow([index, int(label), int(predicted)])
+    _atomic(run_dir / PREDICTIONS, write)
+    return PREDICTIONS
+
+
+def read_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(run_dir) / WEIGHTS))
+
+
+def _atomic(path: Path, write) -> None:
+    """Write through a temporary file and rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
