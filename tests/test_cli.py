@@ -160,19 +160,17 @@ def _in_process(monkeypatch, tmp_path, *arguments: str) -> int:
 def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monkeypatch, tmp_path):
     import peltbench.runner
     from peltbench import UserError
+    from peltbench.runner import Outcome
 
-    def broken(cfg, results_dir):
-        raise RuntimeError("CUDA out of memory")
+    def outcome(status, error=None):
+        return lambda cfgs, results_dir=None: [Outcome(status, {"status": status}, error) for _ in cfgs]
 
-    def bad_data(cfg, results_dir):
-        raise UserError("data file not found: glue/RTE/dev.tsv")
-
-    monkeypatch.setattr(peltbench.runner, "run_experiment", broken)
+    monkeypatch.setattr(peltbench.runner, "run_group", outcome("failed", RuntimeError("CUDA out of memory")))
     assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 1
     assert _in_process(monkeypatch, tmp_path, "-m", "method=lora", "task=rte,mrpc") == 1  # the sweep summary
-    monkeypatch.setattr(peltbench.runner, "run_experiment", bad_data)
+    monkeypatch.setattr(peltbench.runner, "run_group", outcome("error", UserError("data file not found: glue/RTE/dev.tsv")))
     assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 2
-    monkeypatch.setattr(peltbench.runner, "run_experiment", lambda cfg, results_dir: {"status": "ok"})
+    monkeypatch.setattr(peltbench.runner, "run_group", outcome("ok"))
     assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 0
 
 
