@@ -15,7 +15,9 @@ from . import UserError
 from .data import encode, few_shot_split, load_split
 from .methods import build_pelt_model, check_method, parameter_counts
 from .model import load_backbone, load_tokenizer
-from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
+from .claim import claim_run, describe, live_claim
+from .record import (SCHEMA, check_existing, config_hash, machine, model_identity, probe_writable, record_path, utc_now,
+                     variant_name, versions, write_record)
 from .tasks import TaskSpec
 from .train import Evaluator, TrainSettings, fit
 
@@ -26,15 +28,28 @@ def run_experiment(cfg: DictConfig, results_dir: Path) -> dict:
     """Run one config and write its record, or return the finished record of an identical earlier run.
 
     A UserError (bad config or input) writes no record. Any other failure writes a `failed` record,
-    which a later identical run retries, and is raised again.
+    which a later identical run retries, and is raised again. A run that another live process is training
+    (peltbench.claim) is not run: the result is {"status": "running"}.
     """
     check_config(cfg)
     path = record_path(cfg, results_dir)
+    finished = check_existing(path, cfg)
+    if finished is None:
+        probe_writable(path)  # an unwritable results_dir or a full disk is found now, not after training
+        claim = claim_run(path)
+        if claim is None:  # another process is training it; its record will appear
+            log.info("skip: %s is being run by another process (%s)", path.parent, describe(live_claim(path) or {}))
+            return {"status": "running"}
+        with claim:
+            finished = check_existing(path, cfg)  # written by the process that held the claim until just now?
+            if finished is None:
+                return _run_claimed(cfg, path)
+    log.info("skip: %s is already done (test %s %s)", path.parent, cfg.task.main_metric, finished["test"]["main"])
+    return finished
+
+
+def _run_claimed(cfg: DictConfig, path: Path) -> dict:
     digest = config_hash(cfg)
-    finished = check_existing(path, digest)
-    if finished is not None:
-        log.info("skip: %s is already done (test %s %s)", path.parent, cfg.task.main_metric, finished["test"]["main"])
-        return finished
     log.info("run: %s", path.parent)
     record = _identity(cfg, digest)
     try:
@@ -74,7 +89,7 @@ def check_config(cfg: DictConfig) -> None:
 def _identity(cfg: DictConfig, digest: str) -> dict:
     return {
         "schema": SCHEMA, "method": cfg.method.name, "variant": variant_name(cfg), "task": cfg.task.name,
-        "k": cfg.k, "seed": cfg.seed, "model_seed": cfg.model_seed, "model": cfg.model.name,
+        "k": cfg.k, "seed": cfg.seed, "model_seed": cfg.model_seed, "model": model_identity(cfg.model.name),
         "status": None, "error": None,
         "config": OmegaConf.to_container(cfg, resolve=True), "config_hash": digest,
         "versions": versions(), "started_at": utc_now(),
@@ -151,5 +166,6 @@ def _train_and_test(cfg: DictConfig) -> dict:
             "train_indices": None if cfg.k == "all" else train_rows.tolist(),
             "dev_indices": None if cfg.k == "all" else dev_rows.tolist(),
         },
-        "device": str(device), "precision": "bf16" if bf16 else "fp32", "data_source": train_split.source,
+        "device": str(device), "machine": machine(device), "precision": "bf16" if bf16 else "fp32",
+        "data_source": train_split.source,
     }
