@@ -8,7 +8,6 @@ special tokens, every word becomes [UNK], and the run ends `ok` with a meaningle
 from __future__ import annotations
 
 import copy
-import math
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -17,8 +16,8 @@ from . import UserError
 
 # A BERT tokenizer is saved as tokenizer.json (fast) or vocab.txt (WordPiece); either one is enough to load it.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
-# An embedding may be padded beyond the vocabulary to a multiple of 8 ... 128 rows (for fast matrix kernels).
-EMBEDDING_PADDING = (1, 8, 16, 32, 64, 128)
+# An embedding may have a few rows more than the vocabulary (padded to a multiple of 8 ... 128 for fast kernels).
+MAX_EMBEDDING_PADDING = 128
 
 
 def is_local(name: str) -> bool:
@@ -43,7 +42,7 @@ def _check_tokenizer_files(name: str) -> None:
 
 def _check_vocabulary(name: str, tokens: int, vocab_size: int) -> None:
     """The tokenizer's ids index the embedding: more tokens than rows fail mid-run, far fewer mean another vocabulary."""
-    if not any(math.ceil(tokens / multiple) * multiple == vocab_size for multiple in EMBEDDING_PADDING):
+    if not 0 <= vocab_size - tokens < min(MAX_EMBEDDING_PADDING, max(1, vocab_size // 8)):
         raise UserError(f"model.name={name}: its tokenizer has {tokens} tokens but the model's embedding has "
                         f"{vocab_size} rows (config.json vocab_size): the tokenizer does not belong to this model")
 
