@@ -49,11 +49,15 @@ class Claim:
         self.release()
 
     def release(self) -> None:
-        """Delete the claim file, if it is still ours."""
+        """Delete the claim file, if it is still ours. A failure is only logged: the run's own outcome matters more,
+        and a claim left behind goes stale."""
         _beats.discard(self)
-        with folder_lock(self.path.parent):
-            if _read(self.path)[0].get("token") == self.holder["token"]:
-                self.path.unlink(missing_ok=True)
+        try:
+            with folder_lock(self.path.parent):
+                if _read(self.path)[0].get("token") == self.holder["token"]:
+                    self.path.unlink(missing_ok=True)
+        except OSError as error:
+            log.warning("could not release the claim on %s: %s", self.path.parent, error.strerror)
 
     def beat(self) -> bool:
         """Refresh the heartbeat; False (and a warning) if the claim is no longer ours: it was taken over."""

@@ -180,8 +180,8 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
             run.written = path.stat().st_mtime
         except OSError:
             pass
-    elif live_claim(path) is not None:
-        run.state, run.error = "running", describe(live_claim(path) or {})
+    elif (holder := live_claim(path)) is not None:
+        run.state, run.error = "running", describe(holder)
     elif record is not None:
         run.state, run.error = "failed", record.get("error")
     return run
