@@ -151,6 +151,8 @@ def test_a_job_cancelled_mid_run_is_run_by_the_rerun(cluster, workdir):
     assert code == 1, output
     assert f"SLURM job {training[0]} (runs #" in output and "ended without results" in output
     assert "peltbench sweep: 2 runs: 1 done (0 of them skipped as already done), 0 failed, 1 missing" in output
+    [missing] = [line for line in output.splitlines() if line.startswith("  missing  ")]
+    assert f": SLURM job {training[0]} ended without results: it left the queue without results" in missing
     assert "Rerun the same command" in output
     check_records(workdir, 1)
 
