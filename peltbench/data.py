@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import functools
 import glob
+import io
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +74,8 @@ def _load_hub(task: TaskSpec, split: str) -> Split:
             f"Offline? Point data.dir at a local GLUE directory."
         ) from error
     texts = tuple(list(rows[column]) for column in task.hub_text)
-    return Split(texts, _label_array(rows["label"], task), f"hub:{HUB_DATASET}/{task.hub_config}/{name}")
+    labels = _label_array(rows["label"], task, lambda row: f"{HUB_DATASET}/{task.hub_config} ({name} split), row index {row}")
+    return Split(texts, labels, f"hub:{HUB_DATASET}/{task.hub_config}/{name}")
 
 
 def _load_parquet(folder: Path, task: TaskSpec, split: str) -> Split:
@@ -82,12 +85,28 @@ def _load_parquet(folder: Path, task: TaskSpec, split: str) -> Split:
     files = sorted(glob.glob(str(folder / f"{name}-*.parquet")))
     if not files:
         raise UserError(f"data file not found: {folder}/{name}-*.parquet")
-    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    frames = [_read_parquet(Path(file), task) for file in files]
+    rows = pd.concat(frames, ignore_index=True)
+    if rows.empty:
+        raise UserError(f"{folder}/{name}-*.parquet: no data rows")
+    texts = tuple(rows[c].astype(str).tolist() for c in task.hub_text)
+    labels = np.concatenate([_label_array(frame["label"].tolist(), task, lambda row, file=file: f"{file}, row index {row}")
+                             for frame, file in zip(frames, files)])
+    return Split(texts, labels, f"parquet:{folder}")
+
+
+def _read_parquet(file: Path, task: TaskSpec):
+    import pandas as pd
+
+    try:
+        frame = pd.read_parquet(file)
+    except Exception as error:  # pyarrow's errors for a truncated or foreign file
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{file}: not a readable parquet file ({first_line})") from None
     missing = [c for c in (*task.hub_text, "label") if c not in frame.columns]
     if missing:
-        raise UserError(f"{files[0]}: missing column(s) {missing}")
-    texts = tuple(frame[c].astype(str).tolist() for c in task.hub_text)
-    return Split(texts, _label_array(frame["label"].tolist(), task), f"parquet:{folder}")
+        raise UserError(f"{file}: missing column(s) {missing}")
+    return frame
 
 
 def read_tsv(path: Path, task: TaskSpec) -> Split:
@@ -95,13 +114,12 @@ def read_tsv(path: Path, task: TaskSpec) -> Split:
     if not path.is_file():
         raise UserError(f"data file not found: {path}")
     layout = task.tsv
-    with open(path, encoding="utf-8-sig", newline="") as handle:
-        rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    rows = list(csv.reader(io.StringIO(_utf8_text(path), newline=""), delimiter="\t", quoting=csv.QUOTE_NONE))
     start = 1 if layout.header else 0
     columns = _column_indices(path, rows[0] if rows else [], task)
     width = len(rows[0]) if rows else 0  # every row has as many fields as the first (header or data)
     texts: tuple[list[str], ...] = tuple([] for _ in layout.text)
-    labels = []
+    labels, lines = [], []
     for line, row in enumerate(rows[start:], start=start + 1):
         if not row:
             continue
@@ -110,7 +128,21 @@ def read_tsv(path: Path, task: TaskSpec) -> Split:
         for column, out in zip(columns[:-1], texts):
             out.append(row[column])
         labels.append(_parse_label(row[columns[-1]], task, path, line))
-    return Split(texts, _label_array(labels, task), f"tsv:{path.parent}")
+        lines.append(line)
+    if not labels:
+        raise UserError(f"{path}: no data rows" + (" (only a header)" if rows and layout.header else ""))
+    labels = _label_array(labels, task, lambda row: f"malformed row in {path}, line {lines[row]}")
+    return Split(texts, labels, f"tsv:{path.parent}")
+
+
+def _utf8_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise UserError(f"{path}: not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); "
+                        f"GLUE files are UTF-8") from None
 
 
 def _column_indices(path: Path, header: list[str], task: TaskSpec) -> list[int]:
@@ -133,11 +165,31 @@ def _parse_label(value: str, task: TaskSpec, path: Path, line: int) -> float | i
         raise UserError(f"malformed row in {path}, line {line}: label {value!r} is not valid for {task.name}") from None
 
 
-def _label_array(labels, task: TaskSpec) -> np.ndarray:
-    array = np.asarray(labels, dtype=np.float32 if task.is_regression else np.int64)
-    if not task.is_regression and len(array) and (array.min() < 0 or array.max() >= task.num_labels):
-        raise UserError(f"{task.name}: labels outside 0..{task.num_labels - 1} (unlabelled test rows?)")
-    return array
+# STS-B's similarity scores run from 0 to 5 (GLUE); a class label runs from 0 to num_labels - 1.
+REGRESSION_RANGE = {"stsb": (0.0, 5.0)}
+
+
+def _label_array(labels, task: TaskSpec, where) -> np.ndarray:
+    """The labels as an array, every one checked at once (QQP has 364k): NaN, infinite or out of range is a
+    UserError naming the row, `where(row)` (a file and line, or a file or split and row index)."""
+    labels = list(labels)
+    try:
+        values = np.asarray(labels, dtype=np.float64)  # None becomes NaN, refused below
+    except (TypeError, ValueError):
+        values = np.array([v if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan for v in labels])
+    if task.is_regression:
+        low, high = REGRESSION_RANGE.get(task.name, (-math.inf, math.inf))
+        bad = (values < low) | (values > high)
+    else:
+        low, high = 0, task.num_labels - 1
+        bad = (values < low) | (values > high) | (np.mod(values, 1) != 0)
+    bad |= ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argmax(bad))
+        problem = "not a finite number" if not np.isfinite(values[row]) else f"valid: {low:g} to {high:g}"
+        hint = ", an unlabelled test split?" if values[row] == -1 else ""
+        raise UserError(f"{where(row)}: label {labels[row]!r} is not valid for {task.name} ({problem}{hint})")
+    return values.astype(np.float32 if task.is_regression else np.int64)
 
 
 # ---------------------------------------------------------------- the few-shot split

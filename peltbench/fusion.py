@@ -10,10 +10,11 @@ This module imports nothing heavy: launchers call it before any model loads.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from omegaconf import DictConfig
+
+from .record import model_identity
 
 
 def group_key(cfg: DictConfig) -> tuple | None:
@@ -23,12 +24,6 @@ def group_key(cfg: DictConfig) -> tuple | None:
     padded = bool(cfg.method.get("gated", False)) and cfg.method.get("gate_pooling", "masked") == "padded"
     return (model_identity(str(cfg.model.name)), cfg.task.name, str(cfg.k), cfg.train.max_length,
             cfg.train.batch_size, str(cfg.data.dir), str(cfg.device), str(cfg.precision), padded)
-
-
-def model_identity(name: str) -> str:
-    """A local checkpoint by its real path (DIR, DIR/, ./DIR and a link to it are one model); a Hub id as it is."""
-    path = os.path.expanduser(name)
-    return os.path.realpath(path) if os.path.isdir(path) else name
 
 
 def plan_groups(cfgs: Sequence[DictConfig]) -> list[list[int]]:

@@ -5,16 +5,24 @@
 
 takes a sweep's arguments, expands its grid as Hydra's BasicSweeper does (the `hydra.sweeper.params` of an
 `+experiment` file, then the command line's key=a,b,c), composes each run's config, and looks at its record:
-done (status ok), failed, missing (no readable record), or another config's record (a rerun stops on it).
-It prints the counts, the runs not done, and the `peltbench -m ...` command(s) that run only the failed and
-missing ones; other arguments (hydra/launcher=slurm, results_dir=...) go through to those commands.
-Exit status: 0 when every run is done, 1 otherwise, 2 for a bad argument.
+done (status ok), failed, missing (no readable record), running (claimed by another live process, which is
+training it: peltbench.claim), unreadable (a record we may not read, e.g. another user's), or another config's
+record (a rerun stops on it). It prints the counts, the runs not done with their reasons, and the
+`peltbench -m ...` command(s) that run only the failed and missing ones; other arguments (hydra/launcher=slurm,
+results_dir=...) go through to those commands. Exit status: 0 when every run is done, 1 otherwise, 2 for a bad
+argument.
+
+The sweep's own summary also knows why a run of this sweep left no record (a config error, a record that could
+not be written, a SLURM job that ended without results): each job that ends so writes `outcome.json` into its
+log folder, and the summary reads it.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import json
+import logging
 import shlex
 import signal
 import sys
@@ -24,11 +32,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from . import UserError
+from .claim import describe, live_claim
 from .config import check_config
-from .record import config_hash, read_record, record_path
+from .record import config_differences, read_record, record_path
+
+log = logging.getLogger("peltbench")
 
 USAGE = """\
 usage: peltbench-missing [-m] SWEEP_ARGUMENTS...   e.g. peltbench-missing method=adapter,lora task=rte k=100 seed=111,222
@@ -38,7 +51,8 @@ the `peltbench -m ...` command(s) that run only the failed and missing ones. Giv
 extra ones (hydra/launcher=slurm, hydra.launcher.partition=gpu, results_dir=DIR) go through to the commands.
 Exit status: 0 when every run is done, 1 otherwise.
 """
-STATES = ("done", "failed", "missing", "foreign")
+STATES = ("done", "failed", "missing", "running", "unreadable", "foreign")
+OUTCOME_NAME = "outcome.json"  # in a job's log folder: why the run left no record
 
 
 @dataclass
@@ -50,7 +64,7 @@ class Run:
     label: str                      # its record folder under results_dir, e.g. lora/rte/k100/seed111
     path: Path
     state: str                      # one of STATES
-    error: str | None = None        # a failed record's error line
+    error: str | None = None        # why it is not done: a failed record's error line, the claim's holder, ...
     written: float = 0.0            # the record file's modification time (time.time() scale)
     log_dir: Path | None = None     # the run's Hydra job folder in this sweep
 
@@ -161,18 +175,23 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     except Exception:  # a custom hydra.sweep.subdir naming other hydra keys
         log_dir = Path(cfg.hydra.sweep.dir)
     run = Run(num, values, label, path, "missing", log_dir=log_dir)
-    record = read_record(path)
-    if record is None:
+    try:
+        record = read_record(path)
+    except UserError as error:  # e.g. a colleague's record we may not read
+        run.state, run.error = "unreadable", str(error)
         return run
-    if record.get("config_hash") != config_hash(cfg):
-        run.state = "foreign"
-    elif record.get("status") == "ok":
+    differences = [] if record is None else config_differences(record, cfg)
+    if differences:
+        run.state, run.error = "foreign", "; ".join(differences)
+    elif record is not None and record.get("status") == "ok":
         run.state = "done"
         try:
             run.written = path.stat().st_mtime
         except OSError:
             pass
-    else:
+    elif (holder := live_claim(path)) is not None:
+        run.state, run.error = "running", describe(holder)
+    elif record is not None:
         run.state, run.error = "failed", record.get("error")
     return run
 
@@ -218,23 +237,25 @@ def commands(sweep: Sweep, runs: list[Run]) -> list[str]:
 
 
 def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skipped: int | None = None) -> list[str]:
-    """The counts and the runs not done (the first `limit` of them), one line each.
+    """The counts and the runs not done (the first `limit` of them), one line each with its reason.
 
     logs: say where a missing run's log is; skipped: how many of the done runs this sweep skipped.
     """
     done = f"{sweep.count('done')} done" + ("" if skipped is None else f" ({skipped} of them skipped as already done)")
-    lines = [f"{len(sweep.runs)} runs: {done}, {sweep.count('failed')} failed, "
-             f"{sweep.count('missing')} missing" + (f", {sweep.count('foreign')} held by another config's record"
-                                                     if sweep.count("foreign") else "")]
+    others = {"running": "running elsewhere", "unreadable": "unreadable", "foreign": "held by another config's record"}
+    lines = [f"{len(sweep.runs)} runs: {done}, {sweep.count('failed')} failed, {sweep.count('missing')} missing"
+             + "".join(f", {sweep.count(state)} {words}" for state, words in others.items() if sweep.count(state))]
     not_done = sweep.not_done()
     for run in not_done[:limit]:
-        if run.state == "failed":
-            lines.append(f"  failed   {run.label}: {run.error}")
-        elif run.state == "missing":
-            where = f" (no record: a config error or a killed job; its log: {run.log_dir})" if logs else ""
-            lines.append(f"  missing  {run.label}{where}")
+        if run.state == "missing":
+            reason = f": {run.error}" if run.error else ""
+            where = f" (no record{'' if run.error else ': a config error or a killed job'}; its log: {run.log_dir})"
+            lines.append(f"  missing  {run.label}{reason}{where if logs else ''}")
+        elif run.state == "foreign":
+            lines.append(f"  other    {run.path} holds another config's record ({run.error}): move it away or set "
+                         f"results_dir")
         else:
-            lines.append(f"  other    {run.path} holds another config's record: move it away or set results_dir")
+            lines.append(f"  {run.state:<8} {run.label}: {run.error}")
     if limit is not None and len(not_done) > limit:
         lines.append(f"  ... and {len(not_done) - limit} more")
     return lines
@@ -274,30 +295,89 @@ def _load(arguments: list[str]) -> Sweep:
         return check_sweep(loader, sweep_config, arguments)
 
 
+def write_outcome(log_dir: Path, status: str, reason: str) -> None:
+    """Say in a run's log folder why it ended without its record (read by the sweep's summary); best effort."""
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / OUTCOME_NAME).write_text(json.dumps({"status": status, "reason": reason}) + "\n")
+    except OSError as error:
+        log.warning("could not write %s: %s", log_dir / OUTCOME_NAME, error.strerror)
+
+
+def with_outcomes(sweep: Sweep) -> Sweep:
+    """A missing run whose job said why (outcome.json) gets that reason; one whose job failed is `failed`."""
+    for run in sweep.runs:
+        if run.state != "missing" or run.log_dir is None:
+            continue
+        try:
+            outcome = json.loads((run.log_dir / OUTCOME_NAME).read_text())
+        except (OSError, ValueError):
+            continue
+        run.error = str(outcome.get("reason"))
+        if outcome.get("status") == "failed":  # it ran, and its record could not be written
+            run.state = "failed"
+    return sweep
+
+
+class _LastError(logging.Handler):
+    """Keeps the first line of the last error peltbench logs during a job: the reason a run left no record."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.message = (record.getMessage().strip().splitlines() or [None])[0]
+
+
 class SweepSummary(Callback):
     """The end of `peltbench -m ...`: one screen of counts and of the runs not done, and exit status 1 if any.
 
-    Read from the records, so it is the same whichever launcher ran the sweep. Configured in conf/config.yaml
-    under hydra.callbacks.
+    Read from the records and claims, so it is the same whichever launcher ran the sweep; a job that ends without
+    its record says why in its log folder (on_job_end runs in the job's process, on SLURM too). Configured in
+    conf/config.yaml under hydra.callbacks.
     """
 
     def __init__(self, limit: int = 20) -> None:
         self.limit = limit
         self.started = 0.0
+        self.errors: _LastError | None = None  # during a job only: a handler cannot be pickled (SLURM pickles this)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.started = time.time()
 
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.errors = _LastError()
+        logging.getLogger("peltbench").addHandler(self.errors)
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        logged = self.errors.message if self.errors is not None else None
+        logging.getLogger("peltbench").removeHandler(self.errors)
+        self.errors = None
+        if job_return.status == JobStatus.COMPLETED:
+            status, reason = str(job_return.return_value), logged
+        else:  # the task raised: its exception is the reason
+            error = job_return._return_value
+            status, reason = "failed", logged or (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if status not in ("ok", "running") and HydraConfig.get().mode == RunMode.MULTIRUN:
+            write_outcome(Path(HydraConfig.get().runtime.output_dir), status, reason or "no error was logged")
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.global_hydra import GlobalHydra
 
-        sweep = check_sweep(GlobalHydra.instance().config_loader(), config)
+        sweep = with_outcomes(check_sweep(GlobalHydra.instance().config_loader(), config))
         skipped = sum(run.state == "done" and run.written < self.started for run in sweep.runs)  # written before it began
         lines = report(sweep, self.limit, logs=True, skipped=skipped)
         lines[0] = f"peltbench sweep: {lines[0]}"
-        if sweep.not_done():
-            again = shlex.join(["peltbench", *sys.argv[1:]])
+        again = shlex.join(["peltbench", *sys.argv[1:]])
+        if sweep.count("failed") or sweep.count("missing"):
             lines.append(f"Rerun the same command to run the failed and missing ones (done runs are skipped): {again}")
+        if sweep.count("running"):
+            lines.append("Runs running elsewhere are another process's: peltbench-missing with this sweep's arguments "
+                         "says when they are done.")
         print("\n".join(lines), flush=True)
         if sweep.not_done():
             sys.exit(1)

@@ -1,4 +1,9 @@
-"""Loading the pretrained BERT and its tokenizer, from the Hub or from a local directory."""
+"""Loading the pretrained BERT and its tokenizer, from the Hub or from a local directory.
+
+A local directory is checked before anything loads: it must exist, hold a config.json and tokenizer files, and its
+tokenizer must fit the model's embedding. Without those checks transformers builds a stand-in tokenizer of a few
+special tokens, every word becomes [UNK], and the run ends `ok` with a meaningless score.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,12 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
 from . import UserError
+
+# A BERT tokenizer is saved as tokenizer.json (fast) or vocab.txt (WordPiece); either one is enough to load it.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# An embedding may have a few rows more than the vocabulary (padded to a multiple of 8 ... 128 for fast kernels).
+MAX_EMBEDDING_PADDING = 128
 
 
 def is_local(name: str) -> bool:
@@ -25,20 +33,35 @@ def _check_local(name: str) -> None:
         raise UserError(f"model.name={name} is not a BERT checkpoint: no config.json in {path}")
 
 
+def _check_tokenizer_files(name: str) -> None:
+    path = Path(name).expanduser()
+    if not any((path / file).is_file() for file in TOKENIZER_FILES):
+        raise UserError(f"model.name={name}: no tokenizer in {path} (neither {' nor '.join(TOKENIZER_FILES)}); "
+                        f"save the checkpoint's tokenizer there (tokenizer.save_pretrained)")
+
+
+def _check_vocabulary(name: str, tokens: int, vocab_size: int) -> None:
+    """The tokenizer's ids index the embedding: more tokens than rows fail mid-run, far fewer mean another vocabulary."""
+    if not 0 <= vocab_size - tokens < min(MAX_EMBEDDING_PADDING, max(1, vocab_size // 8)):
+        raise UserError(f"model.name={name}: its tokenizer has {tokens} tokens but the model's embedding has "
+                        f"{vocab_size} rows (config.json vocab_size): the tokenizer does not belong to this model")
+
+
 def _load_error(name: str, error: Exception) -> UserError:
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     hint = "" if is_local(name) else " Offline? Point model.name at a local BERT checkpoint directory."
     return UserError(f"could not load model {name!r}: {first_line}.{hint}")
 
 
-def load_config(name: str, num_labels: int):
+def load_config(name: str, num_labels: int | None = None):
     """The model's config, checked to be BERT (the methods wrap `BertForSequenceClassification`'s modules)."""
     from transformers import AutoConfig
 
     if is_local(name):
         _check_local(name)
+    labels = {} if num_labels is None else {"num_labels": num_labels}
     try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(name), num_labels=num_labels)
+        config = AutoConfig.from_pretrained(os.path.expanduser(name), **labels)
     except Exception as error:
         raise _load_error(name, error) from error
     if config.model_type != "bert":
@@ -58,6 +81,7 @@ def load_backbone(name: str, num_labels: int, model_seed: int):
 
 @lru_cache(maxsize=3)
 def _pretrained(name: str, num_labels: int, model_seed: int):
+    import torch
     from transformers import BertForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -75,12 +99,18 @@ def _pretrained(name: str, num_labels: int, model_seed: int):
 
 @lru_cache(maxsize=2)
 def load_tokenizer(name: str):
+    """The model's tokenizer, refused where it cannot be the model's own (see the module's docstring)."""
     from transformers import AutoTokenizer
 
+    vocab_size = load_config(name).vocab_size  # a local directory without config.json is named as such first
+    if is_local(name):
+        _check_tokenizer_files(name)
     try:
-        return AutoTokenizer.from_pretrained(os.path.expanduser(name))
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(name))
     except Exception as error:
         raise _load_error(name, error) from error
+    _check_vocabulary(name, len(tokenizer), vocab_size)
+    return tokenizer
 
 
 def initial_head(name: str, num_labels: int, model_seed: int):

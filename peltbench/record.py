@@ -1,17 +1,21 @@
-"""Result records: where a run's `result.json` lives, what identifies its config, atomic writing.
+"""Result records: where a run's `result.json` lives, what identifies its config, and writing it safely.
 
 The format is documented field by field in docs/record.md.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
+import math
 import os
 import platform
 import re
+import socket
 import subprocess
-import tempfile
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +23,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError, __version__
+from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
+from .model import is_local
 from .packaged import packaged_config
+
+log = logging.getLogger("peltbench")
 
 SCHEMA = 1
 # Top-level settings that change results (besides method and task). Where the results go, where the data
@@ -27,6 +35,22 @@ SCHEMA = 1
 SEMANTIC_KEYS = ("k", "seed", "model_seed", "dev_size", "model.name", "train.epochs", "train.patience",
                  "train.batch_size", "train.max_length", "train.grad_clip")
 FOLDER_KEYS = SEMANTIC_KEYS[2:]  # k and seed have folders of their own; the rest join the variant name
+PROBE_BYTES = 64 * 1024          # about the size of a large record (k = 1000: 2,000 split indices, 50 epochs)
+MIN_FREE_BYTES = 1024 * 1024     # less free space than this on the results disk fails the probe
+
+
+class RecordWriteError(Exception):
+    """The record could not be written (full disk, permissions changed during the run): the run's result is lost."""
+
+
+# ---------------------------------------------------------------- identity and place
+
+def model_identity(name: str) -> str:
+    """One spelling per model: a local directory as its real absolute path (DIR, DIR/, a relative path to it and a
+    symlink to it are one model), a Hub id as given. A record written with the absolute real path keeps its hash."""
+    if is_local(name):
+        return os.path.realpath(os.path.expanduser(name))
+    return name
 
 
 # Method settings added after records existed, with the value that reproduces the behaviour from before they
@@ -43,12 +67,33 @@ def semantic_config(cfg: DictConfig) -> dict:
     identity = {"method": method, "task": cfg.task.name}
     for key in SEMANTIC_KEYS:
         identity[key] = OmegaConf.select(cfg, key)
+    identity["model.name"] = model_identity(str(identity["model.name"]))
     return identity
 
 
 def config_hash(cfg: DictConfig) -> str:
     canonical = json.dumps(semantic_config(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def config_differences(record: dict, cfg: DictConfig) -> list[str]:
+    """How the run that wrote `record` differs from `cfg` in what changes results, one `key (record X, this run Y)`
+    per setting; [] when it is the same run. The settings are compared, not only the hashes, so that a record whose
+    hash came from another spelling of the same settings (model.name=DIR/ before paths were normalised) is this run."""
+    if record.get("config_hash") == config_hash(cfg):
+        return []
+    try:
+        stored = _flat(semantic_config(OmegaConf.create(record["config"])))
+    except Exception:  # no config, or one this version cannot read: only the hashes can be compared
+        return [f"config_hash (record {record.get('config_hash')}, this run {config_hash(cfg)})"]
+    mine = _flat(semantic_config(cfg))
+    return [f"{key} (record {stored.get(key)!r}, this run {mine.get(key)!r})"
+            for key in sorted(stored.keys() | mine.keys()) if stored.get(key) != mine.get(key)]
+
+
+def _flat(identity: dict) -> dict:
+    method = identity.pop("method")
+    return {**{f"method.{key}": value for key, value in method.items()}, **identity}
 
 
 def non_default_settings(cfg: DictConfig) -> list[tuple[str, object]]:
@@ -62,6 +107,8 @@ def non_default_settings(cfg: DictConfig) -> list[tuple[str, object]]:
     defaults = packaged_config("config.yaml")
     for key in FOLDER_KEYS:
         value = OmegaConf.select(cfg, key)
+        if key == "model.name":
+            value = model_identity(str(value))
         if defaults is None or OmegaConf.select(defaults, key) != value:
             changes.append((key, value))
     return changes
@@ -86,42 +133,191 @@ def record_path(cfg: DictConfig, results_dir: Path) -> Path:
     return results_dir / variant_name(cfg) / cfg.task.name / f"k{cfg.k}" / f"seed{cfg.seed}" / "result.json"
 
 
+# ---------------------------------------------------------------- reading
+
 def read_record(path: Path) -> dict | None:
-    """The record at `path`, or None if there is none (or only an unreadable one, which a rerun replaces)."""
+    """The record at `path`; None if there is none, or only a corrupt one (a rerun replaces it).
+
+    A record that exists but cannot be read (another user's, without read permission) is a UserError: whether it
+    is done cannot be known, and it is not ours to replace.
+    """
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        text = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):  # a results_dir that is a file: probe_writable says so
         return None
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror} (another user's record? its owner can "
+                        f"`chmod a+r` it)") from None
+    try:
+        record = json.loads(text)
+    except ValueError:  # not JSON, or not UTF-8: e.g. a file cut off by a full disk under an older version
+        return None
+    return record if isinstance(record, dict) else None
 
 
-def check_existing(path: Path, digest: str) -> dict | None:
-    """The finished record for this config, if any. A record of a different config is never replaced."""
+def check_existing(path: Path, cfg: DictConfig) -> dict | None:
+    """The finished record of this config, if any. A record of a different config is never replaced."""
     existing = read_record(path)
     if existing is None:
         return None
-    if existing.get("config_hash") != digest:
-        raise UserError(
-            f"{path} holds a record of a different config (hash {existing.get('config_hash')}, this run {digest}); "
-            f"move it away or choose another results_dir"
-        )
+    differences = config_differences(existing, cfg)
+    if differences:
+        raise UserError(f"{path} holds a record of a different config ({'; '.join(differences)}); "
+                        f"move it away or choose another results_dir")
     return existing if existing.get("status") == "ok" else None
 
 
-def write_record(path: Path, record: dict) -> None:
-    """Write atomically: a reader sees the old record or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(record, indent=2, allow_nan=False) + "\n"
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".result.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+# ---------------------------------------------------------------- writing
 
+def probe_writable(path: Path) -> None:
+    """Make the record's folder and write a probe file where the record will go, so that an unwritable results
+    directory, one that is not a directory, or a full disk costs seconds before a run, not the run (a UserError)."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in [folder, *folder.parents] if p.exists() and not p.is_dir()), folder)
+        raise UserError(f"cannot write the record {path}: {blocker} is not a directory") from None
+    except OSError as error:
+        raise UserError(f"cannot create the record's folder {folder}: {error.strerror}") from None
+    probe = temporary_name(folder, ".probe.")
+    try:
+        handle = create(probe)
+        try:
+            os.write(handle, bytes(PROBE_BYTES))
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+        disk = os.statvfs(folder)
+        if disk.f_bavail * disk.f_frsize < MIN_FREE_BYTES:
+            raise OSError(errno.ENOSPC, "less than 1 MB free")
+    except OSError as error:
+        raise UserError(f"cannot write the record in {folder}: {error.strerror}") from None
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def write_record(path: Path, record: dict) -> bool:
+    """Write `record` at `path`, whole; False if the record there is kept instead.
+
+    Decided at the rename, under the run folder's lock: a finished (`ok`) record is never replaced by one that is
+    not, nor is another config's record. Numbers that are not finite become null, listed in `non_finite` (JSON has
+    no NaN). A write that fails is logged and raised as RecordWriteError, so the sweep's summary can say why.
+    """
+    try:
+        text = format_record(record)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with folder_lock(path.parent) as locked:
+            if locked:
+                remove_leftovers(path.parent)
+            kept = _kept(read_record(path), record)
+            if kept:
+                log.warning("kept %s: it is %s; this run's %s record is not written", path, kept,
+                            record.get("status"))
+                return False
+            write_file(path, text, ".result.")
+    except (OSError, UserError, TypeError) as error:  # TypeError: a value JSON cannot hold
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        failed = f" (the run itself failed: {record.get('error')})" if record.get("status") == "failed" else ""
+        message = f"could not write the record {path}: {reason}{failed}"
+        log.error("%s", message)
+        raise RecordWriteError(message) from error
+    return True
+
+
+def _kept(existing: dict | None, record: dict) -> str | None:
+    """Why `existing` must stay instead of `record`, or None."""
+    if existing is None:
+        return None
+    if existing.get("config_hash") != record.get("config_hash") and isinstance(record.get("config"), dict):
+        if config_differences(existing, OmegaConf.create(record["config"])):
+            return "another config's record"
+    if existing.get("status") == "ok" and record.get("status") != "ok":
+        return "a finished record (written meanwhile by another process)"
+    return None
+
+
+# ---------------------------------------------------------------- the format: readable, no NaN
+
+# Scores first, then what the run was, its size and cost, then the long parts. Other fields go before the long ones.
+HEAD = ("status", "error", "test", "dev_best", "best_epoch", "epochs_run", "method", "variant", "task", "k", "seed",
+        "model_seed", "model", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
+        "train_seconds", "train_steps", "eval_seconds", "test_seconds", "test_examples", "machine", "device",
+        "precision", "fused")
+TAIL = ("history", "gates", "split", "data_source", "config", "config_hash", "schema", "versions", "started_at",
+        "finished_at", "traceback")
+LINE_WIDTH = 110  # a dict of plain values this short stays on one line
+
+
+def format_record(record: dict) -> str:
+    """The JSON text of a record: fields in HEAD/TAIL order, scores ×100 rounded to 4 decimals and timings to 3,
+    lists of numbers on one line, and every NaN or infinity made null (its place and value in `non_finite`)."""
+    non_finite: dict[str, str] = {}
+    clean = _finite(_rounded(record), "", non_finite)
+    if non_finite:
+        clean["non_finite"] = {**clean.get("non_finite", {}), **non_finite}
+    order = [key for key in HEAD if key in clean] + [key for key in clean if key not in HEAD + TAIL]
+    order += [key for key in TAIL if key in clean]
+    return _dumps({key: clean[key] for key in order}, 0) + "\n"
+
+
+def _rounded(record: dict) -> dict:
+    """Scores (×100) to 4 decimals, seconds to 3, gates and losses to 6 significant digits: no float noise."""
+    def scores(values):
+        return {k: _round(v, 4) for k, v in values.items()} if isinstance(values, dict) else values
+
+    out = dict(record)
+    for key in ("test", "dev_best"):
+        if key in out:
+            out[key] = scores(out[key])
+    for key in [key for key in out if key.endswith("_seconds")]:
+        out[key] = _round(out[key], 3)
+    if isinstance(out.get("history"), list):
+        per_field = {"dev_main": lambda v: _round(v, 4), "train_loss": _significant}
+        out["history"] = [{k: per_field.get(k, lambda v: v)(v) for k, v in entry.items()} if isinstance(entry, dict)
+                          else entry for entry in out["history"]]
+    if isinstance(out.get("gates"), dict):
+        out["gates"] = {k: [_significant(g) for g in v] if isinstance(v, list) else v for k, v in out["gates"].items()}
+    return out
+
+
+def _round(value, decimals: int):
+    return round(value, decimals) if isinstance(value, float) and math.isfinite(value) else value
+
+
+def _significant(value):
+    return float(f"{value:.6g}") if isinstance(value, float) and math.isfinite(value) else value
+
+
+def _finite(value, where: str, non_finite: dict[str, str]):
+    """`value` as plain JSON types (numpy and torch numbers converted), with NaN and ±inf replaced by None."""
+    if isinstance(value, Mapping):  # dicts, and OmegaConf's DictConfig
+        return {str(k): _finite(v, f"{where}.{k}" if where else str(k), non_finite) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):  # lists, tuples, ListConfig
+        return [_finite(v, f"{where}[{i}]", non_finite) for i, v in enumerate(value)]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy / torch scalars and arrays
+        return _finite(value.tolist(), where, non_finite)
+    if isinstance(value, float) and not math.isfinite(value):
+        non_finite[where] = str(value)
+        return None
+    return value
+
+
+def _dumps(value, indent: int) -> str:
+    line = json.dumps(value, allow_nan=False, separators=(", ", ": "))
+    if not isinstance(value, (dict, list)) or not value:
+        return line
+    plain = all(not isinstance(v, (dict, list)) for v in (value.values() if isinstance(value, dict) else value))
+    if plain and (isinstance(value, list) or indent + len(line) <= LINE_WIDTH):
+        return line  # e.g. split indices, gates per layer, one epoch of history, a metric dict
+    pad = " " * (indent + 2)
+    if isinstance(value, dict):
+        items = [f"{pad}{json.dumps(k)}: {_dumps(v, indent + 2)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    return "[\n" + ",\n".join(pad + _dumps(v, indent + 2) for v in value) + "\n" + " " * indent + "]"
+
+
+# ---------------------------------------------------------------- where and with what it ran
 
 def versions() -> dict:
     import torch
@@ -134,6 +330,28 @@ def versions() -> dict:
         "peltbench": __version__,
         "git_commit": _git_commit(),
     }
+
+
+def machine(device) -> dict:
+    """The machine a run's timings come from: hostname, CPU model, GPU name (null when it ran on the CPU)."""
+    gpu = None
+    if str(device).startswith("cuda"):
+        import torch
+
+        gpu = torch.cuda.get_device_name(torch.device(device))
+    return {"hostname": socket.gethostname(), "cpu": _cpu_model(), "gpu": gpu}
+
+
+@lru_cache(maxsize=1)
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return platform.processor() or platform.machine() or None
 
 
 @lru_cache(maxsize=1)

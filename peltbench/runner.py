@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import traceback
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from .methods import build_pelt_model, count_method, load_member_state
 from .loggers import RunLogger, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import PREDICTIONS, WEIGHTS, member_weights, read_weights, save_predictions, save_weights
-from .record import SCHEMA, check_existing, config_hash, record_path, utc_now, variant_name, versions, write_record
+from .claim import claim_run, describe, live_claim
+from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, machine, model_identity, probe_writable,
+                     record_path, utc_now, variant_name, versions, write_record)
 from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
 
@@ -44,8 +47,9 @@ class Outcome:
 
 
 def sweep_status(outcome: Outcome) -> str:
-    """What a sweep's job returns for a run (its summary reads the records): a bad input is logged in one line."""
-    if outcome.status == "error":
+    """What a sweep's job returns for a run (its summary reads the records); a bad input or a failure is logged in
+    one line, in the run's own job log (the summary reads it from there when there is no record)."""
+    if outcome.status in ("error", "failed") and outcome.error is not None:
         log.error("%s", outcome.error)
     return outcome.status
 
@@ -54,7 +58,8 @@ def run_experiment(cfg: DictConfig, results_dir: Path | None = None) -> dict:
     """Run one config and write its record, or return the finished record of an identical earlier run.
 
     A UserError (bad config or input) writes no record. Any other failure writes a `failed` record,
-    which a later identical run retries, and is raised again.
+    which a later identical run retries, and is raised again. A run that another live process is training
+    (peltbench.claim) is not run: the result is {"status": "running"}.
     """
     [outcome] = run_group([cfg], results_dir)
     if outcome.error is not None:
@@ -67,27 +72,27 @@ def run_group(cfgs: list[DictConfig], results_dir: Path | None = None) -> list[O
 
     Records go under `results_dir`, or each config's own `results_dir` (relative to the working directory).
 
-    Runs already done are skipped; a run with a bad config or input is left out (status `error`); a crash
-    while training writes `failed` records for the runs that had not finished yet.
+    Runs already done are skipped; a run another live process is training (its claim, peltbench.claim) is left
+    to it (status `running`); a run with a bad config or input is left out (status `error`); a crash while
+    training writes `failed` records for the runs that had not finished yet. Each run is claimed while it trains.
     """
     outcomes: list[Outcome | None] = [None] * len(cfgs)
     runs: list[_Run] = []
-    for index, cfg in enumerate(cfgs):
-        try:
-            run = _Run.prepare(cfg, results_dir or Path(str(cfg.results_dir)).expanduser().absolute())
-        except UserError as error:
-            outcomes[index] = Outcome("error", error=error)
-            continue
-        if run.finished is not None:
-            log.info("skip: %s is already done (test %s %s)", run.path.parent, cfg.task.main_metric,
-                     run.finished["test"]["main"])
-            outcomes[index] = Outcome("ok", run.finished, skipped=True)
-        else:
-            run.index = index
-            runs.append(run)
-    if runs:
-        for run, outcome in zip(runs, _train(runs)):
-            outcomes[run.index] = outcome
+    with ExitStack() as claims:
+        for index, cfg in enumerate(cfgs):
+            try:
+                run = _Run.prepare(cfg, results_dir or Path(str(cfg.results_dir)).expanduser().absolute())
+                outcome = run.claim(claims)
+            except UserError as error:
+                outcome = Outcome("error", error=error)
+            if outcome is not None:
+                outcomes[index] = outcome
+            else:
+                run.index = index
+                runs.append(run)
+        if runs:
+            for run, outcome in zip(runs, _train(runs)):
+                outcomes[run.index] = outcome
     return outcomes  # type: ignore[return-value]
 
 
@@ -109,13 +114,30 @@ class _Run:
         check_config(cfg)
         path = record_path(cfg, results_dir)
         digest = config_hash(cfg)
-        finished = check_existing(path, digest)
+        finished = check_existing(path, cfg)
         missing = [name for name, wanted in ((WEIGHTS, cfg.save.weights), (PREDICTIONS, cfg.save.predictions))
                    if wanted and not (path.parent / name).is_file()]
         if finished is not None and missing:
             log.info("rerun: %s is done but has no %s, which this run asks for", path.parent, " or ".join(missing))
             finished = None
         return cls(cfg, path, digest, finished, record=_identity(cfg, digest))
+
+    def claim(self, claims: ExitStack) -> Outcome | None:
+        """Claim the run for this process (held until `claims` closes), or the Outcome that says why not."""
+        if self.finished is None:
+            probe_writable(self.path)  # an unwritable results_dir or a full disk is found now, not after training
+            claim = claim_run(self.path)
+            if claim is None:  # another process is training it; its record will appear
+                holder = describe(live_claim(self.path) or {})
+                log.info("skip: %s is being run by another process (%s)", self.path.parent, holder)
+                return Outcome("running", error=RuntimeError(f"being run by another process ({holder})"))
+            claims.enter_context(claim)
+            self.finished = check_existing(self.path, self.cfg)  # written by whoever held the claim until now?
+        if self.finished is None:
+            return None
+        log.info("skip: %s is already done (test %s %s)", self.path.parent, self.cfg.task.main_metric,
+                 self.finished["test"]["main"])
+        return Outcome("ok", self.finished, skipped=True)
 
     @property
     def label(self) -> str:
@@ -237,7 +259,8 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     model = group_model([run.cfg for run in runs], task, device)
     for run in runs:
         run.record.update(count_method(run.cfg.method, model.config))
-        run.record.update(device=str(device), precision="bf16" if bf16 else "fp32", fused=fused)
+        run.record.update(device=str(device), machine=machine(device), precision="bf16" if bf16 else "fp32",
+                          fused=fused)
     if fused:
         log.info("fused group %s: %d runs on one %s backbone, %s, %s", fused["group"], len(runs), first.model.name,
                  device, "bf16" if bf16 else "fp32")
@@ -296,8 +319,7 @@ def _record(run: _Run, result: MemberResult) -> Outcome:
     )
     try:
         write_record(run.path, {**record, "finished_at": utc_now()})
-    except OSError as error:  # the others go on; the sweep summary reports this run
-        log.error("failed: %s: could not write its record %s: %s", run.label, run.path, error)
+    except RecordWriteError as error:  # logged; the others go on, and the sweep summary reports this run
         return Outcome("failed", record, error)
     scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
     log.info("done: %s: test %s (best dev epoch %d of %d), record %s", run.label, scores, result.best_epoch,
@@ -313,9 +335,7 @@ def _failed(run: _Run, error: BaseException, trace: str | None, result: MemberRe
         record.update(history=result.history, epochs_run=result.epochs_run, train_steps=result.train_steps)
     try:
         write_record(run.path, {**record, "finished_at": utc_now()})
-    except OSError as write_error:
-        log.error("failed: %s: %s; and its record could not be written to %s: %s", run.label, record["error"],
-                  run.path, write_error)
+    except RecordWriteError:  # logged, with the run's own error
         return Outcome("failed", record, error)
     log.error("failed: %s: %s (record written to %s)", run.label, record["error"], run.path)
     return Outcome("failed", record, error)
@@ -332,7 +352,7 @@ def _fused(runs: list[_Run]) -> dict | None:
 def _identity(cfg: DictConfig, digest: str) -> dict:
     return {
         "schema": SCHEMA, "method": cfg.method.name, "variant": variant_name(cfg), "task": cfg.task.name,
-        "k": cfg.k, "seed": cfg.seed, "model_seed": cfg.model_seed, "model": cfg.model.name,
+        "k": cfg.k, "seed": cfg.seed, "model_seed": cfg.model_seed, "model": model_identity(cfg.model.name),
         "status": None, "error": None,
         "config": OmegaConf.to_container(cfg, resolve=True), "config_hash": digest,
         "versions": versions(), "started_at": utc_now(),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node SLURM cluster on this machine, for CI and for trying `hydra/launcher=slurm` locally.
-#   scripts/slurm-local.sh start     install (Debian packages) if needed, configure, start; wait until the node is idle
+#   scripts/slurm-local.sh start     install (Debian packages) if needed, configure, start; wait until the node is idle;
+#                                    print the hydra.launcher keys of a request that fits the node (it has no GPU)
 #   scripts/slurm-local.sh stop      stop slurmd, slurmctld and munged (only the ones this script started)
 #   scripts/slurm-local.sh status    print the node's state; exit 0 if it is up
 # Idempotent: `start` on a running cluster only checks it. Needs root (apt-get, daemons). On failure it prints one
@@ -23,6 +24,12 @@ alive() {  # alive PIDFILE: the process named in PIDFILE is running
 }
 
 node_state() { sinfo -h -n "$NODE" -o %t 2>/dev/null | head -n1; }
+
+fits() {  # the launcher keys of a request this node can run (the default, 4 CPUs, 32 GB and 1 GPU, may not fit)
+    local cpus memory
+    read -r cpus memory < <(sinfo -h -n "$NODE" -o "%c %m" 2>/dev/null | head -n1)
+    echo "hydra.launcher.gpus_per_node=0 hydra.launcher.cpus_per_task=$(( cpus < 4 ? cpus : 4 )) hydra.launcher.mem_gb=$(( memory / 1024 < 32 ? memory / 1024 : 32 ))"
+}
 
 install_packages() {
     local missing=()
@@ -100,7 +107,7 @@ EOF
 start() {
     mkdir -p "$STATE"
     if alive "$STATE/slurmctld.pid" && alive "$STATE/slurmd.pid" && [[ $(node_state) == idle* || $(node_state) == mix* || $(node_state) == alloc* ]]; then
-        say "already running: node $NODE $(node_state)"
+        say "already running: node $NODE $(node_state); a request that fits it: $(fits)"
         return 0
     fi
     install_packages
@@ -112,7 +119,7 @@ start() {
     for _ in $(seq $((WAIT_S * 2))); do
         state=$(node_state)
         case $state in
-            idle*|mix*|alloc*) say "running: node $NODE $state (sinfo)"; return 0 ;;
+            idle*|mix*|alloc*) say "running: node $NODE $state (sinfo); a request that fits it: $(fits)"; return 0 ;;
             down*|drain*) scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 ;;
         esac
         sleep 0.5

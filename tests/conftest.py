@@ -43,7 +43,8 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
     vocab += [f"[unused{i}]" for i in range(TINY["vocab_size"] - len(vocab))]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    # transformers 5 takes the vocabulary itself; given only vocab_file= it builds a 5-token tokenizer (all [UNK])
+    BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True).save_pretrained(folder)
     tiny_backbone().save_pretrained(folder)
     return folder
 

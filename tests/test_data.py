@@ -178,3 +178,86 @@ def test_evaluation_batches_are_length_sorted_and_cover_every_row(glue_dir, tiny
     assert [b["input_ids"].shape[0] for b in evaluation.batches] == [5] * (len(split) // 5) + [len(split) % 5] * bool(len(split) % 5)
     widths = [b["attention_mask"].sum(1).max().item() for b in evaluation.batches]
     assert [b["input_ids"].shape[1] for b in evaluation.batches] == widths  # each batch padded to its own longest row
+
+
+# ---------------------------------------------------------------- labels checked everywhere, files named
+
+def replace_label(path, line: int, label: str) -> None:
+    """Set the label (last column) of 1-based `line` of a TSV written by write_glue."""
+    lines = path.read_text().splitlines()
+    fields = lines[line - 1].split("\t")
+    fields[-1 if path.parent.name != "CoLA" else 1] = label
+    lines[line - 1] = "\t".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("file", ["train.tsv", "dev.tsv"])
+@pytest.mark.parametrize("label,problem", [("nan", "not a finite number"), ("inf", "not a finite number"),
+                                           ("-inf", "not a finite number"), ("5.2", "valid: 0 to 5"),
+                                           ("-0.5", "valid: 0 to 5")])
+def test_a_bad_stsb_score_names_file_and_line(tmp_path, file, label, problem):
+    write_glue(tmp_path, 30, 10)
+    replace_label(tmp_path / "STS-B" / file, 7, label)
+    load_split.cache_clear()
+    with pytest.raises(UserError) as error:
+        load_split(spec("stsb"), str(tmp_path), "train" if file == "train.tsv" else "test")
+    assert str(error.value) == (f"malformed row in {tmp_path / 'STS-B' / file}, line 7: label {float(label)!r} is not "
+                                f"valid for stsb ({problem})")
+
+
+def test_a_class_label_out_of_range_names_file_and_line(tmp_path):
+    write_glue(tmp_path, 30, 10)
+    replace_label(tmp_path / "CoLA" / "dev.tsv", 4, "2")
+    with pytest.raises(UserError, match=r"CoLA/dev.tsv, line 4: label 2 is not valid for cola \(valid: 0 to 1\)$"):
+        read_tsv(tmp_path / "CoLA" / "dev.tsv", spec("cola"))
+    replace_label(tmp_path / "CoLA" / "dev.tsv", 4, "nan")
+    with pytest.raises(UserError, match=r"CoLA/dev.tsv, line 4: label 'nan' is not valid for cola$"):
+        read_tsv(tmp_path / "CoLA" / "dev.tsv", spec("cola"))
+
+
+def test_parquet_and_hub_labels_name_the_file_or_split_and_row(tmp_path, monkeypatch):
+    import datasets
+
+    (tmp_path / "stsb").mkdir()
+    frame = pd.DataFrame({"sentence1": ["a b"] * 6, "sentence2": ["c"] * 6, "label": [1.0, 2.0, 3.0, np.nan, 4.0, 0.5]})
+    frame.iloc[:3].to_parquet(tmp_path / "stsb" / "validation-00000-of-00002.parquet")
+    frame.iloc[3:].to_parquet(tmp_path / "stsb" / "validation-00001-of-00002.parquet")
+    with pytest.raises(UserError, match=r"stsb/validation-00001-of-00002.parquet, row index 0: label nan is not valid "
+                                        r"for stsb \(not a finite number\)$"):
+        load_split(spec("stsb"), str(tmp_path), "test")
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, name, split: datasets.Dataset.from_dict(
+        {"sentence": ["a b", "c d"], "label": [1, -1], "idx": [0, 1]}))
+    load_split.cache_clear()
+    with pytest.raises(UserError, match=r"^nyu-mll/glue/cola \(validation split\), row index 1: label -1 is not valid "
+                                        r"for cola \(valid: 0 to 1, an unlabelled test split\?\)$"):
+        load_split(spec("cola"), None, "test")
+    load_split.cache_clear()
+
+
+def test_a_header_only_or_empty_file_is_named(tmp_path):
+    write_glue(tmp_path, 30, 10)
+    dev = tmp_path / "RTE" / "dev.tsv"
+    dev.write_text(dev.read_text().splitlines()[0] + "\n")
+    with pytest.raises(UserError, match=rf"^{dev}: no data rows \(only a header\)$"):
+        read_tsv(dev, spec("rte"))
+    (tmp_path / "CoLA" / "dev.tsv").write_text("")
+    with pytest.raises(UserError, match=r"CoLA/dev.tsv: no data rows$"):
+        read_tsv(tmp_path / "CoLA" / "dev.tsv", spec("cola"))
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    write_glue(tmp_path, 30, 10)
+    path = tmp_path / "SST-2" / "train.tsv"
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = "caf\xe9 is good\t1".encode("latin-1")
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(UserError, match=rf"^{path}: not UTF-8 text \(byte 0xe9 on line 3\); GLUE files are UTF-8$"):
+        read_tsv(path, spec("sst2"))
+
+
+def test_a_broken_parquet_file_is_named(tmp_path):
+    (tmp_path / "rte").mkdir()
+    (tmp_path / "rte" / "train-00000-of-00001.parquet").write_bytes(b"PAR1 cut off")
+    with pytest.raises(UserError, match=r"rte/train-00000-of-00001.parquet: not a readable parquet file \("):
+        load_split(spec("rte"), str(tmp_path), "train")

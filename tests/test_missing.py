@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
+import os
 import random
 import shlex
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,8 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from conftest import compose_config
-from peltbench.missing import _load, check_sweep, compact, main
+from peltbench.claim import claim_run, describe
+from peltbench.missing import Run, Sweep, _load, check_sweep, compact, main, report, with_outcomes, write_outcome
 from peltbench.record import config_hash, record_path, write_record
 
 GRID = ["method=adapter,lora", "task=rte,mrpc", "k=100", "seed=111,222"]
@@ -65,22 +69,71 @@ def test_an_experiment_file_defines_the_grid(tmp_path):
     assert len({run.path for run in sweep.runs}) == len(sweep.runs)  # every run has a record path of its own
 
 
-def test_record_states(tmp_path):
+def test_record_states(tmp_path, monkeypatch):
     done = write(tmp_path, "method=adapter", "task=rte", "seed=111")
     write(tmp_path, "method=adapter", "task=rte", "seed=222", status="failed")
     write(tmp_path, "method=adapter", "task=mrpc", "seed=111", digest="0123456789abcdef")  # another config's record
     cut = write(tmp_path, "method=lora", "task=rte", "seed=111")
     cut.write_text('{"status": "ok", "conf')  # unreadable: missing, a rerun replaces it
-    sweep = _load([*GRID, f"results_dir={tmp_path}"])
+    running = record_path(compose_config("method=lora", "task=mrpc", "seed=111"), tmp_path)
+    claim = claim_run(running)  # this process is training it
+    denied = write(tmp_path, "method=lora", "task=mrpc", "seed=222")
+    real_read_bytes = Path.read_bytes
+
+    def read_bytes(path):
+        if path == denied:  # a colleague's record, mode 0600 (root reads anything, so it is simulated)
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    try:
+        sweep = _load([*GRID, f"results_dir={tmp_path}"])
+    finally:
+        claim.release()
     states = {run.label: run.state for run in sweep.runs}
     assert states == {
         "adapter/rte/k100/seed111": "done", "adapter/rte/k100/seed222": "failed",
         "adapter/mrpc/k100/seed111": "foreign", "adapter/mrpc/k100/seed222": "missing",
         "lora/rte/k100/seed111": "missing", "lora/rte/k100/seed222": "missing",
-        "lora/mrpc/k100/seed111": "missing", "lora/mrpc/k100/seed222": "missing",
+        "lora/mrpc/k100/seed111": "running", "lora/mrpc/k100/seed222": "unreadable",
     }
-    assert [run.error for run in sweep.runs if run.state == "failed"] == ["RuntimeError: out of memory"]
+    errors = {run.label: run.error for run in sweep.runs if run.error}
+    assert errors["adapter/rte/k100/seed222"] == "RuntimeError: out of memory"
+    assert errors["adapter/mrpc/k100/seed111"].startswith("config_hash (record 0123456789abcdef, this run ")
+    assert errors["lora/mrpc/k100/seed111"] == describe(claim.holder)
+    assert errors["lora/mrpc/k100/seed222"].startswith(f"cannot read {denied}: Permission denied")
     assert sweep.runs[0].path == done
+    lines = report(sweep)
+    assert lines[0] == "8 runs: 1 done, 1 failed, 3 missing, 1 running elsewhere, 1 unreadable, 1 held by another config's record"
+    assert f"  running  lora/mrpc/k100/seed111: host {socket.gethostname()}, pid {os.getpid()}, started " in "\n".join(lines)
+    assert f"  unreadable lora/mrpc/k100/seed222: cannot read {denied}: Permission denied" in "\n".join(lines)
+
+
+def test_running_and_unreadable_runs_are_not_in_the_commands(tmp_path, capsys):
+    for seed in (111, 222):
+        write(tmp_path, "method=lora", "task=rte", f"seed={seed}", status="failed")
+    with claim_run(record_path(compose_config("method=lora", "task=rte", "seed=222"), tmp_path)):
+        assert main(["method=lora", "task=rte", "seed=111,222", f"results_dir={tmp_path}"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "2 runs: 0 done, 1 failed, 0 missing, 1 running elsewhere"
+    assert out.splitlines()[-1].strip() == f"peltbench -m method=lora task=rte results_dir={tmp_path} seed=111"
+
+
+def test_the_summary_gives_a_missing_runs_reason_from_its_log_folder(tmp_path):
+    write_outcome(tmp_path / "0_lora", "error", "k=5000 is too large")
+    write_outcome(tmp_path / "1_lora", "failed", "could not write the record x: No space left on device")
+    runs = [Run(0, {}, "a", tmp_path / "a", "missing", log_dir=tmp_path / "0_lora"),
+            Run(1, {}, "b", tmp_path / "b", "missing", log_dir=tmp_path / "1_lora"),
+            Run(2, {}, "c", tmp_path / "c", "missing", log_dir=tmp_path / "2_lora"),
+            Run(3, {}, "d", tmp_path / "d", "done", log_dir=tmp_path / "0_lora")]
+    sweep = with_outcomes(Sweep(runs, []))
+    assert [(run.state, run.error) for run in sweep.runs] == [
+        ("missing", "k=5000 is too large"), ("failed", "could not write the record x: No space left on device"),
+        ("missing", None), ("done", None)]
+    assert report(sweep, logs=True)[1:] == [
+        f"  missing  a: k=5000 is too large (no record; its log: {tmp_path / '0_lora'})",
+        "  failed   b: could not write the record x: No space left on device",
+        f"  missing  c (no record: a config error or a killed job; its log: {tmp_path / '2_lora'})"]
 
 
 def test_the_printed_commands_run_exactly_what_is_missing(tmp_path, capsys):

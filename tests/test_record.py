@@ -1,46 +1,250 @@
-"""Records are written atomically, finished ones are kept, and a different config is never overwritten."""
+"""Records: written whole and readable, never NaN, a finished one never replaced, the model named one way."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import threading
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
+from conftest import compose_config
 from peltbench import UserError
-from peltbench.record import check_existing, read_record, write_record
+from peltbench import files as files_module
+from peltbench.files import folder_lock, write_file
+from peltbench.record import (RecordWriteError, check_existing, config_differences, config_hash, format_record,
+                              model_identity, probe_writable, read_record, record_path, write_record)
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, as strict JSON readers (JavaScript, jq) do."""
+    def refuse(constant):
+        raise ValueError(f"{constant} in the record")
+    return json.loads(text, parse_constant=refuse)
 
 
 def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "a" / "result.json"
-    write_record(path, {"status": "ok", "config_hash": "h"})
-    write_record(path, {"status": "ok", "config_hash": "h", "n": 2})
+    assert write_record(path, {"status": "ok", "config_hash": "h"})
+    assert write_record(path, {"status": "ok", "config_hash": "h", "n": 2})
     assert read_record(path)["n"] == 2
-    assert os.listdir(path.parent) == ["result.json"]
+    assert sorted(os.listdir(path.parent)) == [".lock", "result.json"]  # the folder's lock file stays
 
 
-def test_a_failed_write_keeps_the_old_record(tmp_path):
+def test_non_finite_numbers_become_null_with_where_and_what(tmp_path):
     path = tmp_path / "result.json"
-    write_record(path, {"status": "ok", "config_hash": "h"})
-    with pytest.raises(ValueError):
-        write_record(path, {"status": "ok", "score": float("nan")})  # NaN is not JSON: refused, nothing replaced
+    record = {"status": "ok", "config_hash": "h", "test": {"spearman": float("nan"), "main": float("nan")},
+              "history": [{"epoch": 1, "train_loss": float("inf"), "dev_main": np.float32(50.0)}],
+              "gates": {"adapter": np.array([0.25, np.nan])}}
+    write_record(path, record)
+    stored = strict_json(path.read_text())
+    assert stored["test"] == {"spearman": None, "main": None}
+    assert stored["history"] == [{"epoch": 1, "train_loss": None, "dev_main": 50.0}]
+    assert stored["gates"] == {"adapter": [0.25, None]}
+    assert stored["non_finite"] == {"test.spearman": "nan", "test.main": "nan", "history[0].train_loss": "inf",
+                                    "gates.adapter[1]": "nan"}
+
+
+def test_a_readable_record_scores_first_compact_lists_no_float_noise():
+    record = {"config": {"k": 100}, "split": {"train_indices": list(range(40)), "dev_indices": [3, 1]},
+              "history": [{"epoch": 1, "train_loss": 0.6931471805599453, "dev_main": 51.23456789}],
+              "train_seconds": 12.3456789, "best_epoch": 1, "test": {"mcc": 41.987654321, "main": 41.987654321},
+              "status": "ok", "machine": {"hostname": "n1", "cpu": "EPYC", "gpu": None}, "newfield": 1}
+    text = format_record(record)
+    assert list(json.loads(text)) == ["status", "test", "best_epoch", "train_seconds", "machine", "newfield",
+                                      "history", "split", "config"]
+    lines = text.splitlines()
+    assert '  "test": {"mcc": 41.9877, "main": 41.9877},' in lines  # scores x100 to 4 decimals
+    assert '  "train_seconds": 12.346,' in lines
+    assert '    {"epoch": 1, "train_loss": 0.693147, "dev_main": 51.2346}' in lines
+    assert f'    "train_indices": {list(range(40))},' in lines  # a list of numbers is one line
+    assert '  "machine": {"hostname": "n1", "cpu": "EPYC", "gpu": null},' in lines
+
+
+def test_a_finished_record_is_never_replaced_by_a_failed_one(tmp_path):
+    path = tmp_path / "result.json"
+    write_record(path, {"status": "failed", "config_hash": "h", "error": "first try"})
+    assert write_record(path, {"status": "ok", "config_hash": "h"})  # a failed run is retried and replaced
+    assert not write_record(path, {"status": "failed", "config_hash": "h", "error": "RuntimeError: late"})
     assert read_record(path) == {"status": "ok", "config_hash": "h"}
-    assert os.listdir(tmp_path) == ["result.json"]
+
+
+def test_the_decision_is_taken_at_the_rename(tmp_path):
+    """A failed run that reaches its write while another process is writing the finished record keeps the latter."""
+    path = tmp_path / "result.json"
+    outcome = []
+    with folder_lock(tmp_path):  # the other process, in the middle of its write
+        writer = threading.Thread(target=lambda: outcome.append(
+            write_record(path, {"status": "failed", "config_hash": "h", "error": "boom"})))
+        writer.start()
+        time.sleep(0.3)
+        assert writer.is_alive() and not path.exists()  # waiting for the lock
+        write_file(path, format_record({"status": "ok", "config_hash": "h"}), ".result.")
+    writer.join(10)
+    assert outcome == [False] and read_record(path)["status"] == "ok"
+
+
+def test_another_configs_record_is_never_replaced_at_the_rename(tmp_path):
+    cfg = compose_config("method=adapter", "task=rte")
+    other = compose_config("method=adapter", "task=rte", "method.bottleneck=64")
+    path = tmp_path / "result.json"
+    write_record(path, {"status": "failed", "config_hash": config_hash(other), "config": OmegaConf.to_container(other)})
+    assert not write_record(path, {"status": "ok", "config_hash": config_hash(cfg), "config": OmegaConf.to_container(cfg)})
+    assert read_record(path)["config_hash"] == config_hash(other)
 
 
 def test_check_existing(tmp_path):
+    cfg = compose_config("method=adapter", "task=rte")
     path = tmp_path / "result.json"
-    assert check_existing(path, "h") is None
-    write_record(path, {"status": "failed", "config_hash": "h"})
-    assert check_existing(path, "h") is None  # a failed run is retried
-    write_record(path, {"status": "ok", "config_hash": "h"})
-    assert check_existing(path, "h") == {"status": "ok", "config_hash": "h"}
-    with pytest.raises(UserError, match="holds a record of a different config"):
-        check_existing(path, "other")
+    assert check_existing(path, cfg) is None
+    write_record(path, {"status": "failed", "config_hash": config_hash(cfg)})
+    assert check_existing(path, cfg) is None  # a failed run is retried
+    write_record(path, {"status": "ok", "config_hash": config_hash(cfg)})
+    assert check_existing(path, cfg) == {"status": "ok", "config_hash": config_hash(cfg)}
+
+
+def test_a_different_config_is_refused_naming_the_keys_that_differ(tmp_path):
+    stored = compose_config("method=adapter", "task=rte", "method.bottleneck=64", "train.epochs=3")
+    path = tmp_path / "result.json"
+    write_record(path, {"status": "ok", "config_hash": config_hash(stored), "config": OmegaConf.to_container(stored)})
+    with pytest.raises(UserError) as error:
+        check_existing(path, compose_config("method=adapter", "task=rte", "method.bottleneck=256", "train.epochs=3"))
+    assert str(error.value) == (f"{path} holds a record of a different config (method.bottleneck (record 64, this run "
+                                f"256)); move it away or choose another results_dir")
+    write_record(path, {"status": "ok", "config_hash": "0123456789abcdef"})  # an old record without `config`
+    with pytest.raises(UserError, match=r"different config \(config_hash \(record 0123456789abcdef, this run \w+\)\)"):
+        check_existing(path, compose_config("method=adapter", "task=rte"))
 
 
 def test_an_unreadable_record_is_rerun(tmp_path):
     path = tmp_path / "result.json"
-    path.write_text('{"status": "ok", "conf')  # e.g. a file cut off by a full disk
-    assert check_existing(path, "h") is None
-    assert json.loads(json.dumps(read_record(path))) is None
+    cfg = compose_config("method=adapter", "task=rte")
+    for damaged in (b'{"status": "ok", "conf', b"\xff\xfe\x00garbage", b"[1, 2]"):  # cut off, not UTF-8, not a record
+        path.write_bytes(damaged)
+        assert read_record(path) is None and check_existing(path, cfg) is None
+
+
+def test_a_record_we_may_not_read_is_one_clear_error(tmp_path, monkeypatch):
+    path = tmp_path / "result.json"
+    write_record(path, {"status": "ok", "config_hash": "h"})
+
+    def denied(self):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)  # a colleague's record, mode 0600 (root reads anything)
+    with pytest.raises(UserError, match=rf"^cannot read {path}: Permission denied \(another user's record\?"):
+        read_record(path)
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_records_honour_the_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        write_record(tmp_path / "r" / "result.json", {"status": "ok", "config_hash": "h"})
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "r" / "result.json").st_mode & 0o777 == mode
+
+
+def test_a_temporary_file_left_by_a_kill_is_removed_by_the_next_write(tmp_path):
+    path = tmp_path / "result.json"
+    (tmp_path / ".result.abc123.tmp").write_text('{"status": "o')  # kill -9 between write and rename
+    (tmp_path / "notes.tmp").write_text("the user's")
+    write_record(path, {"status": "ok", "config_hash": "h"})
+    assert sorted(os.listdir(tmp_path)) == [".lock", "notes.tmp", "result.json"]
+
+
+def test_a_failed_write_is_logged_and_raised_with_its_reason(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "result.json"
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("peltbench.record.write_file", full)
+    with caplog.at_level(logging.ERROR, logger="peltbench"), pytest.raises(RecordWriteError) as error:
+        write_record(path, {"status": "failed", "config_hash": "h", "error": "RuntimeError: CUDA out of memory"})
+    assert str(error.value) == (f"could not write the record {path}: No space left on device "
+                                f"(the run itself failed: RuntimeError: CUDA out of memory)")
+    assert caplog.messages == [str(error.value)]
+
+
+# ---------------------------------------------------------------- the probe write
+
+def test_probe_makes_the_folder_and_leaves_nothing(tmp_path):
+    path = tmp_path / "runs" / "adapter" / "rte" / "k100" / "seed111" / "result.json"
+    probe_writable(path)
+    assert path.parent.is_dir() and os.listdir(path.parent) == []
+
+
+def test_probe_a_results_dir_that_is_a_file(tmp_path):
+    (tmp_path / "runs").write_text("not a folder")
+    path = tmp_path / "runs" / "adapter" / "rte" / "result.json"
+    with pytest.raises(UserError, match=rf"^cannot write the record {path}: {tmp_path / 'runs'} is not a directory$"):
+        probe_writable(path)
+
+
+@pytest.mark.parametrize("code,reason", [(errno.EACCES, "Permission denied"), (errno.ENOSPC, "No space left on device"),
+                                         (errno.EROFS, "Read-only file system")])
+def test_probe_an_unwritable_or_full_disk(tmp_path, monkeypatch, code, reason):
+    def refuse(path):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr("peltbench.record.create", refuse)
+    with pytest.raises(UserError, match=rf"^cannot write the record in {tmp_path / 'x'}: {reason}$"):
+        probe_writable(tmp_path / "x" / "result.json")
+
+
+def test_probe_a_nearly_full_disk(tmp_path, monkeypatch):
+    real = os.statvfs(tmp_path)
+
+    class Nearly:
+        f_bavail, f_frsize = 10, real.f_frsize
+
+    monkeypatch.setattr("peltbench.record.os.statvfs", lambda path: Nearly)
+    with pytest.raises(UserError, match="less than 1 MB free"):
+        probe_writable(tmp_path / "result.json")
+    assert os.listdir(tmp_path) == []  # the probe itself is gone
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_probe_a_folder_without_write_permission(tmp_path):
+    (tmp_path / "shared").mkdir(mode=0o555)
+    with pytest.raises(UserError, match="Permission denied"):
+        probe_writable(tmp_path / "shared" / "adapter" / "result.json")
+
+
+# ---------------------------------------------------------------- one model, one identity
+
+def test_a_local_model_has_one_identity_however_it_is_spelled(tmp_path, monkeypatch):
+    model = tmp_path / "models" / "my-bert"
+    model.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    spellings = [str(model), f"{model}/", "models/my-bert", "./models/my-bert/", "link", str(tmp_path / "link")]
+    configs = [compose_config("method=adapter", "task=rte", f"model.name={name}") for name in spellings]
+    assert {config_hash(cfg) for cfg in configs} == {config_hash(configs[0])}
+    assert {record_path(cfg, Path("r")) for cfg in configs} == {Path("r/adapter,model.name=models_my-bert/rte/k100/seed111/result.json")}
+    assert model_identity("link") == str(model.resolve()) and model_identity("bert-base-uncased") == "bert-base-uncased"
+
+
+def test_records_written_before_keep_their_hash():
+    """Literals computed by the code before model paths were normalised: absolute real paths and Hub ids."""
+    assert config_hash(compose_config("method=adapter", "task=rte", "model.name=/models/bert-base")) == "15b441a18c3c6577"
+    assert config_hash(compose_config("method=adapter", "task=rte")) == "36f1b919c79800d9"
+
+
+def test_an_old_record_of_another_spelling_is_the_same_run(tmp_path, monkeypatch):
+    model = tmp_path / "bert"
+    model.mkdir()
+    monkeypatch.chdir(tmp_path)
+    old = compose_config("method=adapter", "task=rte", "model.name=bert/")
+    record = {"status": "ok", "config_hash": "a hash of 'bert/' as a string", "config": OmegaConf.to_container(old)}
+    assert config_differences(record, compose_config("method=adapter", "task=rte", f"model.name={model}")) == []
+    other = compose_config("method=adapter", "task=rte", "model.name=bert-base-cased")
+    assert config_differences(record, other) == [f"model.name (record {str(model)!r}, this run 'bert-base-cased')"]

@@ -91,7 +91,7 @@ def tiny(workdir: Path, epochs: int) -> list[str]:
 
 
 def start(workdir: Path, *args: str, sweep: str) -> subprocess.Popen:
-    return subprocess.Popen([PELTBENCH, "-m", *args, *ON_LOCAL_NODE, f"hydra.sweep.dir={workdir}/sweeps/{sweep}"],
+    return subprocess.Popen([PELTBENCH, "-m", *ON_LOCAL_NODE, *args, f"hydra.sweep.dir={workdir}/sweeps/{sweep}"],
                             cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -151,6 +151,8 @@ def test_a_job_cancelled_mid_run_is_run_by_the_rerun(cluster, workdir):
     assert code == 1, output
     assert f"SLURM job {training[0]} (runs #" in output and "ended without results" in output
     assert "peltbench sweep: 2 runs: 1 done (0 of them skipped as already done), 0 failed, 1 missing" in output
+    [missing] = [line for line in output.splitlines() if line.startswith("  missing  ")]
+    assert f": SLURM job {training[0]} ended without results: it left the queue without results" in missing
     assert "Rerun the same command" in output
     check_records(workdir, 1)
 
@@ -180,3 +182,58 @@ def test_a_packed_job_requeues_itself_on_the_pre_timeout_signal(cluster, workdir
     assert after_requeue.count("run: ") == 1  # the interrupted run restarted, from scratch
     job_ids = {OmegaConf.load(path).hydra.job.id for path in (workdir / "sweeps" / "packed").glob("*/.hydra/hydra.yaml")}
     assert job_ids == {job}  # both runs ran in the one job
+
+
+@pytest.mark.slurm
+def test_a_request_no_node_can_hold_stops_at_once_with_one_line(cluster, workdir):
+    code, output = finish(start(workdir, "method=adapter", "task=rte", *tiny(workdir, 2),
+                                "hydra.launcher.cpus_per_task=10000", sweep="too-big"))
+    assert code == 2, output
+    [error] = [line for line in output.splitlines() if line.startswith("peltbench: error:")]
+    assert error.startswith("peltbench: error: each array task asks for 10000 CPUs, 1 GB and 0 GPUs")
+    assert "it could never start. A request that fits: hydra.launcher.gpus_per_node=0 hydra.launcher.cpus_per_task=" in error
+    assert "Traceback" not in output
+    assert not list((workdir / "sweeps" / "too-big").glob(".submitit/*"))  # nothing was submitted
+
+
+@pytest.mark.slurm
+def test_a_job_pending_for_a_reason_that_never_clears_stops_the_wait(cluster, tmp_path):
+    """What the partition check cannot see (here: a request submitted past it) is caught from squeue's reason."""
+    import submitit
+
+    from hydra_plugins.peltbench_slurm._launcher import NeverStarts, wait
+
+    nodes = subprocess.run(["sinfo", "--noheader", "--format=%c"], capture_output=True, text=True).stdout.split()
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(timeout_min=1, slurm_cpus_per_task=max(int(n.rstrip("+")) for n in nodes) + 1,
+                               slurm_mem_gb=1)
+    job = executor.submit(print, "never")
+    try:
+        with pytest.raises(NeverStarts, match="pending with reason PartitionConfig"):
+            wait([job], poll_s=0.2)
+    finally:
+        subprocess.run(["scancel", job.job_id])
+
+
+@pytest.mark.slurm
+def test_runs_claimed_by_a_live_process_are_not_submitted(cluster, workdir):
+    args = ["method=adapter", "task=rte", "seed=111,222", *tiny(workdir, 2)]
+    held = workdir / "held"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from peltbench.claim import claim_run; from conftest import compose_config; "
+                               "from peltbench.record import record_path; "
+                               "cfg = compose_config(*sys.argv[2:]); c = claim_run(record_path(cfg, Path(sys.argv[1]))); "
+                               "print('got' if c else 'none', flush=True); time.sleep(300)",
+                               str(workdir / "results"), "method=adapter", "task=rte", "seed=222", *tiny(workdir, 2)],
+                              cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "got"
+        code, output = finish(start(workdir, *args, sweep="held"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 1, output
+    assert "2 runs: 0 already done (not submitted), 1 to run in 1 array tasks" in output
+    assert "1 runs are being trained by other processes (claimed; not submitted)" in output
+    assert "peltbench sweep: 2 runs: 1 done (0 of them skipped as already done), 0 failed, 0 missing, 1 running elsewhere" in output
+    assert not held.exists()

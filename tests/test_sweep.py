@@ -1,4 +1,4 @@
-"""`peltbench -m ...` on Hydra's basic launcher: killed and resumed, its end-of-sweep summary, concurrent writers."""
+"""`peltbench -m ...` on Hydra's basic launcher: killed and resumed, its end-of-sweep summary, concurrent sweeps."""
 
 from __future__ import annotations
 
@@ -80,22 +80,115 @@ def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
     assert result.returncode == 1, output
     assert "Traceback" not in output
     summary = output[output.index("peltbench sweep:"):].splitlines()
-    variant = "adapter,dev_size=20,model.name=tiny-bert,train.epochs=2,train.patience=50,train.max_length={}"
+    variant = f"adapter,dev_size=20,model.name={workdir.name}_tiny-bert,train.epochs=2,train.patience=50,train.max_length={{}}"
     assert summary[0] == "peltbench sweep: 4 runs: 1 done (0 of them skipped as already done), 1 failed, 2 missing"
     assert summary[1].startswith(f"  failed   {variant.format(256)}/rte/k16/seed111: RuntimeError: ")  # from the embeddings
-    assert summary[2].startswith(f"  missing  {variant.format(256)}/rte/k50/seed111 (no record: a config error or a killed job; "
-                                 f"its log: sweeps/failing/2_adapter_rte_k50_s111)")
-    assert summary[3].startswith(f"  missing  {variant.format(64)}/rte/k50/seed111 (no record")
+    too_large = "k=50 is too large: the train split has 60 rows and k + dev_size (50 + 20) must not exceed it"
+    assert summary[2] == (f"  missing  {variant.format(256)}/rte/k50/seed111: {too_large} (no record; its log: "
+                          f"sweeps/failing/2_adapter_rte_k50_s111)")  # the reason, from the job's outcome.json
+    assert summary[3].startswith(f"  missing  {variant.format(64)}/rte/k50/seed111: {too_large} (no record")
     assert summary[4].startswith("Rerun the same command to run the failed and missing ones (done runs are skipped): peltbench -m ")
     assert len(summary) == 5
     assert "k=50 is too large" in output  # the config error itself was logged when its run came up
 
 
-def test_concurrent_sweeps_on_one_results_dir_leave_one_complete_record_per_run(workdir):
-    grid = ["-m", "method=adapter", "task=rte", "k=16", "seed=111,222", "train.epochs=20", *TINY]
-    sweeps = [subprocess.Popen([PELTBENCH, *grid, f"hydra.sweep.dir=sweeps/{name}"], cwd=workdir, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in ("a", "b")]
+def test_two_identical_sweeps_started_together_train_each_run_once(workdir):
+    grid = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111,222", "train.epochs=30", *TINY]
+    sweeps = [subprocess.Popen([PELTBENCH, *grid], cwd=workdir, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [sweep.communicate(timeout=300)[0] for sweep in sweeps]
-    assert [sweep.returncode for sweep in sweeps] == [0, 0], outputs
-    check_records(workdir, 2)
-    assert sorted(os.listdir(records(workdir)[0].parent)) == ["result.json"]  # no temporary file left behind
+    trained = [line for output in outputs for line in output.splitlines() if "[INFO] - run: " in line]
+    assert len(trained) == 4, outputs  # each run trained by one sweep; the other skipped it (done, or claimed)
+    check_records(workdir, 4)
+    assert all(sorted(os.listdir(path.parent)) == [".lock", "result.json"] for path in records(workdir))  # claims gone
+    for sweep, output in zip(sweeps, outputs):
+        summary = output[output.index("peltbench sweep:"):].splitlines()
+        if sweep.returncode == 1:  # it ended while the other was still training a run it had skipped
+            assert ", 0 failed, 0 missing, " in summary[0] and "running elsewhere" in summary[0], output
+            assert all(line.startswith("  running  ") for line in summary[1:-1]), output
+        else:
+            assert sweep.returncode == 0 and "4 runs: 4 done" in summary[0], output
+    assert len(list((workdir / "logs" / "multirun").glob("*/*"))) == 2  # started in one second, a log folder each
+
+
+def test_a_run_claimed_by_a_live_process_is_not_run_and_the_summary_says_where(workdir, monkeypatch):
+    from conftest import compose_config
+    from peltbench.record import record_path
+
+    monkeypatch.chdir(workdir)
+    args = ["method=adapter", "task=rte", "k=16", "seed=111", "train.epochs=2", *TINY]
+    held = record_path(compose_config(*args), workdir / "results")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from peltbench.claim import claim_run; c = claim_run(Path(sys.argv[1])); "
+                               "print('got' if c else 'none', flush=True); time.sleep(120)", str(held)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "got"
+        result = peltbench("-m", *args[:3], "seed=111,222", *args[4:], "hydra.sweep.dir=sweeps/held", cwd=workdir)
+    finally:
+        holder.kill()
+        holder.wait()
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"skip: {held.parent} is being run by another process (host " in output
+    summary = output[output.index("peltbench sweep:"):].splitlines()
+    assert summary[0] == "peltbench sweep: 2 runs: 1 done (0 of them skipped as already done), 0 failed, 0 missing, " \
+                         "1 running elsewhere"
+    assert summary[1].startswith(f"  running  {held.parent.relative_to(workdir / 'results')}: host ")
+    assert f", pid {holder.pid}, started " in summary[1]
+    assert summary[2].startswith("Runs running elsewhere are another process's: peltbench-missing")
+    assert not held.exists()
+
+
+def test_an_unwritable_results_dir_is_found_before_any_model_loads(workdir):
+    (workdir / "results").write_text("a file, not a folder")
+    result = peltbench("-m", "method=adapter,lora", "task=rte", "k=16", "train.epochs=2", *TINY,
+                       "hydra.sweep.dir=sweeps/unwritable", cwd=workdir)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "epoch 1/" not in output and "trainable parameters" not in output, output
+    summary = output[output.index("peltbench sweep:"):].splitlines()
+    assert summary[0] == "peltbench sweep: 2 runs: 0 done (0 of them skipped as already done), 0 failed, 2 missing"
+    assert summary[1].startswith("  missing  adapter,dev_size=20,model.name=")
+    assert f": cannot write the record {workdir}/results/adapter," in summary[1]
+    assert summary[1].endswith("(no record; its log: sweeps/unwritable/0_adapter_rte_k16_s111)")
+    single = peltbench("method=adapter", "task=rte", "k=16", *TINY, cwd=workdir)
+    assert single.returncode == 2 and single.stderr.strip().splitlines()[-1].startswith(
+        f"peltbench: error: cannot write the record {workdir}/results/adapter,"), single.stderr
+    assert single.stderr.strip().endswith(f"{workdir}/results is not a directory")
+
+
+FAILING_WRITE = """
+import errno, sys
+import peltbench.record as record
+real = record.write_file
+def write_file(path, text, prefix, exclusive=False):
+    if prefix == ".result.":
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real(path, text, prefix, exclusive)
+record.write_file = write_file
+from peltbench.cli import main
+sys.argv[0] = "peltbench"
+main()
+"""
+
+
+def test_a_record_that_cannot_be_written_at_the_end_is_a_failed_run_with_its_reason(workdir):
+    """The disk fills up during training: the summary says so, instead of calling the run missing."""
+    result = subprocess.run([sys.executable, "-c", FAILING_WRITE, "-m", "method=adapter", "task=rte", "k=16",
+                             "train.epochs=2", *TINY, "hydra.sweep.dir=sweeps/full"],
+                            cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    summary = output[output.index("peltbench sweep:"):].splitlines()
+    assert summary[0] == "peltbench sweep: 1 runs: 0 done (0 of them skipped as already done), 1 failed, 0 missing"
+    assert summary[1].startswith("  failed   adapter,dev_size=20,")
+    assert summary[1].endswith("/rte/k16/seed111/result.json: No space left on device")
+    assert records(workdir) == []
+
+
+def test_a_run_that_goes_non_finite_leaves_a_record_without_nan(workdir):
+    result = peltbench("method=ft", "task=rte", "k=16", "method.lr=1e10", "train.epochs=3", *TINY, cwd=workdir)
+    assert result.returncode in (0, 1), result.stderr  # ok with nulls, or failed at the first NaN loss (train.py)
+    [path] = records(workdir)
+    record = json.loads(path.read_text(), parse_constant=lambda constant: pytest.fail(f"{constant} in {path}"))
+    assert record["status"] == "failed" or record["non_finite"]

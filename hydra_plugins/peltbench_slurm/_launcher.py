@@ -4,8 +4,11 @@ A few-shot run (K = 100) leaves a GPU idle most of the time, so `runs_per_job: N
 after another in one array task: one process, one model load (peltbench.model caches it), one CUDA context.
 `runs_per_job: 1` (the default) is one run per array task, like `submitit_slurm`.
 
-Resume: runs whose records are already done are not submitted, and each submitted run skips itself if its record
-is done by then (peltbench.runner). On SLURM's pre-timeout or preemption signal, submitit calls `checkpoint()`
+Before submitting, the request (cpus_per_task, mem_gb, gpus_per_node, timeout_min) is checked against the partition;
+while waiting, the jobs' pending reasons are logged, and a reason that can never clear stops the sweep (_request.py).
+
+Resume: runs whose records are already done are not submitted, nor runs that another live process is training
+(claimed: peltbench.claim), and each submitted run skips itself if its record is done by then (peltbench.runner). On SLURM's pre-timeout or preemption signal, submitit calls `checkpoint()`
 (SlurmLauncher's), which requeues the same pack: its finished runs skip, the interrupted one restarts from scratch.
 A pack that ends without results (scancel, node failure) is logged and its runs returned as `lost`, so the
 sweep's other jobs and batches go on; rerunning the sweep runs what it lacks.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import getpass
 import logging
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +31,8 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
+
+from ._request import check_request, never_starts
 
 log = logging.getLogger(__name__)
 
@@ -79,51 +85,62 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Submit one array task per pack of `runs_per_job` runs not yet done; wait; one JobReturn per run, in order.
 
-        Runs whose records are already done are not submitted at all: a resumed sweep queues only what it lacks.
+        Runs whose records are already done are not submitted at all: a resumed sweep queues only what it lacks;
+        nor are runs another live process is training (their claims).
         """
         assert self.config is not None and len(job_overrides) > 0
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-        done = self._done(job_overrides, initial_job_idx)
-        returns = {num: self._already_done(overrides) for overrides, num in runs if num in done}
+        states = self._states(job_overrides, initial_job_idx)
+        returns = {num: self._not_submitted(overrides, states[num].state) for overrides, num in runs
+                   if states[num].state in ("done", "running")}
         todo = [run for run in runs if run[1] not in returns]
         packs = [todo[i:i + self.runs_per_job] for i in range(0, len(todo), self.runs_per_job)]
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit 'slurm' sweep output dir : %s", sweep_dir)
-        log.info("%d runs: %d already done (not submitted), %d to run in %d array tasks of up to %d runs",
-                 len(runs), len(returns), len(todo), len(packs), self.runs_per_job)
+        running = sum(states[num].state == "running" for _, num in runs)
+        log.info("%d runs: %d already done (not submitted), %d to run in %d array tasks of up to %d runs", len(runs),
+                 len(returns) - running, len(todo), len(packs), self.runs_per_job)
+        if running:
+            log.info("%d runs are being trained by other processes (claimed; not submitted)", running)
         for overrides, job_num in todo:
             log.info("\t#%d : %s", job_num, " ".join(filter_overrides(overrides)))
         if packs:
+            _stop_if(check_request(self.params))
             self._warn_if_still_queued()
             state = Singleton.get_state()
             jobs = self._executor().map_array(self, packs, ["hydra.sweep.dir"] * len(packs), [state] * len(packs))
-            for job, pack, finished in zip(jobs, packs, wait(jobs)):
-                for (_, num), ret in zip(pack, self._results(job, pack, finished)):
+            try:
+                finished = wait(jobs)
+            except NeverStarts as error:
+                subprocess.run(["scancel", *[job.job_id for job in jobs]], capture_output=True, timeout=60)
+                _stop_if(f"{error}; cancelled this sweep's {len(jobs)} array tasks")
+            for job, pack, done in zip(jobs, packs, finished):
+                for (_, num), ret in zip(pack, self._results(job, pack, done, states)):
                     returns[num] = ret
         return [returns[num] for _, num in runs]
 
-    def _done(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> set:
-        """Job numbers whose result records are already done (peltbench.missing composes and checks them)."""
+    def _states(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Dict[int, Any]:
+        """Each job number's run and the state of its record (peltbench.missing composes and checks them)."""
         from peltbench.missing import check_jobs
 
         assert self.hydra_context is not None and self.config is not None
         runs = check_jobs(self.hydra_context.config_loader, self.config, job_overrides, first_num=initial_job_idx)
-        return {run.num for run in runs if run.state == "done"}
+        return {run.num: run for run in runs}
 
     def _warn_if_still_queued(self) -> None:
         """An earlier sweep killed on the submitting side leaves its jobs running; their unfinished runs would run twice."""
         name = str(self.params.get("name"))
         queued = _queued(f"--name={name}")
         if queued:
-            log.warning("%d SLURM jobs named %s are still queued or running (an earlier sweep?): a run that both do "
-                        "runs twice, harmlessly (the last record wins). `squeue --name=%s` lists them, `scancel "
-                        "--name=%s` stops them.", len(queued), name, name, name)
+            log.warning("%d SLURM jobs named %s are still queued or running (an earlier sweep?): a run that both "
+                        "reach is trained by the first to claim it, and skipped by the other. `squeue --name=%s` "
+                        "lists them, `scancel --name=%s` stops them.", len(queued), name, name, name)
 
     @staticmethod
-    def _already_done(overrides: List[str]) -> JobReturn:
+    def _not_submitted(overrides: List[str], state: str) -> JobReturn:
         ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
-        ret.return_value = "ok"
+        ret.return_value = "ok" if state == "done" else state
         return ret
 
     def _executor(self) -> Any:
@@ -139,8 +156,11 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         return executor
 
     @staticmethod
-    def _results(job: Any, pack: List[Run], finished: bool) -> List[JobReturn]:
-        """The pack's JobReturns; for a pack whose job ended without results, a `lost` return per run."""
+    def _results(job: Any, pack: List[Run], finished: bool, states: Dict[int, Any]) -> List[JobReturn]:
+        """The pack's JobReturns; for a pack whose job ended without results, a `lost` return per run, and the
+        reason in each run's log folder for the sweep's summary."""
+        from peltbench.missing import write_outcome
+
         if finished:
             try:
                 return job.results()[0]
@@ -151,11 +171,16 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         log.error("SLURM job %s (runs #%s) ended without results: %s", job.job_id,
                   ",".join(str(num) for _, num in pack), reason)
         lost = []
-        for overrides, _ in pack:
+        for overrides, num in pack:
+            write_outcome(states[num].log_dir, "lost", f"SLURM job {job.job_id} ended without results: {reason}")
             ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
             ret.return_value = "lost"  # not FAILED: the sweep goes on; its summary reports the run as missing
             lost.append(ret)
         return lost
+
+
+class NeverStarts(Exception):
+    """A job's pending reason says it can never start."""
 
 
 def wait(jobs: List[Any], poll_s: float = 1.0) -> List[bool]:
@@ -165,9 +190,11 @@ def wait(jobs: List[Any], poll_s: float = 1.0) -> List[bool]:
     storage sacct cannot answer, and a cancelled job would be waited for forever. squeue always answers: a job
     missing from two successive listings (and without results) has ended. A requeued job stays listed (pending).
     squeue is asked every 2 s at first, then less often (a tenth of the time waited so far, at most every minute).
+    Why jobs are pending is logged when it changes; a reason that can never clear raises NeverStarts.
     """
     finished = [False] * len(jobs)
     absent: Dict[int, int] = {}  # job index -> successive listings without it
+    pending = ""
     started = listed_at = time.monotonic()
     while True:
         for i, job in enumerate(jobs):
@@ -181,14 +208,35 @@ def wait(jobs: List[Any], poll_s: float = 1.0) -> List[bool]:
             queued = _queued()
             for i in waiting if queued is not None else []:
                 absent[i] = 0 if jobs[i].job_id in queued else absent.get(i, 0) + 1
+            reasons = {queued[jobs[i].job_id] for i in waiting if queued and queued.get(jobs[i].job_id)}
+            never = sorted(reason for reason in reasons if never_starts(reason))
+            if never:
+                raise NeverStarts(f"SLURM will never start this sweep's jobs: they are pending with reason {never[0]} "
+                                  f"(the request breaks a limit of the partition, QOS or account)")
+            summary = ", ".join(sorted(reasons))
+            if summary != pending:
+                pending = summary
+                if summary:
+                    log.info("SLURM jobs pending: %s", summary)
         time.sleep(poll_s)
 
 
-def _queued(*options: str) -> Optional[Set[str]]:
-    """This user's job ids in SLURM's queue (array tasks one by one, e.g. 123_4), or None if squeue fails."""
+def _queued(*options: str) -> Optional[Dict[str, str]]:
+    """This user's jobs in SLURM's queue (array tasks one by one, e.g. 123_4) -> why pending ("" once running);
+    None if squeue fails."""
     try:
-        listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i", f"--user={getpass.getuser()}",
-                                  *options], capture_output=True, text=True, timeout=60)
+        listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i|%T|%r",
+                                  f"--user={getpass.getuser()}", *options], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
-    return set(listing.stdout.split()) if listing.returncode == 0 else None
+    if listing.returncode != 0:
+        return None
+    jobs = [line.split("|", 2) for line in listing.stdout.splitlines() if line.count("|") >= 2]
+    return {job: reason if state == "PENDING" and reason != "None" else "" for job, state, reason in jobs}
+
+
+def _stop_if(problem: Optional[str]) -> None:
+    """A request that can never run is a bad input: one line, exit status 2 (as peltbench's own input errors)."""
+    if problem:
+        print(f"peltbench: error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
