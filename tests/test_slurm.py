@@ -125,11 +125,23 @@ def wait_for(condition, what: str, timeout: float = 180):
 
 
 @pytest.mark.slurm
+def test_a_fused_sweep_is_one_array_task_per_group(cluster, workdir):
+    code, output = finish(start(workdir, "method=adapter,lora,ft", "task=rte", "seed=111,222", "fuse=true",
+                                *tiny(workdir, 2), sweep="fused"))
+    assert code == 0, output
+    records = [json.loads(path.read_text()) for path in check_records(workdir, 6)]
+    fused = [record["fused"] for record in records if record["method"] != "ft"]
+    assert len({f["group"] for f in fused}) == 1 and {f["size"] for f in fused} == {4}
+    assert all(record["fused"] is None for record in records if record["method"] == "ft")  # fine-tuning trains alone
+    assert "6 runs: 0 already done (not submitted), 6 to run in 3 array tasks (4 of them in fused groups" in output
+
+
+@pytest.mark.slurm
 def test_a_sweep_runs_as_a_job_array_and_a_rerun_submits_nothing(cluster, workdir):
     code, output = finish(start(workdir, "method=adapter,lora", "task=rte", "seed=111", *tiny(workdir, 2), sweep="first"))
     assert code == 0, output
     check_records(workdir, 2)
-    assert "2 runs: 0 already done (not submitted), 2 to run in 2 array tasks of up to 1 runs" in output
+    assert "2 runs: 0 already done (not submitted), 2 to run in 2 array tasks (up to 1 runs each)" in output
     assert "peltbench sweep: 2 runs: 2 done (0 of them skipped as already done), 0 failed, 0 missing" in output
     job_ids = {OmegaConf.load(path).hydra.job.id for path in (workdir / "sweeps" / "first").glob("*/.hydra/hydra.yaml")}
     assert len(job_ids) == 2 and all("_" in str(job_id) for job_id in job_ids)  # two tasks of one job array

@@ -2,7 +2,8 @@
 
 A few-shot run (K = 100) leaves a GPU idle most of the time, so `runs_per_job: N` runs N of a sweep's runs one
 after another in one array task: one process, one model load (peltbench.model caches it), one CUDA context.
-`runs_per_job: 1` (the default) is one run per array task, like `submitit_slurm`.
+`runs_per_job: 1` (the default) is one run per array task, like `submitit_slurm`. With `fuse=true` each fused
+group of compatible runs (peltbench.fusion, at most `fuse_members`) is one array task that trains them together.
 
 Before submitting, the request (cpus_per_task, mem_gb, gpus_per_node, timeout_min) is checked against the partition;
 while waiting, the jobs' pending reasons are logged, and a reason that can never clear stops the sweep (_request.py).
@@ -27,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, setup_globals
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
@@ -57,27 +58,18 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         self.runs_per_job = runs_per_job
         super().__init__(**params)
 
-    def __call__(self, pack: List[Run], job_dir_key: str, singleton_state: Dict[type, Singleton]) -> List[JobReturn]:
-        """In the array task: the pack's runs one after another, as Hydra's basic launcher runs a sweep.
-
-        A run that fails is recorded FAILED in its JobReturn by run_job and the next one starts.
-        """
+    def __call__(self, pack: List[List[Run]], job_dir_key: str, singleton_state: Dict[type, Singleton]) -> List[JobReturn]:
+        """In the array task: the pack's pieces one after another, each a run of its own or a fused group (fuse=true),
+        as the local launcher runs them (peltbench_local.run_pack). A run that fails is recorded FAILED in its
+        JobReturn by run_job and the next one starts."""
         import submitit
+        from hydra_plugins.peltbench_local import run_pack
 
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         Singleton.set_state(singleton_state)
         setup_globals()
         job_id = submitit.JobEnvironment().job_id
-        returns = []
-        for overrides, job_num in pack:
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(sweep_config.hydra.job):
-                sweep_config.hydra.job.id = job_id
-                sweep_config.hydra.job.num = job_num
-            returns.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function,
-                                   config=sweep_config, job_dir_key=job_dir_key, job_subdir_key="hydra.sweep.subdir"))
-            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        return returns
+        return [ret for piece in pack for ret in run_pack(self, piece, job_id)]
 
     # checkpoint() is SlurmLauncher's: a DelayedSubmission of this object with the same pack, which submitit
     # pickles and requeues on the pre-timeout / preemption signal (max_num_timeout bounds the time-limit requeues).
@@ -94,13 +86,15 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         returns = {num: self._not_submitted(overrides, states[num].state) for overrides, num in runs
                    if states[num].state in ("done", "running")}
         todo = [run for run in runs if run[1] not in returns]
-        packs = [todo[i:i + self.runs_per_job] for i in range(0, len(todo), self.runs_per_job)]
+        packs = self._packs(todo)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit 'slurm' sweep output dir : %s", sweep_dir)
         running = sum(states[num].state == "running" for _, num in runs)
-        log.info("%d runs: %d already done (not submitted), %d to run in %d array tasks of up to %d runs", len(runs),
-                 len(returns) - running, len(todo), len(packs), self.runs_per_job)
+        fused = sum(len(piece) for pack in packs for piece in pack if len(piece) > 1)
+        log.info("%d runs: %d already done (not submitted), %d to run in %d array tasks (%s)", len(runs),
+                 len(returns) - running, len(todo), len(packs),
+                 f"{fused} of them in fused groups, one group per task" if fused else f"up to {self.runs_per_job} runs each")
         if running:
             log.info("%d runs are being trained by other processes (claimed; not submitted)", running)
         for overrides, job_num in todo:
@@ -116,9 +110,23 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
                 subprocess.run(["scancel", *[job.job_id for job in jobs]], capture_output=True, timeout=60)
                 _stop_if(f"{error}; cancelled this sweep's {len(jobs)} array tasks")
             for job, pack, done in zip(jobs, packs, finished):
-                for (_, num), ret in zip(pack, self._results(job, pack, done, states)):
+                flat = [run for piece in pack for run in piece]
+                for (_, num), ret in zip(flat, self._results(job, flat, done, states)):
                     returns[num] = ret
         return [returns[num] for _, num in runs]
+
+    def _packs(self, todo: List[Run]) -> List[List[List[Run]]]:
+        """The array tasks: each a list of pieces (a run of its own, or a fused group of compatible runs, fuse=true).
+
+        A fused group is one array task (its size is capped by fuse_members); other runs are packed `runs_per_job`
+        to a task."""
+        from hydra_plugins.peltbench_local._launcher import plan_packs
+
+        assert self.hydra_context is not None and self.config is not None
+        pieces, _ = plan_packs(self.hydra_context.config_loader, self.config, todo)
+        single = [piece for piece in pieces if len(piece) == 1]
+        packs = [[piece] for piece in pieces if len(piece) > 1]
+        return packs + [single[i:i + self.runs_per_job] for i in range(0, len(single), self.runs_per_job)]
 
     def _states(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Dict[int, Any]:
         """Each job number's run and the state of its record (peltbench.missing composes and checks them)."""
