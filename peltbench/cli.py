@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import UserError, __version__
 from .config import METHOD_SETTINGS, check_config
+from .launchers import register_launchers
 from .packaged import options
 
 log = logging.getLogger("peltbench")
@@ -103,6 +104,7 @@ def main() -> None:
     if any(arg in ("-h", "--help") for arg in arguments):
         print(help_text())
         return
+    register_launchers()  # so that --info lists them, whatever it composes
     try:
         preflight(arguments)
     except UserError as error:

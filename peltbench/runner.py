@@ -114,13 +114,19 @@ class _Run:
         check_config(cfg)
         path = record_path(cfg, results_dir)
         digest = config_hash(cfg)
-        finished = check_existing(path, cfg)
-        missing = [name for name, wanted in ((WEIGHTS, cfg.save.weights), (PREDICTIONS, cfg.save.predictions))
-                   if wanted and not (path.parent / name).is_file()]
+        run = cls(cfg, path, digest, None, record=_identity(cfg, digest))
+        run.finished = run.done()
+        return run
+
+    def done(self) -> dict | None:
+        """The run's finished record, unless it lacks a file this run asks for (then it trains again)."""
+        finished = check_existing(self.path, self.cfg)
+        wanted = ((WEIGHTS, self.cfg.save.weights), (PREDICTIONS, self.cfg.save.predictions))
+        missing = [name for name, asked in wanted if asked and not (self.path.parent / name).is_file()]
         if finished is not None and missing:
-            log.info("rerun: %s is done but has no %s, which this run asks for", path.parent, " or ".join(missing))
-            finished = None
-        return cls(cfg, path, digest, finished, record=_identity(cfg, digest))
+            log.info("rerun: %s is done but has no %s, which this run asks for", self.path.parent, " or ".join(missing))
+            return None
+        return finished
 
     def claim(self, claims: ExitStack) -> Outcome | None:
         """Claim the run for this process (held until `claims` closes), or the Outcome that says why not."""
@@ -132,8 +138,9 @@ class _Run:
                 log.info("skip: %s is being run by another process (%s)", self.path.parent, holder)
                 return Outcome("running", error=RuntimeError(f"being run by another process ({holder})"))
             claims.enter_context(claim)
-            self.finished = check_existing(self.path, self.cfg)  # written by whoever held the claim until now?
+            self.finished = self.done()  # written by whoever held the claim until now?
         if self.finished is None:
+            log.info("run: %s", self.path.parent)
             return None
         log.info("skip: %s is already done (test %s %s)", self.path.parent, self.cfg.task.main_metric,
                  self.finished["test"]["main"])
@@ -229,7 +236,7 @@ def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf1
     trained = max(count["optimizer_params"] for count in counts)
     backbone = 4 * counts[0]["backbone_params"]  # fp32 weights (the embeddings' share is small)
     free, _ = torch.cuda.mem_get_info(device)
-    cap = max(1, int(0.8 * (free - backbone) // (activations + 16 * trained)))
+    cap = min(len(cfgs), max(1, int(0.8 * (free - backbone) // (activations + 16 * trained))))
     if cap < len(cfgs):
         log.info("%d runs fit on %s at once (of %d free GiB): the group trains in parts", cap, device, free >> 30)
     return cap

@@ -19,7 +19,7 @@ METHODS, TASKS = options("method"), options("task")
 
 def test_menus():
     assert METHODS == sorted(["ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
-                              "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam"])
+                              "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he"])
     assert TASKS == sorted(["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"])
 
 
@@ -96,7 +96,7 @@ def test_unknown_keys_and_groups_are_rejected_by_hydra():
     ("method.bottleneck=4.5", "method.bottleneck=4.5"), ("method.gated=yes", "method.gated=yes: must be true or false"),
     ("method.gated=1", "method.gated=1"), ("method.components=[adapter,wings]", "method.components=[adapter,wings]"),
     ("method.components=[]", "method.components=[]"), ("method.components=[adapter,adapter]", "[adapter,adapter]"),
-    ("+method.gate_pooling=mean", "method.gate_pooling=mean: must be masked or padded"),
+    ("method.gate_pooling=mean", "method.gate_pooling=mean: must be masked or padded"),
 ])
 def test_bad_values_are_user_errors(override, message):
     with pytest.raises(UserError, match=re.escape(message)):
@@ -121,10 +121,10 @@ def test_bad_method_values_are_user_errors(method, override, message):
 
 @pytest.mark.parametrize("overrides", [
     ("k=all",), ("k=1",), ("seed=0",), ("device=cpu",), ("device=cuda",), ("device=cuda:3",), ("device=mps",),
-    ("precision=bf16",), ("train.grad_clip=5",), ("method.lr=1",), ("+method.gate_pooling=padded",),
+    ("precision=bf16",), ("train.grad_clip=5",), ("method.lr=1",), ("method.gate_pooling=padded",),
     ("data.dir=/data/glue",), ("method.components=[adapter,lora]", "+method.lora_rank=4", "+method.lora_scale=2",
                                "+method.lora_targets=[key]"),
-    ("+fuse=true", "+fuse_members=8", "+save.weights=true", "+save.predictions=false"),
+    ("fuse=true", "fuse_members=8", "save.weights=true", "save.predictions=false"),
 ])
 def test_good_values_pass(overrides):
     check_config(compose_config("method=adapter", "task=cola", *overrides))
@@ -139,8 +139,8 @@ def test_good_values_pass(overrides):
     (("+task.num_label=3",), "task.num_label: not a setting of task cola"),
     (("~train.patience",), "train.patience: missing"),
     (("method.components=[adapter,lora]",), "method.lora_rank: missing; components [adapter,lora] need it"),
-    (("+fuse=1",), "fuse=1: must be true or false"), (("+fuse_members=0",), "fuse_members=0: must be a positive"),
-    (("+save.weights=yes",), "save.weights=yes: must be true or false"),
+    (("fuse=1",), "fuse=1: must be true or false"), (("fuse_members=0",), "fuse_members=0: must be a positive"),
+    (("save.weights=yes",), "save.weights=yes: must be true or false"),
     (("+save.weight=true",), "save.weight: not a peltbench setting; save has predictions, weights"),
 ])
 def test_unknown_and_missing_keys_are_user_errors(overrides, message):

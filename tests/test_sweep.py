@@ -100,7 +100,8 @@ def test_two_identical_sweeps_started_together_train_each_run_once(workdir):
     trained = [line for output in outputs for line in output.splitlines() if "[INFO] - run: " in line]
     assert len(trained) == 4, outputs  # each run trained by one sweep; the other skipped it (done, or claimed)
     check_records(workdir, 4)
-    assert all(sorted(os.listdir(path.parent)) == [".lock", "result.json"] for path in records(workdir))  # claims gone
+    assert all(sorted(os.listdir(path.parent)) == [".lock", "metrics.csv", "result.json"]  # claims gone
+               for path in records(workdir))
     for sweep, output in zip(sweeps, outputs):
         summary = output[output.index("peltbench sweep:"):].splitlines()
         if sweep.returncode == 1:  # it ended while the other was still training a run it had skipped
