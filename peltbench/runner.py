@@ -255,7 +255,7 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
     return GroupSettings(
         batch_size=cfg.train.batch_size, eval_batch_size=cfg.train.eval_batch_size, pad_id=pad_id,
         pad_to=cfg.train.max_length if model.members.padded_pooling else None, seed=cfg.model_seed,
-        device=device, bf16=bf16,
+        device=device, bf16=bf16, split_by_length=device.type == "cpu",
     )
 
 

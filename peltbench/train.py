@@ -49,6 +49,7 @@ class GroupSettings:
     eval_batch_size: int = 128
     pad_id: int = 0
     pad_to: int | None = None  # pad every batch to this width (gate_pooling=padded), else to its longest row
+    split_by_length: bool = False  # a training step in two length-sorted pieces when that pads less (CPU: see pieces)
     seed: int = 42             # dropout
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     bf16: bool = False
@@ -162,11 +163,15 @@ def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers
     starts = range(0, size, group.batch_size)
     for step, start in enumerate(tqdm(starts, desc="train", unit="step", leave=False, disable=None, mininterval=2)):
         rows = [order[start : start + group.batch_size] for order in orders]
-        batch = collate_group([members[m].train for m in active], rows, group.pad_id, group.device, group.pad_to)
-        with _autocast(group):
-            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-        losses = member_losses(logits, batch["labels"], len(active), task)
-        losses.sum().backward()
+        sets = [members[m].train for m in active]
+        losses = 0.0
+        for piece in pieces(sets, rows, group):  # one forward and backward per piece (one piece: the whole batch)
+            batch = collate_group(sets, piece, group.pad_id, group.device, group.pad_to)
+            with _autocast(group):
+                logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+            share = member_losses(logits, batch["labels"], len(active), task) * (len(piece[0]) / len(rows[0]))
+            share.sum().backward()
+            losses = losses + share.detach()
         clip_per_member(optimizer, clip)
         optimizer.step(first_step + step)
         optimizer.zero_grad()
@@ -176,6 +181,37 @@ def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers
             total += losses.detach() * len(rows[0])
     total = (total / size).tolist()
     return total, first_bad.tolist()
+
+
+def pieces(sets: list[Encoded], rows: list[list[int]], group: GroupSettings) -> list[list[list[int]]]:
+    """The step's rows: one piece, or two (each member's shorter half, then its longer half) where that pads less."""
+    ordered = [sorted(chosen, key=lambda r, s=s: len(s.input_ids[r])) for s, chosen in zip(sets, rows)]
+    halves = length_split([[len(s.input_ids[r]) for r in o] for s, o in zip(sets, ordered)], group)
+    if halves is None:
+        return [rows]
+    return [[o[:h] for o, h in zip(ordered, halves)], [o[h:] for o, h in zip(ordered, halves)]]
+
+
+def length_split(lengths: list[list[int]], group: GroupSettings) -> list[int] | None:
+    """Where to cut each member's rows (their lengths, ascending) so that two passes pad less than one, or None.
+
+    On the CPU padding costs compute, and in a group the longest row among all members sets every row's width;
+    two passes (the members' shorter halves, then their longer ones) pay when they save 15% of the tokens. The
+    results are the same: a member's loss and gradient sum its pieces' shares, and evaluation scores each row
+    alone. On a GPU one pass is cheaper (it waits on launches, not on arithmetic), and with gate_pooling=padded
+    every row has max length anyway.
+    """
+    if not group.split_by_length or group.pad_to is not None:
+        return None
+    halves = [len(member) // 2 for member in lengths]
+    if not any(halves):
+        return None
+    widest = max(max(member) for member in lengths if member)
+    narrow = max(member[half - 1] for member, half in zip(lengths, halves) if half)
+    rows = max(len(member) for member in lengths)
+    whole = len(lengths) * rows * widest
+    split = len(lengths) * (max(halves) * narrow + (rows - min(halves)) * widest)
+    return halves if split < 0.85 * whole else None
 
 
 def member_losses(logits: torch.Tensor, labels: torch.Tensor, members: int, task: TaskSpec) -> torch.Tensor:
@@ -322,6 +358,7 @@ class EvaluationSet:
         order = sorted(range(len(encoded)), key=lambda r: len(encoded.input_ids[r]))
         chunks = [order[i : i + group.eval_batch_size] for i in range(0, len(order), group.eval_batch_size)]
         self.batches = [collate_group([encoded], [chunk], group.pad_id, group.device, group.pad_to) for chunk in chunks]
+        self.lengths = [[len(encoded.input_ids[r]) for r in chunk] for chunk in chunks]
         self.order = order
         self.labels = encoded.labels
 
@@ -342,15 +379,15 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
     outputs: list[list[torch.Tensor]] = [[] for _ in sets]
     count = max(len(s.batches) for s in sets)
     for i in tqdm(range(count), desc=label, unit="batch", leave=False, disable=None, mininterval=2):
-        parts = [s.batches[i] if i < len(s.batches) else None for s in sets]
-        batch, sizes = _stack_blocks(parts, group.pad_id, group.device)
-        model.members.set_gate_rows(batch["real"])
-        with _autocast(group):
-            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-        block = logits.shape[0] // len(sets)
-        for position, size in enumerate(sizes):
-            if size:
-                outputs[position].append(logits[position * block : position * block + size])
+        for parts in _evaluation_pieces(sets, i, group):
+            batch, sizes = _stack_blocks(parts, group.pad_id, group.device)
+            model.members.set_gate_rows(batch["real"])
+            with _autocast(group):
+                logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+            block = logits.shape[0] // len(sets)
+            for position, size in enumerate(sizes):
+                if size:
+                    outputs[position].append(logits[position * block : position * block + size])
     model.members.set_gate_rows(None)
     host = torch.cat([torch.cat(parts) for parts in outputs]).float().cpu().numpy()  # one device-to-host copy
     scores, predictions, offset = [], [], 0
@@ -363,6 +400,21 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
         predictions.append(predicted)
     seconds = _now(group.device) - start
     return (scores, seconds, predictions) if keep else (scores, seconds)
+
+
+def _evaluation_pieces(sets: list[EvaluationSet], i: int, group: GroupSettings) -> list[list[dict | None]]:
+    """Every member's i-th chunk (None where it has none left), in one pass or in two length-sorted halves."""
+    parts = [s.batches[i] if i < len(s.batches) else None for s in sets]
+    lengths = [s.lengths[i] if i < len(s.batches) else [] for s in sets]
+    halves = length_split(lengths, group)
+    if halves is None:
+        return [parts]
+
+    def cut(part, rows: slice, width: int):
+        return {key: part[key][rows, :width] for key in ("input_ids", "attention_mask", "token_type_ids")}
+    short = [cut(p, slice(0, h), l[h - 1]) if p is not None and h else None for p, l, h in zip(parts, lengths, halves)]
+    long = [cut(p, slice(h, None), l[-1]) if p is not None else None for p, l, h in zip(parts, lengths, halves)]
+    return [short, long]
 
 
 def _stack_blocks(parts: list[dict | None], pad_id: int, device: torch.device) -> tuple[dict, list[int]]:

@@ -14,7 +14,7 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
     python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
 
 Printed per scenario: median wall time of each side, fused/separate, sequences per second (training rows +
-evaluated rows), achieved FLOP/s (matmul FLOPs counted by torch.utils.flop_counter) against a large fp32
+evaluated rows), achieved FLOP/s (matmul and attention FLOPs counted with torch.utils.flop_counter's formulas) against a large fp32
 GEMM measured on the same device, and aten operators dispatched per sequence (counted in an extra, untimed
 pass of each side; on a GPU each is at least one kernel launch).
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 from peltbench.model import load_tokenizer
 from peltbench.runner import group_model, group_settings, prepare_member, resolve_device
@@ -59,13 +59,24 @@ def configs(args, runs):
 
 
 class OperatorCount(TorchDispatchMode):
+    """Counts every aten operator dispatched, and the FLOPs of those torch.utils.flop_counter has a formula for
+    (matmuls, convolutions, attention) — FlopCounterMode's own module tracker fails under inference_mode."""
+
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.flops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         self.count += 1
-        return func(*args, **(kwargs or {}))
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        elif func._overloadpacket in (torch.ops.aten.linear, torch.ops.aten.matmul):  # not decomposed under
+            self.flops += 2 * out.numel() * args[0].shape[-1]                          # inference_mode
+        return out
 
 
 def train(cfgs, task, tokenizer, device, bf16) -> int:
@@ -101,10 +112,10 @@ def gemm_flops(device, bf16: bool) -> float:
 
 def counted(side, device):
     """(sequences, matmul FLOPs, aten operators) of one untimed pass of a side."""
-    with FlopCounterMode(display=False) as flops, OperatorCount() as operators:
+    with OperatorCount() as operators:
         sequences = side()
     sync(device)
-    return sequences, flops.get_total_flops(), operators.count
+    return sequences, operators.flops, operators.count
 
 
 def scenario(name, args, device, bf16, tokenizer, task, peak):
@@ -120,6 +131,8 @@ def scenario(name, args, device, bf16, tokenizer, task, peak):
         order = ["separate", "fused"] if round_ % 2 == 0 else ["fused", "separate"]
         for side in order:
             times[side].append(timed(sides[side], device))
+    for side in sides:
+        print(f"  {label}, {side}: turns {', '.join(f'{t:.1f}' for t in times[side])} s", flush=True)
     counts = {side: counted(sides[side], device) for side in sides} if args.count else {}
     rows = []
     for side in sides:

@@ -11,12 +11,14 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from conftest import TINY, compose_config, tiny_backbone, tiny_run_overrides
+from peltbench.data import collate_group
 from peltbench.fusion import plan_groups
 from peltbench.methods import build_pelt_model, member_state
 from peltbench.methods.base import stored_name
@@ -267,3 +269,38 @@ def test_memory_cap_splits_a_group_that_would_not_fit_the_gpu(tiny_checkpoint, m
     few = memory_cap(cfgs, task, torch.device("cuda"), True)
     assert 1 <= few < 40
     assert memory_cap(cfgs, task, torch.device("cuda"), False) < few  # fp32 activations take twice the room
+
+
+def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
+    """On the CPU a step whose rows differ much in length runs in two passes (shorter halves, longer halves)."""
+    from peltbench.data import Encoded
+    from peltbench.train import GroupSettings, length_split, member_losses, pieces
+
+    lengths = [4, 30, 5, 28, 6, 31, 4, 29]
+    generator = torch.Generator().manual_seed(0)
+    ids = [[2, *torch.randint(5, 60, (n - 2,), generator=generator).tolist(), 3] for n in lengths]
+    data = [Encoded(ids[:4], [[0] * len(i) for i in ids[:4]], np.array([0, 1, 1, 0])),
+            Encoded(ids[4:], [[0] * len(i) for i in ids[4:]], np.array([1, 0, 0, 1]))]
+    rows = [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert length_split([[4, 5, 28, 30], [4, 6, 29, 31]], GroupSettings(split_by_length=True)) == [2, 2]
+    assert length_split([[20, 21, 22, 23]], GroupSettings(split_by_length=True)) is None  # nothing to save
+    task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
+    gradients = []
+    for split in (False, True):
+        model = build_pelt_model(no_dropout_backbone(), [method("unipelt_apl", {}), method("lora", {})], 42,
+                                 [no_dropout_backbone().classifier] * 2)
+        group = GroupSettings(split_by_length=split)
+        parts = pieces(data, rows, group)
+        assert len(parts) == (2 if split else 1)
+        total = 0.0
+        for part in parts:
+            batch = collate_group(data, part, 0, torch.device("cpu"))
+            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+            share = member_losses(logits, batch["labels"], 2, task) * (len(part[0]) / 4)
+            share.sum().backward()
+            total = total + share.detach()
+        gradients.append((total, {name: p.grad.clone() for name, p, _, _ in model.member_parameters()}))
+    (whole, one), (split, two) = gradients
+    torch.testing.assert_close(whole, split, rtol=1e-6, atol=1e-7)
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], rtol=1e-5, atol=1e-7, msg=name)
