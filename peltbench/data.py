@@ -71,7 +71,8 @@ def _load_hub(task: TaskSpec, split: str) -> Split:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(
             f"could not load {HUB_DATASET}/{task.hub_config} ({name}) from the Hugging Face Hub: {first_line}. "
-            f"Offline? Point data.dir at a local GLUE directory."
+            f"Offline? Set HF_HUB_OFFLINE=1 (it then fails at once instead of retrying) and point data.dir at a local "
+            f"GLUE directory."
         ) from error
     texts = tuple(list(rows[column]) for column in task.hub_text)
     labels = _label_array(rows["label"], task, lambda row: f"{HUB_DATASET}/{task.hub_config} ({name} split), row index {row}")

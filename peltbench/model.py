@@ -49,7 +49,7 @@ def _check_vocabulary(name: str, tokens: int, vocab_size: int) -> None:
 
 def _load_error(name: str, error: Exception) -> UserError:
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    hint = "" if is_local(name) else " Offline? Point model.name at a local BERT checkpoint directory."
+    hint = "" if is_local(name) else " Offline? Set HF_HUB_OFFLINE=1 and point model.name at a local BERT checkpoint directory."
     return UserError(f"could not load model {name!r}: {first_line}.{hint}")
 
 

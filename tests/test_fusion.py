@@ -33,6 +33,7 @@ MEMBERS = [
     ("prefix_l50", {}), ("lora", {}), ("lora", {"lora_rank": 2, "lora_scale": 4.0}), ("unipelt_ap", {}),
     ("unipelt_apl", {}), ("unipelt_ap_nogate", {}), ("unipelt_apl_nogate", {}), ("prefix_ln", {}), ("mam", {}),
     ("mam_he", {"bottleneck": 16, "prefix_length": 3}),
+    ("adapter", {"components": ["adapter", "ln", "bitfit"]}),  # its own LayerNorms inside the adapter's rows
 ]
 
 
@@ -240,9 +241,9 @@ def test_padded_gate_pooling_pads_every_batch_to_max_length(quiet_checkpoint, gl
     widths = set()
     real = Gate.forward
 
-    def spy(self, x):
+    def spy(self, x, *args):
         widths.add(x.shape[1])
-        return real(self, x)
+        return real(self, x, *args)
 
     monkeypatch.setattr(Gate, "forward", spy)
     cfg = sweep_configs(quiet_checkpoint, glue_dir, tmp_path, [("unipelt_ap", 1e-2)], seeds=(111,),

@@ -240,7 +240,7 @@ def test_prefix_attention_matches_a_hand_written_reference():
     def heads(x):
         return x.view(2, 5, 2, 16).transpose(1, 2)
     q, k, v = heads(inner.query(hidden)), heads(inner.key(hidden)), heads(inner.value(hidden))
-    key_values, visible = model.members.prefixes
+    _, key_values, visible = model.members.prefixes
     assert visible is None  # one member, every prefix position its own
     pk, pv = key_values[0, :, 0].permute(1, 2, 0, 3)  # layer 0: (2, heads, L, head_dim)
     k = torch.cat([pk.expand(2, -1, -1, -1), k], dim=2)

@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import Coefficient, MemberLinear, Members, PeltModel, ffn_output, mark, scale_rows
+from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, ffn_output, mark, scale_rows
 
 
 class Adapter(nn.Module):
@@ -22,14 +22,20 @@ class Adapter(nn.Module):
     def __init__(self, members: Members, users: dict[int, DictConfig], hidden_size: int, layer: int) -> None:
         super().__init__()
         self.members = members
+        self.users = tuple(sorted(users))
         bottleneck = max(method.bottleneck for method in users.values())
         self.down = MemberLinear(members, hidden_size, bottleneck)
         self.up = MemberLinear(members, bottleneck, hidden_size)
         gated = [bool(users[m].gated) if m in users else False for m in range(members.count)]
         self.coefficient = Coefficient(members, hidden_size, "adapter", layer, gated, [1.0] * members.count)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return scale_rows(self.up(torch.relu(self.down(x))), self.coefficient(x), self.members)
+    def selection(self, x: torch.Tensor) -> Selection:
+        return self.members.select(self.users, x.device)
+
+    def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor:
+        """x: the rows of the selected members (those with an adapter)."""
+        out = self.up(torch.relu(self.down(x, selection)), selection)
+        return scale_rows(out, self.coefficient(x, selection))
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         hidden, bottleneck = self.up.weight.shape[1], method.bottleneck

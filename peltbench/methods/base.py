@@ -15,6 +15,8 @@ optimiser and the gradient clipping are per member (peltbench.train).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,6 +36,7 @@ class Members:
     def __init__(self, count: int) -> None:
         self.count = count
         self.active: torch.Tensor | None = None
+        self._selections: dict[tuple[int, ...], Selection] = {}
         self.token_mask: torch.Tensor | None = None
         self.padded_pooling = False
         self.prefixes: dict[int, tuple] | None = None  # per-forward prefix keys/values, see prefix.py
@@ -49,6 +52,43 @@ class Members:
             self.active = None
         else:
             self.active = torch.tensor(list(slots), dtype=torch.long, device=device)
+        self._selections = {}
+
+    def select(self, users: tuple[int, ...], device: torch.device, within: Selection | None = None) -> Selection:
+        """Which of the active members use a component (its `users`), as positions among the active members' blocks
+        of rows, or, `within` a selection, among that selection's blocks. Computed once per set of active members."""
+        key = (users, None if within is None else within.users)
+        if key not in self._selections:
+            rows = self.active_slots()
+            if within is not None:
+                rows = [slot for slot in rows if slot in within.users]
+            positions = [i for i, slot in enumerate(rows) if slot in users]
+            self._selections[key] = Selection(
+                users=users, every=len(positions) == len(rows), count=len(positions),
+                positions=torch.tensor(positions, dtype=torch.long, device=device),
+                slots=None if self.active is None and len(positions) == self.count else
+                torch.tensor([rows[i] for i in positions], dtype=torch.long, device=device))
+        return self._selections[key]
+
+    def gather(self, selection: Selection, x: torch.Tensor) -> torch.Tensor:
+        """The selected members' rows of x (rows, ...), member after member."""
+        if selection.every:
+            return x
+        return self.split(x).index_select(0, selection.positions).flatten(0, 1)
+
+    def add_rows(self, selection: Selection, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them); the other rows
+        are x's, untouched."""
+        if selection.every:
+            return x + delta
+        grouped = self.split(x)
+        return grouped.index_add(0, selection.positions, delta.view(selection.count, *grouped.shape[1:])).view(x.shape)
+
+    def slots_of(self, tensor: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
+        """A member-stacked tensor's slots for the selected members (default: every active member)."""
+        if selection is None:
+            return self.pick(tensor)
+        return tensor if selection.slots is None else tensor.index_select(0, selection.slots.to(tensor.device))
 
     def active_slots(self) -> list[int]:
         return list(range(self.count)) if self.active is None else self.active.tolist()
@@ -70,9 +110,12 @@ class Members:
         """Which rows of the coming batches count (bool per row; None: all): evaluation pads some members' rows."""
         self._gate_rows = rows
 
-    def observe_gate(self, submodule: str, layer: int, values: torch.Tensor) -> None:
-        if self._gate_log is not None:  # kept as they are; summed once, at the end
-            self._gate_log.append((submodule, layer, values.detach(), self.active, self._gate_rows))
+    def observe_gate(self, submodule: str, layer: int, values: torch.Tensor, selection: Selection) -> None:
+        """Gate values of the selected members' rows (kept as they are; summed once, at the end)."""
+        if self._gate_log is not None:
+            slots = selection.slots if selection.slots is not None else torch.arange(self.count, device=values.device)
+            rows = None if self._gate_rows is None else self.gather(selection, self._gate_rows)
+            self._gate_log.append((submodule, layer, values.detach(), slots, rows))
 
     def stop_gate_recording(self) -> list[dict[str, list[float]] | None]:
         """Per member: mean gate per submodule and layer since `start_gate_recording` (None for a member without gates)."""
@@ -81,11 +124,10 @@ class Members:
             return [None] * self.count
         keys = sorted({(submodule, layer) for submodule, layer, *_ in log})
         totals = torch.zeros(len(keys), 2, self.count, device=log[0][2].device)
-        for submodule, layer, values, active, rows in log:
+        for submodule, layer, values, slots, rows in log:
             weight = torch.ones_like(values, dtype=torch.float32) if rows is None else rows.float()
-            members = self.count if active is None else len(active)
+            members = len(slots)
             sums = torch.stack([(values.float() * weight).view(members, -1).sum(1), weight.view(members, -1).sum(1)])
-            slots = torch.arange(self.count, device=values.device) if active is None else active
             totals[keys.index((submodule, layer))].index_add_(1, slots, sums)
         totals = totals.cpu()
         layers = 1 + max(layer for _, layer in keys)
@@ -97,6 +139,18 @@ class Members:
                     means.setdefault(submodule, [float("nan")] * layers)[layer] = total / count
             result.append(means or None)
         return result
+
+
+@dataclass
+class Selection:
+    """The active members that use one component: their positions among the active members' blocks of rows, and
+    their member slots (None: every member, in slot order). `every`: all the active members use it."""
+
+    users: tuple[int, ...]
+    every: bool
+    count: int
+    positions: torch.Tensor
+    slots: torch.Tensor | None
 
 
 def draw(target: torch.Tensor, init) -> None:
@@ -125,13 +179,14 @@ class MemberLinear(nn.Module):
         self.weight = nn.Parameter(torch.zeros(members.count, out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(members.count, out_features)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.members.pick(self.weight).transpose(1, 2)
+    def forward(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
+        """x: the rows of the selected members (default: every active member), member after member."""
+        weight = self.members.slots_of(self.weight, selection).transpose(1, 2)
         rows = x.reshape(weight.shape[0], -1, x.shape[-1])
         if self.bias is None:
             out = torch.bmm(rows, weight)
         else:
-            out = torch.baddbmm(self.members.pick(self.bias).unsqueeze(1), rows, weight)
+            out = torch.baddbmm(self.members.slots_of(self.bias, selection).unsqueeze(1), rows, weight)
         return out.view(*x.shape[:-1], -1)
 
     def init_bert(self, slot: int, rows: int, columns: int) -> None:
@@ -153,16 +208,18 @@ class Gate(nn.Module):
         self.submodule = submodule
         self.layer = layer
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (rows, tokens, hidden) → g: (rows,)."""
-        per_token = torch.sigmoid(self.linear(x)).squeeze(-1)
+    def forward(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
+        """x: the selected members' rows (default: every active member's) (rows, tokens, hidden) → g: (rows,)."""
+        if selection is None:
+            selection = self.members.select(tuple(range(self.members.count)), x.device)
+        per_token = torch.sigmoid(self.linear(x, selection)).squeeze(-1)
         mask = self.members.token_mask
         if mask is None or self.members.padded_pooling:
             gate = per_token.mean(dim=1)
         else:
-            mask = mask.to(per_token.dtype)
+            mask = self.members.gather(selection, mask).to(per_token.dtype)
             gate = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        self.members.observe_gate(self.submodule, self.layer, gate)
+        self.members.observe_gate(self.submodule, self.layer, gate, selection)
         return gate
 
 
@@ -182,13 +239,14 @@ class Coefficient(nn.Module):
         self.register_buffer("gated", torch.tensor(gated, dtype=torch.bool), persistent=False)
         self.register_buffer("constant", torch.tensor(constants, dtype=torch.float32), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
-        """(active members, rows per member) or (active members, 1); None when it is 1 for every member."""
+    def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor | None:
+        """For the selected members' rows x: (members, rows per member) or (members, 1); None when it is 1 for all."""
+        slots = self.members.slots_of
         if self.gate is None:
-            return self.members.pick(self.constant)[:, None] if self.needs_constant else None
-        gate = self.members.split(self.gate(x))
+            return slots(self.constant, selection)[:, None] if self.needs_constant else None
+        gate = self.gate(x, selection).view(selection.count, -1)
         if self.mixed:
-            gate = torch.where(self.members.pick(self.gated)[:, None], gate, self.members.pick(self.constant)[:, None])
+            gate = torch.where(slots(self.gated, selection)[:, None], gate, slots(self.constant, selection)[:, None])
         return gate
 
     def init_member(self, slot: int) -> None:
@@ -199,11 +257,11 @@ class Coefficient(nn.Module):
         return [] if self.gate is None else list(self.gate.parameters())
 
 
-def scale_rows(out: torch.Tensor, coefficient: torch.Tensor | None, members: Members) -> torch.Tensor:
-    """out (rows, ...) times a per-member, per-row coefficient (active members, rows per member or 1)."""
+def scale_rows(out: torch.Tensor, coefficient: torch.Tensor | None) -> torch.Tensor:
+    """out (rows of some members, ...) times a per-member, per-row coefficient (members, rows per member or 1)."""
     if coefficient is None:
         return out
-    grouped = members.split(out)
+    grouped = out.view(coefficient.shape[0], -1, *out.shape[1:])
     shape = (*coefficient.shape, *[1] * (grouped.dim() - 2))
     return (grouped * coefficient.reshape(shape).to(out.dtype)).view(out.shape)
 
@@ -322,7 +380,7 @@ class FfnOutput(nn.Module):
 
     With h = dropout(dense(intermediate)) and a the attention output (the block's residual input):
         out = LN(h + Adapter(LN(h + a)) + ParallelAdapter(a) + a)
-    A member without one of them holds zeros in its slot, so its terms are exactly 0.
+    Each adapter is computed on the rows of the members that have it, and added to those rows only.
     """
 
     def __init__(self, output: nn.Module) -> None:
@@ -335,48 +393,74 @@ class FfnOutput(nn.Module):
         h = self.base.dropout(self.base.dense(hidden_states))
         out = h
         if self.adapter is not None:
-            out = out + self.adapter(self.base.LayerNorm(h + input_tensor))
+            selection = self.adapter.selection(h)
+            if selection.count:  # computed on the rows of the members that have it, added to those rows only
+                users = self.adapter.members.gather
+                x = users(selection, h) + users(selection, input_tensor)
+                x = self.base.LayerNorm(x, selection) if isinstance(self.base.LayerNorm, MemberLayerNorm) else self.base.LayerNorm(x)
+                out = self.adapter.members.add_rows(selection, out, self.adapter(x, selection))
         if self.parallel_adapter is not None:
-            out = out + self.parallel_adapter(input_tensor)
+            selection = self.parallel_adapter.selection(h)
+            if selection.count:
+                x = self.parallel_adapter.members.gather(selection, input_tensor)
+                out = self.parallel_adapter.members.add_rows(selection, out, self.parallel_adapter(x, selection))
         return self.base.LayerNorm(out + input_tensor)
 
 
 class MemberBias(nn.Module):
-    """A pretrained Linear whose bias is the member's own (BitFit): y = x Wᵀ + b_m, W shared and frozen."""
+    """A pretrained Linear whose bias is the member's own for the members that train it (BitFit):
+    y = x Wᵀ + b (the pretrained bias, every row), then + (b_m - b) on the rows of a member that trains b_m."""
 
     def __init__(self, members: Members, linear: nn.Linear) -> None:
         super().__init__()
         self.members = members
         self.weight = linear.weight
+        self.register_buffer("pretrained", linear.bias.detach().clone())
         self.bias = nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(members.count, 1))
+        self.users: tuple[int, ...] = ()  # the members that train the bias (set by `mark_users`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
-        bias = self.members.pick(self.bias).unsqueeze(1).to(out.dtype)
-        return (self.members.split(out.reshape(-1, out.shape[-1])) + bias).view(out.shape)
+        out = F.linear(x, self.weight, self.pretrained)
+        users = self.members.select(self.users, out.device)
+        if not users.count:
+            return out
+        shift = (self.members.slots_of(self.bias, users) - self.pretrained).to(out.dtype)
+        rows = self.members.split(out.reshape(-1, out.shape[-1]))
+        shifted = rows.index_add(0, users.positions, shift[:, None].expand(-1, rows.shape[1], -1))
+        return shifted.view(out.shape)
 
 
 class MemberLayerNorm(nn.Module):
-    """A pretrained LayerNorm whose gain and bias are the member's own (LN-tuning, BitFit)."""
+    """A pretrained LayerNorm whose gain and bias are the member's own for the members that train them (LN-tuning,
+    BitFit): every row is normalised with the pretrained gain and bias, a member that trains them gets its own.
+
+    `selection`: x holds only the selected members' rows (the adapter's input, FfnOutput)."""
 
     def __init__(self, members: Members, norm: nn.LayerNorm) -> None:
         super().__init__()
         self.members = members
         self.normalized_shape, self.eps = norm.normalized_shape, norm.eps
+        self.register_buffer("pretrained_weight", norm.weight.detach().clone())
+        self.register_buffer("pretrained_bias", norm.bias.detach().clone())
         self.weight = nn.Parameter(norm.weight.detach().unsqueeze(0).repeat(members.count, 1))
         self.bias = nn.Parameter(norm.bias.detach().unsqueeze(0).repeat(members.count, 1))
+        self.users: tuple[int, ...] = ()  # the members that train the gain or the bias (set by `mark_users`)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-        rows = self.members.split(normed.reshape(-1, normed.shape[-1]))
-        weight = self.members.pick(self.weight).unsqueeze(1).to(normed.dtype)
-        bias = self.members.pick(self.bias).unsqueeze(1).to(normed.dtype)
-        return torch.addcmul(bias, rows, weight).view(normed.shape)
+    def forward(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
+        out = F.layer_norm(x, self.normalized_shape, self.pretrained_weight, self.pretrained_bias, self.eps)
+        users = self.members.select(self.users, x.device, within=selection)
+        if not users.count:
+            return out
+        rows = x.reshape((selection.count if selection is not None else self.members.active_count), -1, x.shape[-1])
+        mine = F.layer_norm(rows.index_select(0, users.positions), self.normalized_shape, None, None, self.eps)
+        own = torch.addcmul(self.members.slots_of(self.bias, users)[:, None].to(mine.dtype), mine,
+                            self.members.slots_of(self.weight, users)[:, None].to(mine.dtype))
+        return out.reshape(rows.shape).index_copy(0, users.positions, own).view(out.shape)
 
 
 def member_affine(model: PeltModel) -> None:
     """Give every pretrained Linear of the encoder a per-member bias and every LayerNorm a per-member gain and
-    bias (once; BitFit and LN-tuning share them)."""
+    bias (once; BitFit and LN-tuning share them, and add their members to `users`)."""
     if getattr(model, "_member_affine", False):
         return
     for parent in list(model.backbone.bert.modules()):

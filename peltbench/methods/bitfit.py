@@ -12,6 +12,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     member_affine(model)
     modules = [m for m in model.backbone.bert.modules() if isinstance(m, (MemberBias, MemberLayerNorm))]
     mark(model, [m.bias for m in modules], users)
+    for module in modules:
+        module.users = tuple(sorted(set(module.users) | set(users)))
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

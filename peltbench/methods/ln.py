@@ -12,6 +12,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     member_affine(model)
     norms = [m for m in model.backbone.bert.modules() if isinstance(m, MemberLayerNorm)]
     mark(model, [p for norm in norms for p in (norm.weight, norm.bias)], users)
+    for norm in norms:
+        norm.users = tuple(sorted(set(norm.users) | set(users)))
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

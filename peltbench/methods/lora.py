@@ -31,6 +31,7 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.members = members
+        self.users = tuple(sorted(users))
         in_features, out_features = base.weight.shape[1], base.weight.shape[0]
         rank = max(method.lora_rank for method in users.values())
         self.lora_a = MemberLinear(members, in_features, rank, bias=False)
@@ -40,8 +41,13 @@ class LoRALinear(nn.Module):
         self.coefficient = Coefficient(members, in_features, submodule, layer, gated, scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        delta = scale_rows(self.lora_b(self.lora_a(x)), self.coefficient(x), self.members)
-        return self.base(x) + delta
+        out = self.base(x)
+        selection = self.members.select(self.users, x.device)
+        if not selection.count:
+            return out
+        rows = self.members.gather(selection, x)  # only the members with LoRA here
+        delta = scale_rows(self.lora_b(self.lora_a(rows, selection), selection), self.coefficient(rows, selection))
+        return self.members.add_rows(selection, out, delta)
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         """A kaiming-uniform, B zeros (already), then the gate: the order a separate run draws them in."""

@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import MemberLinear, Members, PeltModel, draw, ffn_output, mark, scale_rows
+from .base import MemberLinear, Members, PeltModel, Selection, draw, ffn_output, mark, scale_rows
 from .lora import kaiming
 
 
@@ -20,14 +20,20 @@ class ParallelAdapter(nn.Module):
     def __init__(self, members: Members, users: dict[int, DictConfig], hidden_size: int) -> None:
         super().__init__()
         self.members = members
+        self.users = tuple(sorted(users))
         bottleneck = max(method.bottleneck for method in users.values())
         self.down = MemberLinear(members, hidden_size, bottleneck)
         self.up = MemberLinear(members, bottleneck, hidden_size)
         scales = [float(users[m].adapter_scale) if m in users else 0.0 for m in range(members.count)]
         self.register_buffer("scale", torch.tensor(scales), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return scale_rows(self.up(torch.relu(self.down(x))), self.members.pick(self.scale)[:, None], self.members)
+    def selection(self, x: torch.Tensor) -> Selection:
+        return self.members.select(self.users, x.device)
+
+    def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor:
+        """x: the rows of the selected members (those with a parallel adapter)."""
+        out = self.up(torch.relu(self.down(x, selection)), selection)
+        return scale_rows(out, self.members.slots_of(self.scale, selection)[:, None])
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         draw(self.down.weight[slot, : method.bottleneck], kaiming)  # bias, Up: zeros (already)
