@@ -261,6 +261,7 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
 
 def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: bool, pad_id: int,
                  outcomes: dict[int, Outcome]) -> None:
+    runs = sorted(runs, key=lambda run: _layout(run.cfg.method))
     first = runs[0].cfg
     fused = _fused(runs)
     model = group_model([run.cfg for run in runs], task, device)
@@ -346,6 +347,13 @@ def _failed(run: _Run, error: BaseException, trace: str | None, result: MemberRe
         return Outcome("failed", record, error)
     log.error("failed: %s: %s (record written to %s)", run.label, record["error"], run.path)
     return Outcome("failed", record, error)
+
+
+def _layout(method: DictConfig) -> tuple:
+    """Where a run sits in its group: members with the same prefix length and components side by side, so a
+    component's rows are mostly one slice of the batch (a view) rather than gathered (a copy)."""
+    length = method.prefix_length if "prefix" in method.components else 0
+    return length, tuple(sorted(method.components)), bool(method.get("gated", False))
 
 
 def _fused(runs: list[_Run]) -> dict | None:

@@ -103,7 +103,7 @@ def test_hub_failure_is_one_clear_line(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     load_split.cache_clear()
-    with pytest.raises(UserError, match=r"could not load nyu-mll/glue/cola .*Couldn't reach.*Offline\? Point data.dir"):
+    with pytest.raises(UserError, match=r"could not load nyu-mll/glue/cola .*Couldn't reach.*Offline\? Set HF_HUB_OFFLINE=1.*point data.dir at a local GLUE directory"):
         load_split(spec("cola"), None, "train")
     load_split.cache_clear()
 

@@ -240,8 +240,9 @@ def test_prefix_attention_matches_a_hand_written_reference():
     def heads(x):
         return x.view(2, 5, 2, 16).transpose(1, 2)
     q, k, v = heads(inner.query(hidden)), heads(inner.key(hidden)), heads(inner.value(hidden))
-    _, key_values, visible = model.members.prefixes
-    assert visible is None  # one member, every prefix position its own
+    prefixes = model.members.prefixes
+    key_values = prefixes.key_values
+    assert [length for length, _, _ in prefixes.classes] == [10]  # one member, one prefix length
     pk, pv = key_values[0, :, 0].permute(1, 2, 0, 3)  # layer 0: (2, heads, L, head_dim)
     k = torch.cat([pk.expand(2, -1, -1, -1), k], dim=2)
     v = torch.cat([pv.expand(2, -1, -1, -1), v], dim=2)

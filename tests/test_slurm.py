@@ -184,7 +184,7 @@ def test_a_packed_job_requeues_itself_on_the_pre_timeout_signal(cluster, workdir
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     code, output = finish(sweep)
     assert code == 0, output
-    assert "2 runs: 0 already done (not submitted), 2 to run in 1 array tasks of up to 2 runs" in output
+    assert "2 runs: 0 already done (not submitted), 2 to run in 1 array tasks (up to 2 runs each)" in output
     assert "peltbench sweep: 2 runs: 2 done (0 of them skipped as already done), 0 failed, 0 missing" in output
     first, second = check_records(workdir, 2)
     log = job_logs(workdir, "packed")[job]

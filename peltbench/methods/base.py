@@ -63,9 +63,11 @@ class Members:
             if within is not None:
                 rows = [slot for slot in rows if slot in within.users]
             positions = [i for i, slot in enumerate(rows) if slot in users]
+            run = positions and positions == list(range(positions[0], positions[-1] + 1))
             self._selections[key] = Selection(
                 users=users, every=len(positions) == len(rows), count=len(positions),
                 positions=torch.tensor(positions, dtype=torch.long, device=device),
+                span=slice(positions[0], positions[-1] + 1) if run else None,
                 slots=None if self.active is None and len(positions) == self.count else
                 torch.tensor([rows[i] for i in positions], dtype=torch.long, device=device))
         return self._selections[key]
@@ -74,15 +76,22 @@ class Members:
         """The selected members' rows of x (rows, ...), member after member."""
         if selection.every:
             return x
+        if selection.span is not None:
+            return self.split(x)[selection.span].flatten(0, 1)
         return self.split(x).index_select(0, selection.positions).flatten(0, 1)
 
     def add_rows(self, selection: Selection, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them); the other rows
-        are x's, untouched."""
+        are x's, untouched. In place when only some members are selected (no copy of the others' rows): x must be
+        an output no backward pass reads (a Linear's, a dropout's)."""
         if selection.every:
             return x + delta
         grouped = self.split(x)
-        return grouped.index_add(0, selection.positions, delta.view(selection.count, *grouped.shape[1:])).view(x.shape)
+        delta = delta.view(selection.count, *grouped.shape[1:])
+        if selection.span is not None:
+            grouped[selection.span] += delta
+            return x
+        return grouped.index_add_(0, selection.positions, delta).view(x.shape)
 
     def slots_of(self, tensor: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
         """A member-stacked tensor's slots for the selected members (default: every active member)."""
@@ -150,6 +159,7 @@ class Selection:
     every: bool
     count: int
     positions: torch.Tensor
+    span: slice | None  # the positions when they are consecutive: rows are then a view, not a copy
     slots: torch.Tensor | None
 
 
@@ -425,9 +435,8 @@ class MemberBias(nn.Module):
         if not users.count:
             return out
         shift = (self.members.slots_of(self.bias, users) - self.pretrained).to(out.dtype)
-        rows = self.members.split(out.reshape(-1, out.shape[-1]))
-        shifted = rows.index_add(0, users.positions, shift[:, None].expand(-1, rows.shape[1], -1))
-        return shifted.view(out.shape)
+        rows = self.members.split(out.reshape(-1, out.shape[-1]))  # a Linear's output: no backward reads it
+        return rows.index_add_(0, users.positions, shift[:, None].expand(-1, rows.shape[1], -1)).view(out.shape)
 
 
 class MemberLayerNorm(nn.Module):

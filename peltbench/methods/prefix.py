@@ -6,13 +6,15 @@ prepended to that layer's keys and values. Every token may attend to them; atten
 usual. Gated: g = mean_t sigmoid(Linear(h_in,t)) from the attention input multiplies both prefixes.
 Only the final L × 2 × layers × H tensor is needed after training, so that is what is counted.
 
-In a group, members with shorter prefixes than the group's longest, and members without a prefix (L = 0),
-have the rest masked: no token attends to it. The prefixes reach attention through transformers' public
+In a group, the members are attended in classes of equal prefix length (L = 0 for members without one), each
+class with exactly its own prefixes, so no row attends to another member's or to padding. The prefixes reach attention through transformers' public
 extension point: a registered attention function (`AttentionInterface`) that receives them as a keyword
 argument, which `BertSelfAttention` passes through untouched.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
@@ -27,48 +29,63 @@ ATTENTION_NAME = "peltbench_prefix_sdpa"
 
 
 def prefix_attention(module, query, key, value, attention_mask, prefix=None, **kwargs):
-    """PyTorch SDPA attention with prefix keys and values prepended for the rows that have them.
+    """PyTorch SDPA attention with the rows' prefix keys and values prepended.
 
-    `prefix = (key_prefix, value_prefix, visible, split)`: prefixes (rows with a prefix, heads, L, head_dim);
-    visible (those rows, L) bool, or None when every one sees all L; split None when every row has a prefix,
-    else (members, positions of those with a prefix, positions of the others) among the rows' member blocks:
-    the rows without one are attended on their own, as a separate run would."""
+    `prefix = (key_values, gate, classes, members)`: key_values (2, members with a prefix, heads, L, head_dim),
+    gate (those members, rows per member) or None, and the classes of members by prefix length: (length, which
+    members with a prefix, their positions among the `members` blocks of rows); length 0 is the members without
+    one. Each class is attended apart with exactly its own prefix length, so no row sees padding.
+    """
     if prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    key_prefix, value_prefix, visible, split = prefix
-    if split is None:
-        return _with_prefix(module, query, key, value, attention_mask, key_prefix, value_prefix, visible, **kwargs)
-    members, users, others = split
-    def rows(tensor, positions):
-        return None if tensor is None else tensor.view(members, -1, *tensor.shape[1:]).index_select(0, positions).flatten(0, 1)
-    with_prefix, _ = _with_prefix(module, rows(query, users), rows(key, users), rows(value, users),
-                                  rows(attention_mask, users), key_prefix, value_prefix, visible, **kwargs)
-    blocks = [with_prefix.view(len(users), -1, *with_prefix.shape[1:])]
-    if len(others):
-        without, _ = sdpa_attention_forward(module, rows(query, others), rows(key, others), rows(value, others),
-                                            rows(attention_mask, others), **kwargs)
-        blocks.append(without.view(len(others), -1, *without.shape[1:]))
-    order = torch.argsort(torch.cat([users, others]))  # back to the rows' own order
-    return torch.cat(blocks).index_select(0, order).flatten(0, 1), None
+    key_values, gate, classes, members = prefix
+    outputs, order = [], []
+    for length, users, positions in classes:
+        def rows(tensor):
+            if tensor is None or len(classes) == 1:
+                return tensor
+            blocks = tensor.view(members, -1, *tensor.shape[1:])
+            if isinstance(positions, slice):  # consecutive members: a view
+                return blocks[positions].flatten(0, 1)
+            return blocks.index_select(0, positions).flatten(0, 1)
+        q, k, v, mask = rows(query), rows(key), rows(value), rows(attention_mask)
+        if length:
+            k, v, mask = _prepend(key_values, gate, users, length, k, v, mask)
+        out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+        outputs.append(out.view(members if len(classes) == 1 else -1, key.shape[0] // members, *out.shape[1:]))
+        order.append(positions)
+    if len(classes) == 1:
+        return outputs[0].flatten(0, 1), None
+    if all(isinstance(p, slice) for p in order) and [p.start for p in order] == sorted(p.start for p in order):
+        return torch.cat(outputs).flatten(0, 1), None  # the classes lie in the rows' own order
+    back = torch.argsort(torch.cat([_indices(p, query.device) for p in order]))  # the rows' own order
+    return torch.cat(outputs).index_select(0, back).flatten(0, 1), None
 
 
-def _with_prefix(module, query, key, value, attention_mask, key_prefix, value_prefix, visible, **kwargs):
-    key = torch.cat([key_prefix.to(key.dtype), key], dim=2)
-    value = torch.cat([value_prefix.to(value.dtype), value], dim=2)
-    if attention_mask is not None or visible is not None:
-        rows, queries, length = query.shape[0], query.shape[2], key_prefix.shape[2]
-        if attention_mask is None:
-            attention_mask = torch.ones(rows, 1, queries, key.shape[2] - length, dtype=torch.bool, device=query.device)
-        shape = (*attention_mask.shape[:-1], length)
-        if visible is None:
-            seen = torch.ones(shape, dtype=torch.bool, device=query.device)
-        else:
-            seen = visible[:, None, None, :].expand(rows, 1, shape[2], length)
-        if attention_mask.dtype != torch.bool:  # an additive float mask: 0 where visible
-            seen = torch.zeros(shape, dtype=attention_mask.dtype, device=query.device).masked_fill(
-                ~seen, torch.finfo(attention_mask.dtype).min)
-        attention_mask = torch.cat([seen.expand(shape), attention_mask.expand(*shape[:-1], -1)], dim=-1)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+def _indices(positions, device) -> torch.Tensor:
+    if isinstance(positions, slice):
+        return torch.arange(positions.start, positions.stop, device=device)
+    return positions
+
+
+def _prepend(key_values, gate, users, length, key, value, mask):
+    """The class's keys and values with its members' (gated) prefixes in front, and the mask widened to see them."""
+    prefixes = key_values if users is None else key_values.index_select(1, users)
+    prefixes = prefixes[:, :, None, :, :length]  # (2, members, 1, heads, L, head_dim)
+    count, rows = prefixes.shape[1], key.shape[0] // prefixes.shape[1]
+    if gate is not None:
+        gate = gate if users is None else gate.index_select(0, users)
+        prefixes = prefixes * gate[None, :, :, None, None, None].to(prefixes.dtype)
+    else:
+        prefixes = prefixes.expand(-1, -1, rows, -1, -1, -1)
+    key = torch.cat([prefixes[0].to(key.dtype), key.view(count, rows, *key.shape[1:])], dim=3).flatten(0, 1)
+    value = torch.cat([prefixes[1].to(value.dtype), value.view(count, rows, *value.shape[1:])], dim=3).flatten(0, 1)
+    if mask is not None:  # every token sees the prefix
+        shape = (*mask.shape[:-1], length)
+        seen = torch.ones(shape, dtype=torch.bool, device=mask.device) if mask.dtype == torch.bool else \
+            torch.zeros(shape, dtype=mask.dtype, device=mask.device)
+        mask = torch.cat([seen, mask], dim=-1)
+    return key, value, mask
 
 
 AttentionInterface.register(ATTENTION_NAME, prefix_attention)
@@ -90,23 +107,37 @@ class PrefixEncoder(nn.Module):
         self.length, self.hidden_size, self.layers, self.heads = length, hidden_size, layers, heads
         lengths = [users[m].prefix_length if m in users else 0 for m in range(members.count)]
         self.member_lengths = lengths
-        self.register_buffer("lengths", torch.tensor(lengths), persistent=False)
+        self._class_cache: dict = {}
 
-    def forward(self) -> tuple[Selection, torch.Tensor, torch.Tensor | None] | None:
-        """For the active members with a prefix: their selection, their key/value prefixes (members, L, layers, 2,
-        heads, head_dim), and which of the L each sees (None: all). None when no active member has a prefix."""
+    def forward(self) -> Prefixes | None:
+        """The active members' prefixes, computed once per batch for every layer (None: no active member has one)."""
         selection = self.members.select(self.users, self.embedding.device)
         if not selection.count:
             return None
         hidden = torch.tanh(self.down(self.members.slots_of(self.embedding, selection), selection))
         key_values = self.up(hidden, selection).view(selection.count, self.length, self.layers, 2, self.heads, -1)
-        lengths = [self.member_lengths[slot] for slot in (selection.slots.tolist() if selection.slots is not None
-                                                          else range(self.members.count))]
-        visible = None
-        if min(lengths) < self.length:
-            lengths = torch.tensor(lengths, device=key_values.device)
-            visible = torch.arange(self.length, device=key_values.device)[None, :] < lengths[:, None]
-        return selection, key_values, visible
+        return Prefixes(selection, key_values, self._classes(selection))
+
+    def _classes(self, selection: Selection) -> list:
+        """The active members by prefix length: (length, which of the selection, positions among the active members);
+        length 0: the members without a prefix. Once per set of active members."""
+        key = (tuple(self.members.active_slots()), "prefix classes")
+        if key not in self._class_cache:
+            active = self.members.active_slots()
+            users = [slot for slot in active if slot in self.users]
+            device = self.embedding.device
+            classes = []
+            for length in sorted({self.member_lengths[slot] for slot in active}):
+                slots = [slot for slot in active if self.member_lengths[slot] == length]
+                which = None if length == 0 or len(slots) == len(users) else \
+                    torch.tensor([users.index(slot) for slot in slots], device=device)
+                positions = [active.index(slot) for slot in slots]
+                if positions == list(range(positions[0], positions[-1] + 1)):
+                    classes.append((length, which, slice(positions[0], positions[-1] + 1)))
+                else:
+                    classes.append((length, which, torch.tensor(positions, device=device)))
+            self._class_cache = {key: classes}
+        return self._class_cache[key]
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         length, width = method.prefix_length, method.prefix_hidden
@@ -130,23 +161,24 @@ class PrefixSelfAttention(nn.Module):
         self.layer = layer
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        if self.members.prefixes is None:  # no active member has a prefix
+        prefixes = self.members.prefixes
+        if prefixes is None:  # no active member has a prefix
             return self.inner(hidden_states, *args, **kwargs)
-        selection, key_values, visible = self.members.prefixes
-        users, rows = selection.count, hidden_states.shape[0] // self.members.active_count
-        layer = key_values[:, :, self.layer].permute(2, 0, 3, 1, 4)  # (2, users, heads, L, head_dim)
-        layer = layer[:, :, None].expand(-1, -1, rows, -1, -1, -1).reshape(2, users * rows, *layer.shape[2:])
-        coefficient = self.coefficient(self.members.gather(selection, hidden_states), selection)
-        if coefficient is not None:
-            layer = layer * coefficient.reshape(1, -1, 1, 1, 1).to(layer.dtype)
-        if visible is not None:
-            visible = visible[:, None].expand(-1, rows, -1).reshape(users * rows, -1)
-        split = None
-        if not selection.every:
-            others = [i for i in range(self.members.active_count) if i not in set(selection.positions.tolist())]
-            split = (self.members.active_count, selection.positions,
-                     torch.tensor(others, dtype=torch.long, device=hidden_states.device))
-        return self.inner(hidden_states, *args, prefix=(layer[0], layer[1], visible, split), **kwargs)
+        selection = prefixes.selection
+        key_values = prefixes.key_values[:, :, self.layer].permute(2, 0, 3, 1, 4)  # (2, members, heads, L, head_dim)
+        gate = self.coefficient(self.members.gather(selection, hidden_states), selection)
+        prefix = (key_values, gate, prefixes.classes, self.members.active_count)
+        return self.inner(hidden_states, *args, prefix=prefix, **kwargs)
+
+
+@dataclass
+class Prefixes:
+    """One batch's prefixes: the members with one (`selection`), their key/value prefixes (members, L, layers, 2,
+    heads, head_dim), and the active members by prefix length (PrefixEncoder._classes)."""
+
+    selection: Selection
+    key_values: torch.Tensor
+    classes: list
 
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
