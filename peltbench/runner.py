@@ -250,12 +250,24 @@ def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
     return build_pelt_model(backbone, [cfg.method for cfg in cfgs], [cfg.model_seed for cfg in cfgs], heads).to(device)
 
 
-def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf16: bool) -> GroupSettings:
-    """What the group's runs share (from its first run's config: compatible runs agree on it)."""
+def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf16: bool,
+                   shapes_for: str | None = None) -> GroupSettings:
+    """What the group's runs share (from its first run's config: compatible runs agree on it).
+
+    The batch shapes suit the device (`shapes_for`: another device type's, for the benchmark's operator count).
+    A GPU waits on launches, so each pass is as big as it gets: every member evaluates `eval_batch_size` rows
+    at a time. A CPU waits on arithmetic and is fastest per row around `eval_batch_size` rows per pass (bigger
+    tensors leave its caches), so there the members share those rows out, and a training step runs in two
+    length-sorted pieces where that pads less (train.length_split). Neither changes a result beyond float rounding.
+    """
+    cpu = (shapes_for or device.type) == "cpu"
+    eval_batch_size = cfg.train.eval_batch_size
+    if cpu:
+        eval_batch_size = -(-eval_batch_size // model.members.count)
     return GroupSettings(
-        batch_size=cfg.train.batch_size, eval_batch_size=cfg.train.eval_batch_size, pad_id=pad_id,
+        batch_size=cfg.train.batch_size, eval_batch_size=eval_batch_size, pad_id=pad_id,
         pad_to=cfg.train.max_length if model.members.padded_pooling else None, seed=cfg.model_seed,
-        device=device, bf16=bf16, split_by_length=device.type == "cpu",
+        device=device, bf16=bf16, split_by_length=cpu,
     )
 
 

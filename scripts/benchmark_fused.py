@@ -16,7 +16,8 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
 Printed per scenario: median wall time of each side, fused/separate, sequences per second (training rows +
 evaluated rows), achieved FLOP/s (matmul and attention FLOPs counted with torch.utils.flop_counter's formulas) against a large fp32
 GEMM measured on the same device, and aten operators dispatched per sequence (counted in an extra, untimed
-pass of each side; on a GPU each is at least one kernel launch).
+pass of each side, with the batch shapes a GPU gets: runner.group_settings gives a CPU smaller fused evaluation
+passes, which suit its caches; on a GPU each operator that computes is a kernel launch).
 """
 
 from __future__ import annotations
@@ -79,11 +80,13 @@ class OperatorCount(TorchDispatchMode):
         return out
 
 
-def train(cfgs, task, tokenizer, device, bf16) -> int:
-    """Train `cfgs` as one group with peltbench's loop; the sequences it processed (train + dev + test rows)."""
+def train(cfgs, task, tokenizer, device, bf16, shapes_for=None) -> int:
+    """Train `cfgs` as one group with peltbench's loop; the sequences it processed (train + dev + test rows).
+    `shapes_for`: use another device type's batch shapes (runner.group_settings)."""
     members = [prepare_member(cfg, task, tokenizer, f"run {i}")[0] for i, cfg in enumerate(cfgs)]
     model = group_model(cfgs, task, device)
-    fit(model, members, task, group_settings(cfgs[0], model, tokenizer.pad_token_id, device, bf16), lambda *_: None)
+    settings = group_settings(cfgs[0], model, tokenizer.pad_token_id, device, bf16, shapes_for)
+    fit(model, members, task, settings, lambda *_: None)
     epochs = cfgs[0].train.epochs
     return sum(epochs * (len(m.train) + len(m.dev)) + len(m.test) for m in members)
 
@@ -111,19 +114,24 @@ def gemm_flops(device, bf16: bool) -> float:
 
 
 def counted(side, device):
-    """(sequences, matmul FLOPs, aten operators) of one untimed pass of a side."""
+    """(sequences, matmul FLOPs, aten operators) of one untimed pass of a side with the timed batch shapes, and
+    the aten operators of one with a GPU's shapes (on the GPU the same pass): what a GPU would launch."""
     with OperatorCount() as operators:
         sequences = side()
     sync(device)
-    return sequences, operators.flops, operators.count
+    if device.type == "cuda":
+        return sequences, operators.flops, operators.count
+    with OperatorCount() as launched:
+        side("cuda")
+    return sequences, operators.flops, launched.count
 
 
 def scenario(name, args, device, bf16, tokenizer, task, peak):
     label, runs = SCENARIOS[name]
     cfgs = configs(args, runs)
     sides = {
-        "separate": lambda: sum(train([cfg], task, tokenizer, device, bf16) for cfg in cfgs),
-        "fused": lambda: train(cfgs, task, tokenizer, device, bf16),
+        "separate": lambda shapes=None: sum(train([cfg], task, tokenizer, device, bf16, shapes) for cfg in cfgs),
+        "fused": lambda shapes=None: train(cfgs, task, tokenizer, device, bf16, shapes),
     }
     sides["fused"]()  # warm-up: tokenisation caches, the model load, allocator, kernels
     times = {side: [] for side in sides}

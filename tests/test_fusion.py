@@ -272,6 +272,21 @@ def test_memory_cap_splits_a_group_that_would_not_fit_the_gpu(tiny_checkpoint, m
     assert memory_cap(cfgs, task, torch.device("cuda"), False) < few  # fp32 activations take twice the room
 
 
+def test_batch_shapes_suit_the_device(tiny_checkpoint):
+    """A GPU evaluates eval_batch_size rows per member per pass; a CPU shares them out among the members and may
+    split a training step by length."""
+    from types import SimpleNamespace
+
+    from peltbench.runner import group_settings
+
+    cfg = compose_config("method=adapter", "task=rte", f"model.name={tiny_checkpoint}", "train.eval_batch_size=100")
+    group = SimpleNamespace(members=SimpleNamespace(count=3, padded_pooling=False))
+    cpu = group_settings(cfg, group, 0, torch.device("cpu"), False)
+    assert (cpu.eval_batch_size, cpu.split_by_length) == (34, True)
+    gpu = group_settings(cfg, group, 0, torch.device("cpu"), False, shapes_for="cuda")
+    assert (gpu.eval_batch_size, gpu.split_by_length) == (100, False)
+
+
 def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
     """On the CPU a step whose rows differ much in length runs in two passes (shorter halves, longer halves)."""
     from peltbench.data import Encoded
