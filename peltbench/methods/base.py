@@ -84,10 +84,10 @@ class Members:
         """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them); the other rows
         are x's, untouched. In place when only some members are selected (no copy of the others' rows): x must be
         an output no backward pass reads (a Linear's, a dropout's)."""
-        if selection.every:
-            return x + delta
         grouped = self.split(x)
-        delta = delta.view(selection.count, *grouped.shape[1:])
+        delta = delta.reshape(selection.count, *grouped.shape[1:])  # a view: delta may also come member by member
+        if selection.every:
+            return (grouped + delta).view(x.shape)
         if selection.span is not None:
             grouped[selection.span] += delta
             return x
@@ -435,8 +435,9 @@ class MemberBias(nn.Module):
         if not users.count:
             return out
         shift = (self.members.slots_of(self.bias, users) - self.pretrained).to(out.dtype)
-        rows = self.members.split(out.reshape(-1, out.shape[-1]))  # a Linear's output: no backward reads it
-        return rows.index_add_(0, users.positions, shift[:, None].expand(-1, rows.shape[1], -1)).view(out.shape)
+        rows = out.reshape(-1, out.shape[-1])  # a Linear's output: no backward reads it
+        shift = shift[:, None].expand(-1, rows.shape[0] // self.members.active_count, -1)
+        return self.members.add_rows(users, rows, shift).view(out.shape)
 
 
 class MemberLayerNorm(nn.Module):
