@@ -181,7 +181,7 @@ def main(argv=None) -> None:
     print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, "
           f"{torch.get_num_threads()} threads), {'bf16' if bf16 else 'fp32'}, model {args.model}, task {args.task}, "
           f"{args.epochs} epoch(s) per run, {args.rounds} alternating rounds; 2048^3 GEMM: {peak / 1e9:.1f} GFLOP/s")
-    header = f"{'scenario':<32}{'side':<10}{'wall s':>9}{'ratio':>8}{'seq/s':>9}{'GFLOP/s':>10}{'of GEMM':>9}{'ops/seq':>9}"
+    header = f"{'scenario':<39}{'side':<10}{'wall s':>9}{'ratio':>8}{'seq/s':>9}{'GFLOP/s':>10}{'of GEMM':>9}{'ops/seq':>9}"
     print(header)
     for name in args.scenarios:
         label, count, rows = scenario(name, args, device, bf16, tokenizer, task, peak)
@@ -192,10 +192,10 @@ def main(argv=None) -> None:
             if "flops" in row:
                 extra = (f"{row['per_second']:>9.1f}{row['flops'] / 1e9:>10.1f}{100 * row['flops'] / peak:>8.0f}%"
                          f"{row['operators']:>9.2f}")
-            print(f"{label + f' ({count} runs)':<32}{row['side']:<10}{row['wall']:>9.1f}{ratio:>8.2f}{extra}"
+            print(f"{label + f' ({count} runs)':<39}{row['side']:<10}{row['wall']:>9.1f}{ratio:>8.2f}{extra}"
                   f"   turns: {', '.join(f'{t:.1f}' for t in row['times'])}")
         if "operators" in rows[0]:
-            print(f"{'':<32}fused ops/seq = {rows[1]['operators'] / rows[0]['operators']:.3f} x separate "
+            print(f"{'':<39}fused ops/seq = {rows[1]['operators'] / rows[0]['operators']:.3f} x separate "
                   f"(target <= 1.2/{count} = {1.2 / count:.3f})")
         sys.stdout.flush()
 

@@ -7,9 +7,9 @@ usual. Gated: g = mean_t sigmoid(Linear(h_in,t)) from the attention input multip
 Only the final L × 2 × layers × H tensor is needed after training, so that is what is counted.
 
 In a group, the members are attended in classes of equal prefix length (L = 0 for members without one), each
-class with exactly its own prefixes, so no row attends to another member's or to padding. The prefixes reach attention through transformers' public
-extension point: a registered attention function (`AttentionInterface`) that receives them as a keyword
-argument, which `BertSelfAttention` passes through untouched.
+class with exactly its own prefixes, so no row attends to another member's or to padding. The prefixes reach
+attention through transformers' public extension point: a registered attention function (`AttentionInterface`)
+that receives them as a keyword argument, which `BertSelfAttention` passes through untouched.
 """
 
 from __future__ import annotations
