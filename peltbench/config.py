@@ -77,7 +77,7 @@ SETTINGS: dict[str, Rule] = {
     "seed": (_non_negative_int, "must be a non-negative integer"),
     "model_seed": (_non_negative_int, "must be a non-negative integer"),
     "dev_size": POSITIVE_INT,
-    "model.name": (_text, "must be a Hub id or a local BERT checkpoint directory"),
+    "model.name": (_text, "must be a Hub id or a local checkpoint directory"),
     "data.dir": (lambda v: v is None or _text(v), "must be a local GLUE directory, or null for the Hub"),
     "train.epochs": POSITIVE_INT,
     "train.patience": POSITIVE_INT,

@@ -1,4 +1,7 @@
-"""Loading the pretrained BERT and its tokenizer, from the Hub or from a local directory.
+"""Loading the pretrained encoder and its tokenizer, from the Hub or from a local directory.
+
+Supported: the model types of peltbench/methods/architectures.py (BERT, RoBERTa, DeBERTa-v2/v3, ELECTRA,
+ModernBERT); any other checkpoint is refused in one line, from its config.json, before any weights load.
 
 A local directory is checked before anything loads: it must exist, hold a config.json and tokenizer files, and its
 tokenizer must fit the model's embedding. Without those checks transformers builds a stand-in tokenizer of a few
@@ -13,9 +16,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import UserError
+from .architectures import NAMES, SUPPORTED
 
-# A BERT tokenizer is saved as tokenizer.json (fast) or vocab.txt (WordPiece); either one is enough to load it.
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# A tokenizer is saved as tokenizer.json (fast), or in its slow files: vocab.txt (BERT/ELECTRA WordPiece),
+# vocab.json + merges.txt (RoBERTa BPE), spm.model (DeBERTa-v3 SentencePiece). One of them is enough to load it.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spm.model")
 # An embedding may have a few rows more than the vocabulary (padded to a multiple of 8 ... 128 for fast kernels).
 MAX_EMBEDDING_PADDING = 128
 
@@ -30,13 +35,14 @@ def _check_local(name: str) -> None:
         raise UserError(f"model.name={name}: no such directory")
     config = path / "config.json"
     if not config.is_file():
-        raise UserError(f"model.name={name} is not a BERT checkpoint: no config.json in {path}")
+        raise UserError(f"model.name={name} is not a checkpoint: no config.json in {path}")
 
 
 def _check_tokenizer_files(name: str) -> None:
     path = Path(name).expanduser()
     if not any((path / file).is_file() for file in TOKENIZER_FILES):
-        raise UserError(f"model.name={name}: no tokenizer in {path} (neither {' nor '.join(TOKENIZER_FILES)}); "
+        raise UserError(f"model.name={name}: no tokenizer in {path} (no {', '.join(TOKENIZER_FILES[:-1])} or "
+                        f"{TOKENIZER_FILES[-1]}); "
                         f"save the checkpoint's tokenizer there (tokenizer.save_pretrained)")
 
 
@@ -49,12 +55,12 @@ def _check_vocabulary(name: str, tokens: int, vocab_size: int) -> None:
 
 def _load_error(name: str, error: Exception) -> UserError:
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    hint = "" if is_local(name) else " Offline? Set HF_HUB_OFFLINE=1 and point model.name at a local BERT checkpoint directory."
+    hint = "" if is_local(name) else " Offline? Set HF_HUB_OFFLINE=1 and point model.name at a local checkpoint directory."
     return UserError(f"could not load model {name!r}: {first_line}.{hint}")
 
 
 def load_config(name: str, num_labels: int | None = None):
-    """The model's config, checked to be BERT (the methods wrap `BertForSequenceClassification`'s modules)."""
+    """The model's config, checked to be of a supported architecture (the methods know where to attach in it)."""
     from transformers import AutoConfig
 
     if is_local(name):
@@ -64,13 +70,22 @@ def load_config(name: str, num_labels: int | None = None):
         config = AutoConfig.from_pretrained(os.path.expanduser(name), **labels)
     except Exception as error:
         raise _load_error(name, error) from error
-    if config.model_type != "bert":
-        raise UserError(f"model.name={name} is not a BERT checkpoint: its config says model_type {config.model_type!r}")
+    check_architecture(name, config)
     return config
 
 
+def check_architecture(name: str, config) -> None:
+    """A UserError in one line for a checkpoint peltbench cannot attach its methods to."""
+    if config.model_type not in SUPPORTED:
+        raise UserError(f"model.name={name}: its config says model_type {config.model_type!r}; peltbench supports "
+                        f"{', '.join(f'{t} ({NAMES[t]})' for t in SUPPORTED)}")
+    if config.model_type == "deberta-v2" and getattr(config, "conv_kernel_size", 0) > 0:
+        raise UserError(f"model.name={name}: a DeBERTa-v2 with a convolution layer (conv_kernel_size, as in "
+                        f"deberta-v2-xlarge) is not supported; DeBERTa-v3 has none")
+
+
 def load_backbone(name: str, num_labels: int, model_seed: int):
-    """A fresh `BertForSequenceClassification` with pretrained weights and a head drawn after seeding.
+    """A fresh `*ForSequenceClassification` with pretrained weights and a head drawn after seeding.
 
     Loaded from disk (or the Hub) once per process and copied for each run, so the runs of a sweep in one
     process — Hydra's local launcher, or a packed SLURM job — share one model load. A copy equals a fresh
@@ -82,14 +97,14 @@ def load_backbone(name: str, num_labels: int, model_seed: int):
 @lru_cache(maxsize=3)
 def _pretrained(name: str, num_labels: int, model_seed: int):
     import torch
-    from transformers import BertForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     config = load_config(name, num_labels)
     hf_logging.set_verbosity_error()  # the "newly initialised classifier" notice is expected here
     torch.manual_seed(model_seed)
     try:
-        return BertForSequenceClassification.from_pretrained(
+        return AutoModelForSequenceClassification.from_pretrained(
             os.path.expanduser(name), config=config, dtype=torch.float32,
             ignore_mismatched_sizes=True,  # a checkpoint saved with another head size gets a new head
         )
@@ -114,5 +129,6 @@ def load_tokenizer(name: str):
 
 
 def initial_head(name: str, num_labels: int, model_seed: int):
-    """The classifier a run with this model seed starts from: the head transformers drew under the seed at load."""
-    return _pretrained(name, num_labels, model_seed).classifier
+    """The model whose new head layers a run with this model seed starts from: the head transformers drew under the
+    seed at load (PeltModel reads the layers through the architecture map)."""
+    return _pretrained(name, num_labels, model_seed)

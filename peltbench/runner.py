@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import UserError
 from .config import check_config
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, count_method, load_member_state
+from .methods import build_pelt_model, count_method, load_member_head, load_member_state
 from .loggers import RunLogger, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import PREDICTIONS, WEIGHTS, member_weights, read_weights, save_predictions, save_weights
@@ -449,8 +449,6 @@ def load_run(run_dir: str | Path, device: str | None = None) -> LoadedRun:
     model = group_model([cfg], task, device_)
     tensors = {name: tensor.to(device_) for name, tensor in read_weights(run_dir).items()}
     load_member_state(model, 0, tensors)
-    with torch.no_grad():
-        model.head.weight[0].copy_(tensors["classifier.weight"])
-        model.head.bias[0].copy_(tensors["classifier.bias"])
+    load_member_head(model, 0, tensors)
     model.eval()
     return LoadedRun(cfg, record, model, load_tokenizer(cfg.model.name), device_, bf16)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .methods import member_shapes, member_state
+from .methods import member_head, member_shapes, member_state
 
 WEIGHTS = "weights.safetensors"
 PREDICTIONS = "predictions.csv"
@@ -34,8 +34,7 @@ def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
     state = member_state(model, slot)
     tensors = {name: state[name][tuple(slice(0, n) for n in shape)].contiguous().cpu()
                for name, shape in member_shapes(method, config).items()}
-    tensors["classifier.weight"] = model.head.weight[slot].detach().cpu().clone()
-    tensors["classifier.bias"] = model.head.bias[slot].detach().cpu().clone()
+    tensors.update({name: tensor.cpu() for name, tensor in member_head(model, slot).items()})
     return tensors
 
 

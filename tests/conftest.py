@@ -49,6 +49,91 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return folder
 
 
+# Tiny random configs of every supported architecture (hidden 32, 2 layers), each shaped like its real checkpoints:
+# DeBERTa-v3's relative attention (shared keys, log buckets, the relative embeddings' LayerNorm, no token types, no
+# absolute positions), ModernBERT's alternating global and sliding-window (here 4 tokens) attention, mean pooling.
+ENCODERS = {
+    "bert": {},
+    "roberta": {"type_vocab_size": 1},
+    "electra": {"embedding_size": 16},  # ELECTRA-small's embeddings project up to hidden
+    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 16,
+                   "max_relative_positions": -1, "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                   "type_vocab_size": 0, "position_biased_input": False},
+    "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 4, "classifier_pooling": "mean"},
+}
+# RoBERTa and ModernBERT tokenizers use <s> </s> (a pair: <s> A </s></s> B </s>) and return no token type ids.
+ROBERTA_STYLE = ("roberta", "modernbert")
+
+
+def tiny_tokenizer(model_type: str, folder: Path | None = None):
+    """A word-level tokenizer with the architecture's own special tokens and pair template, saved to `folder`."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    roberta = model_type in ROBERTA_STYLE
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] if roberta else ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    cls, pad, sep, unk, mask = (specials[0], specials[1], specials[2], specials[3], specials[4]) if roberta else \
+        (specials[2], specials[0], specials[3], specials[1], specials[4])
+    vocab = {token: i for i, token in enumerate(specials + list(WORDS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    if roberta:
+        tokenizer.post_processor = processors.RobertaProcessing((sep, vocab[sep]), (cls, vocab[cls]))
+        names = ["input_ids", "attention_mask"]
+    else:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+        names = ["input_ids", "token_type_ids", "attention_mask"]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token=cls, sep_token=sep, pad_token=pad, unk_token=unk,
+                                   mask_token=mask, model_input_names=names)
+    if folder is not None:
+        fast.save_pretrained(folder)
+    return fast
+
+
+def tiny_encoder_config(model_type: str, num_labels: int = 2, dropout: float = 0.1, **changes):
+    from transformers import AutoConfig
+
+    tokenizer = tiny_tokenizer(model_type)
+    special = {"pad_token_id": tokenizer.pad_token_id}
+    if model_type == "modernbert":
+        special.update(bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                       cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+                       embedding_dropout=dropout, attention_dropout=dropout, mlp_dropout=dropout, classifier_dropout=dropout)
+    else:
+        special.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    settings = {key: value for key, value in TINY.items() if not (model_type == "modernbert" and key == "type_vocab_size")}
+    settings.update(ENCODERS[model_type])
+    settings.update(special)
+    settings.update(changes)
+    return AutoConfig.for_model(model_type, num_labels=num_labels, **settings)
+
+
+def tiny_encoder(model_type: str, num_labels: int = 2, seed: int = 0, dropout: float = 0.1, **changes):
+    """A tiny random `*ForSequenceClassification` of an architecture, in eval mode."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = tiny_encoder_config(model_type, num_labels, dropout, **changes)
+    return AutoModelForSequenceClassification.from_config(config).eval()
+
+
+def save_tiny_encoder(model_type: str, folder: Path, dropout: float = 0.1, **changes) -> Path:
+    """A local checkpoint directory of a tiny random encoder with its tokenizer saved beside, as a user's would be."""
+    tiny_tokenizer(model_type, folder)
+    tiny_encoder(model_type, dropout=dropout, **changes).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def encoder_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """A tiny local checkpoint (random weights + tokenizer) of every supported architecture."""
+    root = tmp_path_factory.mktemp("encoders")
+    return {model_type: save_tiny_encoder(model_type, root / model_type) for model_type in ENCODERS}
+
+
 def _sentence(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))
 

@@ -87,7 +87,7 @@ def test_bad_inputs_are_one_line_and_write_no_record(workdir):
     gpt.mkdir()
     (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     _fails(peltbench("method=adapter", "task=cola", *common(workdir), "model.name=gpt", cwd=workdir),
-           "model.name=gpt is not a BERT checkpoint: its config says model_type 'gpt2'")
+           "model.name=gpt: its config says model_type 'gpt2'; peltbench supports bert (BERT), roberta (RoBERTa)")
     _fails(peltbench("method=adapter", "task=cola", *common(workdir), "model.name=nowhere/", cwd=workdir),
            "could not load model 'nowhere/'")
     cola = workdir / "glue" / "CoLA" / "train.tsv"

@@ -21,7 +21,6 @@ from conftest import TINY, compose_config, tiny_backbone, tiny_run_overrides
 from peltbench.data import collate_group
 from peltbench.fusion import plan_groups
 from peltbench.methods import build_pelt_model, member_state
-from peltbench.methods.base import stored_name
 from peltbench.packaged import packaged_config
 from peltbench.runner import run_group
 from peltbench.tasks import TaskSpec
@@ -65,7 +64,7 @@ def test_a_group_computes_each_members_logits_and_gradients():
     """All methods in one group, each member its own rows: logits and gradients equal the separate models'."""
     methods = [method(name, changes) for name, changes in MEMBERS]
     seeds = [42 + i % 3 for i in range(len(methods))]  # members with different model seeds, too
-    group = build_pelt_model(no_dropout_backbone(), methods, seeds, [no_dropout_backbone().classifier] * len(methods))
+    group = build_pelt_model(no_dropout_backbone(), methods, seeds, [no_dropout_backbone()] * len(methods))
     inputs = [member_inputs(i) for i in range(len(methods))]
     width = max(ids.shape[1] for ids, _ in inputs)
     ids = torch.cat([F.pad(ids, (0, width - ids.shape[1])) for ids, _ in inputs])
@@ -73,7 +72,7 @@ def test_a_group_computes_each_members_logits_and_gradients():
     labels = torch.randint(0, 2, (ids.shape[0],), generator=torch.Generator().manual_seed(7))
     logits = group(ids, mask, torch.zeros_like(ids))
     F.cross_entropy(logits, labels, reduction="none").view(len(methods), -1).mean(1).sum().backward()
-    gradients = {stored_name(name): p.grad for name, p, _, _ in group.member_parameters()}
+    gradients = {group.stored_name(name): p.grad for name, p, _, _ in group.member_parameters()}
     for slot, (config, seed, (member_ids, member_mask)) in enumerate(zip(methods, seeds, inputs)):
         alone = build_pelt_model(no_dropout_backbone(), config, seed)
         alone_logits = alone(member_ids, member_mask, torch.zeros_like(member_ids))
@@ -81,7 +80,7 @@ def test_a_group_computes_each_members_logits_and_gradients():
         F.cross_entropy(alone_logits, labels[3 * slot : 3 * slot + 3]).backward()
         start = member_state(group, slot)
         for name, parameter, _, _ in alone.member_parameters():
-            name = stored_name(name)
+            name = alone.stored_name(name)
             own = tuple(slice(0, n) for n in parameter.shape[1:])
             torch.testing.assert_close(start[name][own], parameter[0].detach(), rtol=0, atol=0, msg=f"{slot} {name} init")
             grad = gradients[name][slot]
@@ -94,7 +93,7 @@ def test_a_group_computes_each_members_logits_and_gradients():
 def test_member_adamw_and_clipping_equal_torch_per_member():
     """Each member's slice follows torch's AdamW + linear schedule + clip_grad_norm_ with its own lr and norm."""
     methods = [method("adapter", {}), method("adapter", {"bottleneck": 8}), method("lora", {})]
-    group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone().classifier] * 3)
+    group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone()] * 3)
     optimizer = MemberAdamW(group)
     lrs, totals = [1e-2, 3e-3, 5e-2], [5, 5, 3]
     for m in range(3):
@@ -111,7 +110,7 @@ def test_member_adamw_and_clipping_equal_torch_per_member():
             parameter.grad = torch.randn(parameter.shape, generator=generator)
             for m, (state, _, _) in enumerate(references):
                 if flags[m]:
-                    state[stored_name(name)].grad = parameter.grad[m].clone()
+                    state[group.stored_name(name)].grad = parameter.grad[m].clone()
         clip_per_member(optimizer, torch.tensor([0.5, 1.0, 2.0]))
         optimizer.step(step)
         optimizer.zero_grad()
@@ -304,7 +303,7 @@ def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
     gradients = []
     for split in (False, True):
         model = build_pelt_model(no_dropout_backbone(), [method("unipelt_apl", {}), method("lora", {})], 42,
-                                 [no_dropout_backbone().classifier] * 2)
+                                 [no_dropout_backbone()] * 2)
         group = GroupSettings(split_by_length=split)
         parts = pieces(data, rows, group)
         assert len(parts) == (2 if split else 1)

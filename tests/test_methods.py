@@ -41,7 +41,7 @@ BERT_BASE_STORED = {
     "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
     "mam_he": 10_005_504,  # METHODS.md: He et al.'s MAM, prefix L=30 552,960 + parallel adapter (512) 9,452,544
 }
-HEAD = {"train": {"head.weight", "head.bias"}, "bias": {"head.bias"}, "frozen": set()}
+HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
 
 def method_config(name: str, **changes):
@@ -125,7 +125,7 @@ def test_forward_backward_reaches_exactly_the_trainable(name, num_labels):
 def test_bitfit_trains_every_bias_and_only_biases():
     names = _trainable_names(build("bitfit"))
     all_biases = {n for n, _ in tiny_backbone().bert.named_parameters() if n.endswith("bias")}
-    assert names == {f"bert.{n}" for n in all_biases} | {"head.bias"}
+    assert names == {f"bert.{n}" for n in all_biases} | {"head.out.bias"}
 
 
 def test_ln_trains_every_layernorm():
@@ -172,8 +172,8 @@ def _reference(model: PeltModel | None = None, num_labels: int = 2):
     """The plain backbone, with the head of `model`'s (only) member."""
     reference = tiny_backbone(num_labels)
     if model is not None:
-        reference.classifier.weight.data.copy_(model.head.weight[0])
-        reference.classifier.bias.data.copy_(model.head.bias[0])
+        reference.classifier.weight.data.copy_(model.head.out.weight[0])
+        reference.classifier.bias.data.copy_(model.head.out.bias[0])
     return reference
 
 

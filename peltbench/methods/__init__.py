@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from . import adapter, bitfit, full, ln, lora, parallel_adapter, prefix
-from .base import Members, PeltModel, freeze_all_but_trained, mark, stored_name
+from ..architectures import SUPPORTED, architecture
+from .attention import ATTENTION_NAME, install_relative_attention
+from .base import Members, PeltModel, freeze_all_but_trained, mark
 
 COMPONENTS = {
     "full": full,
@@ -31,13 +33,13 @@ GATE_POOLING = ("masked", "padded")
 
 
 def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seed: int | Sequence[int],
-                     classifiers: Sequence[nn.Linear] | None = None) -> PeltModel:
-    """Attach the methods of a group's members to one `BertForSequenceClassification` and freeze everything else.
+                     heads: Sequence[nn.Module] | None = None) -> PeltModel:
+    """Attach the methods of a group's members to one `*ForSequenceClassification` model and freeze everything else.
 
-    `methods` and `model_seed`: one per member (or a single method and seed: a separate run). `classifiers`:
-    each member's initial head (default: the backbone's own, for a group of one). Member m's new modules are
-    drawn with the model seed set again before each of its components (App. B), so a member starts from the
-    same weights alone, inside UniPELT, or inside any group.
+    `methods` and `model_seed`: one per member (or a single method and seed: a separate run). `heads`: for each
+    member, the model whose new head layers are its initial head (default: the backbone's own, for a group of one).
+    Member m's new modules are drawn with the model seed set again before each of its components (App. B), so a
+    member starts from the same weights alone, inside UniPELT, or inside any group.
     """
     methods = [methods] if isinstance(methods, DictConfig) else list(methods)
     seeds = [model_seed] * len(methods) if isinstance(model_seed, int) else list(model_seed)
@@ -45,8 +47,9 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
         check_method(method)
     if len(methods) > 1 and any("full" in method.components for method in methods):
         raise ValueError("fine-tuning trains the backbone itself: it cannot share it with other runs")
-    model = PeltModel(backbone, Members(len(methods)), classifiers or [backbone.classifier])
+    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]))
     model.members.padded_pooling = padded_pooling(methods)
+    _own_attention(model)
     for name, component in COMPONENTS.items():
         users = {m: method for m, method in enumerate(methods) if name in method.components}
         if users:
@@ -60,9 +63,20 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     return model
 
 
+def _own_attention(model: PeltModel) -> None:
+    """Attention computed by peltbench's function (methods/attention.py) in every layer: through transformers'
+    attention interface, or, for DeBERTa, by `RelativeSelfAttention`."""
+    if model.arch.relative_attention:
+        install_relative_attention(model.encoder.encoder, model.layers, model.arch.attention, model.members)
+    else:
+        model.backbone.set_attn_implementation(ATTENTION_NAME)
+
+
 def _head_parameters(model: PeltModel, head: str) -> list[nn.Parameter]:
-    """The classifier parameters a method trains: `train` (all), `bias` (BitFit), `frozen` (prefix, LoRA)."""
-    return {"train": [model.head.weight, model.head.bias], "bias": [model.head.bias], "frozen": []}[head]
+    """The head parameters a method trains: `train` (all), `bias` (BitFit: its biases), `frozen` (prefix, LoRA)."""
+    linears = model.head.linears().values()
+    return {"train": [p for linear in linears for p in (linear.weight, linear.bias)],
+            "bias": [linear.bias for linear in linears], "frozen": []}[head]
 
 
 def padded_pooling(methods: Sequence[DictConfig]) -> bool:
@@ -115,10 +129,11 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
 
 def _alone(method: DictConfig, config) -> PeltModel:
     """The method built alone on a model of `config`'s shape, on the meta device (no weights, no time)."""
-    from transformers import BertForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
-    with torch.device("meta"):  # on a copy of the config: prefix-tuning switches its attention function
-        return build_pelt_model(BertForSequenceClassification(copy.deepcopy(config)), method, 42)
+    architecture(config.model_type)  # a ValueError naming the supported ones
+    with torch.device("meta"):  # on a copy of the config: the model switches its attention function
+        return build_pelt_model(AutoModelForSequenceClassification.from_config(copy.deepcopy(config)), method, 42)
 
 
 def count_method(method: DictConfig, config) -> dict[str, int]:
@@ -128,8 +143,9 @@ def count_method(method: DictConfig, config) -> dict[str, int]:
 
 def member_shapes(method: DictConfig, config) -> dict[str, tuple[int, ...]]:
     """The shape of each tensor the method trains, as a separate run has it, under the plain model's names."""
-    return {stored_name(name): tuple(parameter.shape[1:] if stacked else parameter.shape)
-            for name, parameter, _, stacked in _alone(method, config).member_parameters()}
+    model = _alone(method, config)
+    return {model.stored_name(name): tuple(parameter.shape[1:] if stacked else parameter.shape)
+            for name, parameter, _, stacked in model.member_parameters()}
 
 
 def member_state(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
@@ -139,7 +155,7 @@ def member_state(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
     state = {}
     for name, parameter, flags, stacked in model.member_parameters():
         if flags[slot]:
-            state[stored_name(name)] = (parameter[slot] if stacked else parameter).detach().clone()
+            state[model.stored_name(name)] = (parameter[slot] if stacked else parameter).detach().clone()
     return state
 
 
@@ -148,8 +164,21 @@ def load_member_state(model: PeltModel, slot: int, state: dict[str, torch.Tensor
     """Put a `member_state` back into `slot`."""
     for name, parameter, flags, stacked in model.member_parameters():
         if flags[slot]:
-            (parameter[slot] if stacked else parameter).copy_(state[stored_name(name)])
+            (parameter[slot] if stacked else parameter).copy_(state[model.stored_name(name)])
 
 
-__all__ = ["COMPONENTS", "PeltModel", "build_pelt_model", "check_method", "count_method", "load_member_state",
-           "member_shapes", "member_state", "parameter_counts"]
+def member_head(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
+    """Member `slot`'s head, trained or not, under the names of the layers it replaces (`classifier.weight`, ...)."""
+    return {model.stored_name(f"head.{name}"): parameter[slot].detach().clone()
+            for name, parameter in model.head.named_parameters()}
+
+
+@torch.no_grad()
+def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]) -> None:
+    """Put a `member_head` back into `slot`."""
+    for name, parameter in model.head.named_parameters():
+        parameter[slot].copy_(state[model.stored_name(f"head.{name}")])
+
+
+__all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "build_pelt_model", "check_method", "count_method",
+           "load_member_head", "load_member_state", "member_head", "member_shapes", "member_state", "parameter_counts"]

@@ -48,11 +48,11 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     gated = [m for m in users if users[m].gated]
     for index, layer in enumerate(model.layers):
         adapter = Adapter(model.members, users, model.hidden_size, index)
-        ffn_output(layer).adapter = adapter
+        ffn_output(model, layer).adapter = adapter
         mark(model, [*adapter.down.parameters(), *adapter.up.parameters()], users)
         mark(model, adapter.coefficient.gate_parameters(), gated)
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
     for layer in model.layers:
-        layer.output.adapter.init_member(slot, method)
+        ffn_output(model, layer).adapter.init_member(slot, method)

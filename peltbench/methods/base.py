@@ -15,11 +15,14 @@ optimiser and the gradient clipping are per member (peltbench.train).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..architectures import Architecture, activation_name, architecture, get, pool, put, unwrapped
 
 INIT_STD = 0.02  # BERT's init for new Linear weights (METHODS.md); biases start at 0
 
@@ -42,6 +45,7 @@ class Members:
         self.prefixes: dict[int, tuple] | None = None  # per-forward prefix keys/values, see prefix.py
         self._gate_log: list | None = None
         self._gate_rows: torch.Tensor | None = None
+        self._positional = False
 
     @property
     def active_count(self) -> int:
@@ -110,6 +114,16 @@ class Members:
         """(rows, ...) → (active members, rows per member, ...)."""
         return x.view(self.active_count, -1, *x.shape[1:])
 
+    @contextmanager
+    def positional(self):
+        """Inside: the modules see one block per member that is not tokens of examples (DeBERTa's relative embeddings,
+        methods/attention.py): no padding mask applies, and gates computed there are not recorded."""
+        mask, self.token_mask, self._positional = self.token_mask, None, True
+        try:
+            yield
+        finally:
+            self.token_mask, self._positional = mask, False
+
     # ---- gate statistics: the mean gate per member, submodule and layer (for the record and the loggers)
 
     def start_gate_recording(self) -> None:
@@ -121,7 +135,7 @@ class Members:
 
     def observe_gate(self, submodule: str, layer: int, values: torch.Tensor, selection: Selection) -> None:
         """Gate values of the selected members' rows (kept as they are; summed once, at the end)."""
-        if self._gate_log is not None:
+        if self._gate_log is not None and not self._positional:
             slots = selection.slots if selection.slots is not None else torch.arange(self.count, device=values.device)
             rows = None if self._gate_rows is None else self.gather(selection, self._gate_rows)
             self._gate_log.append((submodule, layer, values.detach(), slots, rows))
@@ -277,39 +291,81 @@ def scale_rows(out: torch.Tensor, coefficient: torch.Tensor | None) -> torch.Ten
 
 
 class MemberHead(nn.Module):
-    """The classifier on BERT's pooled output, one per member: logits_m = W_m p + b_m.
+    """The new layers of the classification head, one per member, as the model's `*ForSequenceClassification`
+    defines them (architectures.Head): logits_m = out_m(drop(x)) on BERT's pooled output or ModernBERT's pretrained
+    head, or out_m(drop(act(dense_m(drop(x))))) on the first token (RoBERTa, ELECTRA, DeBERTa's pooler).
 
     It runs in fp32 even under bf16 autocast, and so does the loss: bf16 logits collapse a narrow band of
     regression predictions (STS-B) onto a few values.
     """
 
-    def __init__(self, members: Members, classifiers: list[nn.Linear]) -> None:
+    def __init__(self, members: Members, sources: list[dict[str, nn.Linear]], activation: str | None,
+                 dropout: float, dense_dropout: float) -> None:
         super().__init__()
+        from transformers.activations import ACT2FN
+
         self.members = members
-        self.weight = nn.Parameter(torch.stack([c.weight.detach().float() for c in classifiers]))
-        self.bias = nn.Parameter(torch.stack([c.bias.detach().float() for c in classifiers]))
+        self.out = _stacked_linear(members, [source["out"] for source in sources])
+        self.dense = None
+        if sources[0].get("dense") is not None:
+            self.dense = _stacked_linear(members, [source["dense"] for source in sources])
+        self.activation = ACT2FN[activation] if activation else None
+        self.dropout = nn.Dropout(dropout)
+        self.dense_dropout = nn.Dropout(dense_dropout)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=pooled.device.type, enabled=False):
-            rows = self.members.split(pooled.float())
-            logits = torch.baddbmm(self.members.pick(self.bias).unsqueeze(1), rows, self.members.pick(self.weight).transpose(1, 2))
-        return logits.reshape(-1, logits.shape[-1])
+            x = pooled.float()
+            if self.dense is not None:
+                x = self.activation(self.dense(self.dense_dropout(x)))
+            return self.out(self.dropout(x))
+
+    def linears(self) -> dict[str, MemberLinear]:
+        return {"dense": self.dense, "out": self.out} if self.dense is not None else {"out": self.out}
+
+
+def _stacked_linear(members: Members, linears: list[nn.Linear]) -> MemberLinear:
+    """A MemberLinear holding each member's copy of a Linear (in fp32)."""
+    out_features, in_features = linears[0].weight.shape
+    stacked = MemberLinear(members, in_features, out_features)
+    with torch.no_grad():
+        stacked.weight.copy_(torch.stack([linear.weight.detach().float() for linear in linears]))
+        stacked.bias.copy_(torch.stack([linear.bias.detach().float() for linear in linears]))
+    return stacked
+
+
+def head_layers(arch: Architecture, model: nn.Module) -> dict[str, nn.Linear]:
+    """The new layers of a `*ForSequenceClassification` model's head: {"out": Linear} and, where it has one, "dense"."""
+    layers = {"out": get(model, arch.head.out)}
+    if arch.head.dense is not None:
+        layers["dense"] = get(model, arch.head.dense)
+    return layers
 
 
 class PeltModel(nn.Module):
-    """A BERT backbone with the PELT modules of a group of members attached; forward returns the logits.
+    """An encoder with the PELT modules of a group of members attached; forward returns the logits.
 
+    `backbone` is a `*ForSequenceClassification` of one of the supported architectures (methods/architectures.py);
+    its new head layers move into `head` (one per member), the rest is the pretrained, frozen backbone.
     The rows of `input_ids` are the active members' rows, member by member, the same number per member.
     """
 
-    def __init__(self, backbone: nn.Module, members: Members, classifiers: list[nn.Linear]) -> None:
+    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module]) -> None:
         super().__init__()
         self.backbone = backbone
+        self.arch = architecture(backbone.config.model_type)
         self.members = members
-        self.head = MemberHead(members, classifiers)
-        del self.backbone.classifier  # each member's own head replaces it
-        # The denominator of Table 4's "% of the backbone": the pretrained encoder, pooler included.
-        self.backbone_params = sum(p.numel() for p in backbone.bert.parameters())
+        head = self.arch.head
+        dropout = get(backbone, head.dropout).p
+        dense_dropout = get(backbone, head.dense_dropout).p if head.dense_dropout else 0.0
+        self.head = MemberHead(members, [head_layers(self.arch, source) for source in heads],
+                               activation_name(head, backbone.config), dropout, dense_dropout)
+        for path in {path.split(".")[0] for path in (head.out, head.dense) if path}:
+            put(backbone, path, None)  # each member's own head replaces them
+        # The denominator of Table 4's "% of the backbone": the pretrained model without the new head layers.
+        self.backbone_params = sum(p.numel() for p in backbone.parameters())
+        config = backbone.config
+        self.token_types = self.arch.token_types and getattr(config, "type_vocab_size", 0) > 0
         self.prefix_encoder: nn.Module | None = None
         self.trains: dict[str, list[bool]] = {}  # parameter name → does member m train it
         self.unstacked: set[str] = set()  # trained parameters without a member dimension (fine-tuning's backbone)
@@ -321,12 +377,21 @@ class PeltModel(nn.Module):
         return self.backbone.config
 
     @property
+    def encoder(self) -> nn.Module:
+        """The pretrained encoder (`bert`, `roberta`, `deberta`, `electra`, ModernBERT's `model`)."""
+        return self.backbone.base_model
+
+    @property
     def layers(self) -> nn.ModuleList:
-        return self.backbone.bert.encoder.layer
+        return get(self.encoder, self.arch.layers)
 
     @property
     def hidden_size(self) -> int:
         return self.backbone.config.hidden_size
+
+    def attention(self, layer: nn.Module) -> nn.Module:
+        """The layer's own attention module (q/k/v projections), under any peltbench wrapper."""
+        return unwrapped(get(layer, self.arch.attention))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -334,8 +399,11 @@ class PeltModel(nn.Module):
         try:
             if self.prefix_encoder is not None:
                 self.members.prefixes = self.prefix_encoder()
-            output = self.backbone.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            return self.head(self.backbone.dropout(output.pooler_output))
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if self.token_types and token_type_ids is not None:
+                inputs["token_type_ids"] = token_type_ids
+            output = self.encoder(**inputs)
+            return self.head(pool(self.arch, self.backbone, output, attention_mask))
         finally:
             self.members.token_mask = None
             self.members.prefixes = None
@@ -345,6 +413,18 @@ class PeltModel(nn.Module):
         stacked: it has a leading member dimension (all but fine-tuning's backbone weights)."""
         named = dict(self.named_parameters())
         return [(name, named[name], flags, name not in self.unstacked) for name, flags in self.trains.items() if any(flags)]
+
+    def stored_name(self, name: str) -> str:
+        """A parameter's name as the plain (unwrapped) Hugging Face model has it: wrappers' `base.` / `inner.`
+        segments and the `backbone.` prefix go, so the model's own tensors keep their names
+        (`bert.encoder.layer.0.output.LayerNorm.weight`), and the head's layers take the names of the layers they
+        replace (`classifier.weight`; RoBERTa's `classifier.dense.weight`, `classifier.out_proj.weight`)."""
+        parts = [part for part in name.split(".") if part not in ("base", "inner")]
+        if parts and parts[0] == "backbone":
+            parts = parts[1:]
+        if parts[:1] == ["head"] and len(parts) == 3:
+            parts = [*getattr(self.arch.head, parts[1]).split("."), parts[2]]
+        return ".".join(parts)
 
 
 def mark(model: PeltModel, what, slots, stacked: bool = True) -> None:
@@ -372,61 +452,72 @@ def freeze_all_but_trained(model: PeltModel) -> None:
     model._marked, model._unstacked = {}, set()
 
 
-def self_attention(layer: nn.Module) -> nn.Module:
-    """The layer's `BertSelfAttention`, whether or not prefix-tuning has wrapped it."""
-    module = layer.attention.self
-    return getattr(module, "inner", module)
-
-
-def ffn_output(layer: nn.Module) -> nn.Module:
-    """The layer's FFN output block, wrapped (once) so FFN adapters can be added to it (see FfnOutput)."""
-    if not isinstance(layer.output, FfnOutput):
-        layer.output = FfnOutput(layer.output)
-    return layer.output
+def ffn_output(model: PeltModel, layer: nn.Module) -> FfnOutput:
+    """The layer's FFN block, wrapped (once) so FFN adapters can be added to it (see FfnOutput)."""
+    block = get(layer, model.arch.ffn)
+    if not isinstance(block, FfnOutput):
+        block = FfnOutput(block, model.arch.pre_norm)
+        put(layer, model.arch.ffn, block)
+    return block
 
 
 class FfnOutput(nn.Module):
-    """Wraps a `BertOutput`, reusing its dense, dropout and LayerNorm, and adds the FFN adapters some member uses.
+    """Wraps a layer's FFN block and adds the FFN adapters some member uses, each computed on the rows of the members
+    that have it and added to those rows only. With h the FFN's output and a its input:
 
-    With h = dropout(dense(intermediate)) and a the attention output (the block's residual input):
+    post-norm (BERT, RoBERTa, ELECTRA, DeBERTa), wrapping the output block (h = dropout(dense(intermediate)), a the
+    attention output, the block's residual input, LN the block's own LayerNorm, used twice and frozen):
         out = LN(h + Adapter(LN(h + a)) + ParallelAdapter(a) + a)
-    Each adapter is computed on the rows of the members that have it, and added to those rows only.
+    pre-norm (ModernBERT), wrapping the MLP (a = the normalised attention output it reads; the layer adds the
+    residual itself, and no LayerNorm follows the block), as AdapterHub places Pfeiffer adapters there:
+        out = h + Adapter(h + a) + ParallelAdapter(a)
     """
 
-    def __init__(self, output: nn.Module) -> None:
+    def __init__(self, block: nn.Module, pre_norm: bool) -> None:
         super().__init__()
-        self.base = output
+        self.base = block
+        self.pre_norm = pre_norm
         self.adapter: nn.Module | None = None
         self.parallel_adapter: nn.Module | None = None
 
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        h = self.base.dropout(self.base.dense(hidden_states))
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.pre_norm:
+            (a,) = inputs
+            return self._add_adapters(self.base(a), a, None)
+        hidden_states, a = inputs
+        norm = self.base.LayerNorm
+        return norm(self._add_adapters(self.base.dropout(self.base.dense(hidden_states)), a, norm) + a)
+
+    def _add_adapters(self, h: torch.Tensor, a: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
         out = h
         if self.adapter is not None:
             selection = self.adapter.selection(h)
             if selection.count:  # computed on the rows of the members that have it, added to those rows only
                 users = self.adapter.members.gather
-                x = users(selection, h) + users(selection, input_tensor)
-                x = self.base.LayerNorm(x, selection) if isinstance(self.base.LayerNorm, MemberLayerNorm) else self.base.LayerNorm(x)
+                x = users(selection, h) + users(selection, a)
+                if norm is not None:
+                    x = norm(x, selection) if isinstance(norm, MemberLayerNorm) else norm(x)
                 out = self.adapter.members.add_rows(selection, out, self.adapter(x, selection))
         if self.parallel_adapter is not None:
             selection = self.parallel_adapter.selection(h)
             if selection.count:
-                x = self.parallel_adapter.members.gather(selection, input_tensor)
+                x = self.parallel_adapter.members.gather(selection, a)
                 out = self.parallel_adapter.members.add_rows(selection, out, self.parallel_adapter(x, selection))
-        return self.base.LayerNorm(out + input_tensor)
+        return out
 
 
 class MemberBias(nn.Module):
     """A pretrained Linear whose bias is the member's own for the members that train it (BitFit):
-    y = x Wᵀ + b (the pretrained bias, every row), then + (b_m - b) on the rows of a member that trains b_m."""
+    y = x Wᵀ + b (the pretrained bias, every row), then + (b_m - b) on the rows of a member that trains b_m.
+    A Linear without a bias (ModernBERT's) has a bias of zero: BitFit trains it from zero."""
 
     def __init__(self, members: Members, linear: nn.Linear) -> None:
         super().__init__()
         self.members = members
         self.weight = linear.weight
-        self.register_buffer("pretrained", linear.bias.detach().clone())
-        self.bias = nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(members.count, 1))
+        bias = linear.bias if linear.bias is not None else torch.zeros(linear.out_features, device=linear.weight.device)
+        self.register_buffer("pretrained", bias.detach().clone())
+        self.bias = nn.Parameter(bias.detach().unsqueeze(0).repeat(members.count, 1))
         self.users: tuple[int, ...] = ()  # the members that train the bias (set by `mark_users`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -444,16 +535,19 @@ class MemberLayerNorm(nn.Module):
     """A pretrained LayerNorm whose gain and bias are the member's own for the members that train them (LN-tuning,
     BitFit): every row is normalised with the pretrained gain and bias, a member that trains them gets its own.
 
+    A LayerNorm without a bias (ModernBERT's) has a bias of zero, which LN-tuning and BitFit train from zero.
+
     `selection`: x holds only the selected members' rows (the adapter's input, FfnOutput)."""
 
     def __init__(self, members: Members, norm: nn.LayerNorm) -> None:
         super().__init__()
         self.members = members
         self.normalized_shape, self.eps = norm.normalized_shape, norm.eps
+        bias = norm.bias if norm.bias is not None else torch.zeros_like(norm.weight)
         self.register_buffer("pretrained_weight", norm.weight.detach().clone())
-        self.register_buffer("pretrained_bias", norm.bias.detach().clone())
+        self.register_buffer("pretrained_bias", bias.detach().clone())
         self.weight = nn.Parameter(norm.weight.detach().unsqueeze(0).repeat(members.count, 1))
-        self.bias = nn.Parameter(norm.bias.detach().unsqueeze(0).repeat(members.count, 1))
+        self.bias = nn.Parameter(bias.detach().unsqueeze(0).repeat(members.count, 1))
         self.users: tuple[int, ...] = ()  # the members that train the gain or the bias (set by `mark_users`)
 
     def forward(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
@@ -469,25 +563,14 @@ class MemberLayerNorm(nn.Module):
 
 
 def member_affine(model: PeltModel) -> None:
-    """Give every pretrained Linear of the encoder a per-member bias and every LayerNorm a per-member gain and
-    bias (once; BitFit and LN-tuning share them, and add their members to `users`)."""
+    """Give every Linear of the pretrained backbone a per-member bias and every LayerNorm a per-member gain and bias
+    (once; BitFit and LN-tuning share them, and add their members to `users`)."""
     if getattr(model, "_member_affine", False):
         return
-    for parent in list(model.backbone.bert.modules()):
+    for parent in list(model.backbone.modules()):
         for child_name, child in list(parent.named_children()):
             if isinstance(child, nn.LayerNorm):
                 setattr(parent, child_name, MemberLayerNorm(model.members, child))
-            elif type(child) is nn.Linear and child.bias is not None:
+            elif type(child) is nn.Linear:
                 setattr(parent, child_name, MemberBias(model.members, child))
     model._member_affine = True
-
-
-def stored_name(name: str) -> str:
-    """A parameter's name as the plain (unwrapped) model would have it: wrappers' `base.` / `inner.` segments
-    and the `backbone.` prefix go, so BERT's own tensors keep their Hugging Face names."""
-    parts = [part for part in name.split(".") if part not in ("base", "inner")]
-    if parts and parts[0] == "backbone":
-        parts = parts[1:]
-    if parts[:1] == ["head"]:
-        parts = ["classifier", *parts[1:]]
-    return ".".join(parts)

@@ -1,5 +1,6 @@
-"""BitFit (Ben Zaken et al. 2021): every bias of BERT trains — Q/K/V, attention output, intermediate,
-output, all LayerNorm biases and the pooler (102,912 for BERT-base, METHODS.md)."""
+"""BitFit (Ben Zaken et al. 2021): every bias of the pretrained model trains — in BERT Q/K/V, attention output,
+intermediate, output, all LayerNorm biases and the pooler (102,912 for BERT-base, METHODS.md). A Linear or LayerNorm
+the checkpoint left without a bias (all of ModernBERT's) has a bias of zero, which BitFit trains from zero."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .base import MemberBias, MemberLayerNorm, PeltModel, mark, member_affine
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     member_affine(model)
-    modules = [m for m in model.backbone.bert.modules() if isinstance(m, (MemberBias, MemberLayerNorm))]
+    modules = [m for m in model.backbone.modules() if isinstance(m, (MemberBias, MemberLayerNorm))]
     mark(model, [m.bias for m in modules], users)
     for module in modules:
         module.users = tuple(sorted(set(module.users) | set(users)))

@@ -14,7 +14,7 @@ from .base import PeltModel, mark
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     if model.members.count != 1:
         raise ValueError("fine-tuning trains the backbone itself: it cannot share it with other runs")
-    mark(model, model.backbone.bert, users, stacked=False)
+    mark(model, model.backbone, users, stacked=False)
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

@@ -1,5 +1,6 @@
-"""LN-tuning (Qi et al. 2022, Eq. 1): the gain and bias of every LayerNorm train, from their pretrained
-values — the embeddings' LayerNorm and two per layer (38,400 for BERT-base, METHODS.md)."""
+"""LN-tuning (Qi et al. 2022, Eq. 1): the gain and bias of every LayerNorm of the pretrained model train, from their
+pretrained values — in BERT the embeddings' LayerNorm and two per layer (38,400 for BERT-base, METHODS.md). A
+LayerNorm without a bias (ModernBERT's) has a bias of zero, which LN-tuning trains from zero."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .base import MemberLayerNorm, PeltModel, mark, member_affine
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     member_affine(model)
-    norms = [m for m in model.backbone.bert.modules() if isinstance(m, MemberLayerNorm)]
+    norms = [m for m in model.backbone.modules() if isinstance(m, MemberLayerNorm)]
     mark(model, [p for norm in norms for p in (norm.weight, norm.bias)], users)
     for norm in norms:
         norm.users = tuple(sorted(set(norm.users) | set(users)))

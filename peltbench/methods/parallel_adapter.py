@@ -42,10 +42,10 @@ class ParallelAdapter(nn.Module):
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     for layer in model.layers:
         adapter = ParallelAdapter(model.members, users, model.hidden_size)
-        ffn_output(layer).parallel_adapter = adapter
+        ffn_output(model, layer).parallel_adapter = adapter
         mark(model, adapter, users)
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
     for layer in model.layers:
-        layer.output.parallel_adapter.init_member(slot, method)
+        ffn_output(model, layer).parallel_adapter.init_member(slot, method)

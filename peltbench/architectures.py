@@ -1,0 +1,140 @@
+"""Where each PELT method attaches in each encoder family: one small map per architecture, keyed by `model_type`.
+
+The methods are written once, against this map (as PEFT's target-module mapping): where a layer's q/k/v
+projections are (ModernBERT fuses them in one `Wqkv`: a projection is then a row block of it), the attention module
+(prefixes join its keys and values), the FFN block that adapters attach to (post-norm: BERT's output block with its
+LayerNorm; pre-norm: ModernBERT's MLP, whose block has no LayerNorm after it), and the classification head as the
+model's own `*ForSequenceClassification` defines it: how it pools, and which of its layers are new (drawn under the
+model seed, one per run) rather than pretrained (part of the frozen backbone). Where an architecture truly differs,
+one hook says so: DeBERTa's disentangled relative-position attention is computed by peltbench (methods/attention.py),
+so that prefixes and a group's members reach its relative bias too.
+
+`SUPPORTED` is importable without torch (peltbench.model checks a checkpoint's model_type against it before loading).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SUPPORTED = ("bert", "roberta", "deberta-v2", "electra", "modernbert")
+NAMES = {"bert": "BERT", "roberta": "RoBERTa", "deberta-v2": "DeBERTa-v2/v3", "electra": "ELECTRA",
+         "modernbert": "ModernBERT"}
+
+
+@dataclass(frozen=True)
+class Head:
+    """The head `*ForSequenceClassification` puts on the encoder's output (paths from that model).
+
+    pooled = pool(encoder output)                      [pretrained, frozen: part of the backbone]
+    logits = out(drop(act(dense(drop(pooled)))))        [new: drawn under the model seed, one per run]
+    `dense` is None where the head is one Linear (BERT: its pooler is pretrained; ModernBERT: its `head` is).
+    """
+
+    pool: str                        # "pooler" (BERT's pooler_output), "first" (the first token), "modernbert"
+    out: str                         # the final Linear
+    dropout: str                     # the Dropout before `out`
+    dense: str | None = None         # a new Linear before `out`
+    activation: str | None = None    # after `dense`: an ACT2FN name, or "config:<key>" to read it from the config
+    dense_dropout: str | None = None # the Dropout before `dense`
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    layers: str                      # from the encoder (`model.base_model`): the list of layers
+    attention: str                   # from a layer: the module that computes q/k/v and attends
+    projections: dict[str, tuple[str, int | None]]  # query/key/value → (Linear in `attention`, its row block if fused)
+    ffn: str                         # from a layer: post-norm, the FFN output block; pre-norm, the FFN itself
+    pre_norm: bool
+    head: Head
+    relative_attention: bool = False  # DeBERTa: peltbench computes the disentangled attention (methods/attention.py)
+    token_types: bool = True         # the encoder takes token_type_ids (unless its config has no token types)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return NAMES[self.model_type]
+
+
+_BERT_PROJECTIONS = {"query": ("query", None), "key": ("key", None), "value": ("value", None)}
+_CLASSIFICATION_HEAD = dict(pool="first", dense="classifier.dense", out="classifier.out_proj",
+                            dropout="classifier.dropout", dense_dropout="classifier.dropout")
+
+ARCHITECTURES = {
+    "bert": Architecture(
+        "bert", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
+        pre_norm=False, head=Head(pool="pooler", out="classifier", dropout="dropout")),
+    "roberta": Architecture(
+        "roberta", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
+        pre_norm=False, head=Head(activation="tanh", **_CLASSIFICATION_HEAD)),
+    "electra": Architecture(
+        "electra", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
+        pre_norm=False, head=Head(activation="gelu", **_CLASSIFICATION_HEAD)),
+    "deberta-v2": Architecture(
+        "deberta-v2", layers="encoder.layer", attention="attention.self",
+        projections={"query": ("query_proj", None), "key": ("key_proj", None), "value": ("value_proj", None)},
+        ffn="output", pre_norm=False, relative_attention=True,
+        head=Head(pool="first", dense="pooler.dense", activation="config:pooler_hidden_act", out="classifier",
+                  dropout="dropout", dense_dropout="pooler.dropout")),
+    "modernbert": Architecture(
+        "modernbert", layers="layers", attention="attn",
+        projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
+        ffn="mlp", pre_norm=True, token_types=False,
+        head=Head(pool="modernbert", out="classifier", dropout="drop")),
+}
+
+
+def architecture(model_type: str) -> Architecture:
+    try:
+        return ARCHITECTURES[model_type]
+    except KeyError:
+        raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}") from None
+
+
+def get(module, path: str):
+    """The submodule at a dotted path (`attention.self`), or None where the path does not exist."""
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+def put(module, path: str, child) -> None:
+    """Replace (or, with None, remove) the submodule at a dotted path."""
+    parent_path, _, name = path.rpartition(".")
+    parent = get(module, parent_path) if parent_path else module
+    if child is None:
+        delattr(parent, name)
+    else:
+        setattr(parent, name, child)
+
+
+def unwrapped(module):
+    """The model's own module under peltbench's wrappers (each keeps what it wraps as `inner`)."""
+    while hasattr(module, "inner"):
+        module = module.inner
+    return module
+
+
+def pool(arch: Architecture, backbone, output, attention_mask):
+    """The head's input from the encoder's output, as the model's own `*ForSequenceClassification` pools it."""
+    kind = arch.head.pool
+    if kind == "pooler":
+        return output.pooler_output
+    hidden = output.last_hidden_state
+    if kind == "first":
+        return hidden[:, 0]
+    # ModernBERT: the first token or the mean over real tokens, then its pretrained head (dense, act, norm)
+    if backbone.config.classifier_pooling == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        hidden = (hidden * mask).sum(dim=1) / attention_mask.sum(dim=1, keepdim=True).to(hidden.dtype)
+    else:
+        hidden = hidden[:, 0]
+    return backbone.head(hidden)
+
+
+def activation_name(head: Head, config) -> str | None:
+    if head.activation is not None and head.activation.startswith("config:"):
+        return getattr(config, head.activation.removeprefix("config:"))
+    return head.activation
