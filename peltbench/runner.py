@@ -315,7 +315,7 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
             saved = []
             if run.cfg.save.weights:
                 weights = member_weights(model, slot, run.cfg.method, model.config)
-                saved += save_weights(run.path.parent, weights, run.cfg)
+                saved += save_weights(run.path.parent, weights, run.cfg, model.arch)
             if run.cfg.save.predictions:
                 saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task))
             run.record["saved"] = saved

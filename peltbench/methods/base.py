@@ -420,10 +420,10 @@ class PeltModel(nn.Module):
         (`bert.encoder.layer.0.output.LayerNorm.weight`), and the head's layers take the names of the layers they
         replace (`classifier.weight`; RoBERTa's `classifier.dense.weight`, `classifier.out_proj.weight`)."""
         parts = [part for part in name.split(".") if part not in ("base", "inner")]
-        if parts and parts[0] == "backbone":
+        if parts[:1] == ["head"]:  # this model's own head, not a pretrained one in the backbone (ModernBERT's `head`)
+            return ".".join([*getattr(self.arch.head, parts[1]).split("."), *parts[2:]])
+        if parts[:1] == ["backbone"]:
             parts = parts[1:]
-        if parts[:1] == ["head"] and len(parts) == 3:
-            parts = [*getattr(self.arch.head, parts[1]).split("."), parts[2]]
         return ".".join(parts)
 
 

@@ -73,12 +73,16 @@ class FusedLoRA(nn.Module):
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
         self.base = base
-        self.targets = nn.ModuleDict()
+        self.targets: list[str] = []  # each its LoRALinear, registered under the target's name (query, value ...)
+
+    def add_target(self, target: str, lora: LoRALinear) -> None:
+        self.add_module(target, lora)
+        self.targets.append(target)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        for lora in self.targets.values():
-            out = lora.add(x, out)
+        for target in self.targets:
+            out = getattr(self, target).add(x, out)
         return out
 
 
@@ -86,7 +90,7 @@ def lora_module(model: PeltModel, layer: nn.Module, target: str) -> LoRALinear:
     """The LoRALinear on `target` (query, key or value) of a layer."""
     name, block = model.arch.projections[target]
     module = getattr(model.attention(layer), name)
-    return module if block is None else module.targets[target]
+    return module if block is None else getattr(module, target)
 
 
 def _targets(users: dict[int, DictConfig]) -> list[str]:
@@ -113,7 +117,7 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
                 size = out_features // len(TARGETS)
                 lora = LoRALinear(None, model.members, on_target, f"lora_{target}", index, in_features, size,
                                   slice(block * size, (block + 1) * size))
-                projection.targets[target] = lora
+                projection.add_target(target, lora)
             mark(model, [*lora.lora_a.parameters(), *lora.lora_b.parameters()], on_target)
             mark(model, lora.coefficient.gate_parameters(), [m for m in on_target if on_target[m].gated])
 

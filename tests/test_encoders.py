@@ -1,0 +1,362 @@
+"""Every method on every supported encoder, checked against the model's own code, PEFT and the methods' formulas.
+
+Tiny random checkpoints of each architecture (tests/conftest.py: hidden 32, 2 layers, each shaped like its real
+models: DeBERTa-v3's relative attention with log buckets, ModernBERT's sliding-window layers and mean pooling) with a
+tokenizer of the architecture's own kind. Dropout is off where outputs are compared. Tolerances: 1e-5 relative /
+1e-6 absolute on logits and gradients (float rounding of differently ordered sums), unless a comment says otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from types import MethodType
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from conftest import ENCODERS, tiny_encoder, tiny_tokenizer
+from peltbench.methods import build_pelt_model, member_state, parameter_counts
+from peltbench.methods.base import FfnOutput
+from peltbench.packaged import options, packaged_config
+
+ARCHITECTURES = sorted(ENCODERS)
+METHODS = sorted(options("method"))
+# A batch of sentence pairs, one of them padded (two more words than the other).
+PAIRS = (["the cat sat on the mat with a big dog", "a dog ran", "good movie"],
+         ["it was very good", "the man runs", "not a sad film and not a happy one"])
+
+
+def method(name: str, **changes):
+    config = OmegaConf.create(OmegaConf.to_container(packaged_config(f"method/{name}.yaml")))
+    for key, value in changes.items():
+        config[key] = value
+    return config
+
+
+def batch(model_type: str, pairs=PAIRS, width: int | None = None):
+    tokenizer = tiny_tokenizer(model_type)
+    encoded = tokenizer(*pairs, padding="max_length" if width else True, max_length=width, return_tensors="pt")
+    return encoded["input_ids"], encoded["attention_mask"], encoded.get("token_type_ids")
+
+
+def model_inputs(model_type: str, ids, mask, types) -> dict:
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if types is not None:
+        inputs["token_type_ids"] = types
+    return inputs
+
+
+_PRISTINE: dict[str, torch.nn.Module] = {}
+
+
+def pristine(model_type: str, dropout: float = 0.0, **changes):
+    """One tiny model per architecture and settings (build copies it: building changes a backbone)."""
+    key = repr((model_type, dropout, sorted(changes.items())))
+    if key not in _PRISTINE:
+        _PRISTINE[key] = tiny_encoder(model_type, dropout=dropout, **changes)
+    return _PRISTINE[key]
+
+
+def build(model_type: str, methods, seeds=42, dropout: float = 0.0, **changes):
+    methods = methods if isinstance(methods, list) else [methods]
+    source = pristine(model_type, dropout, **changes)
+    return build_pelt_model(copy.deepcopy(source), methods, seeds, [source] * len(methods)).eval()
+
+
+def randomise(model, names=("lora_b", "up.weight", "parallel_adapter.up")) -> None:
+    """Non-zero values where a method starts at zero (LoRA's B, the parallel adapter's Up), so that it matters."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if any(fragment in name for fragment in names):
+                parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
+
+
+VARIANTS = [(model_type, {}) for model_type in ARCHITECTURES] + [
+    ("modernbert", {"classifier_pooling": "cls"}),
+    ("deberta-v2", {"share_att_key": False, "pos_att_type": ["c2p"]}),  # DeBERTa-v2's own positional projections
+]
+
+
+@pytest.mark.parametrize("model_type,changes", VARIANTS, ids=[f"{t}{'-' if c else ''}{'-'.join(c)}" for t, c in VARIANTS])
+def test_the_encoder_and_head_are_the_models_own(model_type, changes):
+    """With LoRA at its start (B = 0) a peltbench model is the `*ForSequenceClassification` it was built from:
+    pooling, head, and attention (DeBERTa's relative attention, ModernBERT's sliding windows) all as transformers has them."""
+    model = build(model_type, method("lora"), **changes)
+    reference = tiny_encoder(model_type, dropout=0.0, **changes)
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask, types), reference(**model_inputs(model_type, ids, mask, types)).logits,
+                                   rtol=1e-5, atol=1e-6)
+
+
+def peft_lora(model_type: str, ours):
+    """PEFT's LoRA on the same model and targets (its own default targets), with our A and B copied in; for a fused
+    Wqkv (ModernBERT) one LoRA of rank 2r on the whole projection, B zero outside the q and v blocks."""
+    from peft import LoraConfig, get_peft_model
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    fused = model_type == "modernbert"
+    targets = ["Wqkv"] if fused else DEFAULTS[model_type]
+    assert [ours.arch.projections[t][0] for t in ("query", "value")] == (["Wqkv", "Wqkv"] if fused else targets)
+    rank = 16 if fused else 8
+    config = LoraConfig(r=rank, lora_alpha=2.0 * rank, target_modules=targets, lora_dropout=0.0)
+    base = tiny_encoder(model_type, dropout=0.0)
+    peft = get_peft_model(base, config)
+    state = member_state(ours, 0)
+    with torch.no_grad():
+        for name, module in peft.named_modules():
+            if not hasattr(module, "lora_A") or "default" not in module.lora_A:
+                continue
+            plain = name.removeprefix("base_model.model.")
+            if fused:
+                a_q, a_v = state[f"{plain}.query.lora_a.weight"], state[f"{plain}.value.lora_a.weight"]
+                b_q, b_v = state[f"{plain}.query.lora_b.weight"], state[f"{plain}.value.lora_b.weight"]
+                module.lora_A["default"].weight.copy_(torch.cat([a_q, a_v]))
+                b = torch.zeros_like(module.lora_B["default"].weight)
+                b[:32, :8], b[64:, 8:] = b_q, b_v
+                module.lora_B["default"].weight.copy_(b)
+            else:
+                module.lora_A["default"].weight.copy_(state[f"{plain}.lora_a.weight"])
+                module.lora_B["default"].weight.copy_(state[f"{plain}.lora_b.weight"])
+    return peft
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_lora_equals_peft(model_type):
+    """Logits and gradients of our LoRA equal PEFT's on the same model and targets, and so does the count."""
+    pytest.importorskip("peft")
+    ours = build(model_type, method("lora"))
+    randomise(ours)
+    peft = peft_lora(model_type, ours).train()
+    ours.train()
+    ids, mask, types = batch(model_type)
+    labels = torch.tensor([0, 1, 1])
+    logits = ours(ids, mask, types)
+    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
+    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
+    F.cross_entropy(logits, labels).backward()
+    F.cross_entropy(peft_logits, labels).backward()
+    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters() if "lora" in n}
+    peft_counted = 0
+    for name, module in peft.named_modules():
+        if not hasattr(module, "lora_A") or "default" not in module.lora_A:
+            continue
+        plain = name.removeprefix("base_model.model.")
+        grad_a, grad_b = module.lora_A["default"].weight.grad, module.lora_B["default"].weight.grad
+        if model_type == "modernbert":  # only the q and v blocks are LoRA of ours; PEFT's zero blocks are not
+            torch.testing.assert_close(torch.cat([grads[f"{plain}.query.lora_a.weight"], grads[f"{plain}.value.lora_a.weight"]]),
+                                       grad_a, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(grads[f"{plain}.query.lora_b.weight"], grad_b[:32, :8], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(grads[f"{plain}.value.lora_b.weight"], grad_b[64:, 8:], rtol=1e-5, atol=1e-6)
+            peft_counted += grad_a.numel() + 2 * 32 * 8
+        else:
+            torch.testing.assert_close(grads[f"{plain}.lora_a.weight"], grad_a, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(grads[f"{plain}.lora_b.weight"], grad_b, rtol=1e-5, atol=1e-6)
+            peft_counted += grad_a.numel() + grad_b.numel()
+    assert parameter_counts(ours)["trainable_params"] == peft_counted == 2 * 2 * (32 * 8 + 8 * 32)
+
+
+# ---------------------------------------------------------------- prefix-tuning against an eager reference
+
+def reference_prefix_model(model_type: str, ours):
+    """The plain model with an eager attention that concatenates our prefix keys and values in front of each layer's
+    own (gated by nothing: plain prefix-tuning), every token seeing them; DeBERTa's relative bias is zero over them."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    reference = tiny_encoder(model_type, dropout=0.0)
+    with torch.no_grad():
+        key_values = ours.prefix_encoder().key_values[0]  # (L, layers, 2, heads, head_dim)
+    layers = [module for module in reference.modules() if type(module).__name__ in
+              ("BertSelfAttention", "RobertaSelfAttention", "ElectraSelfAttention", "ModernBertAttention",
+               "DisentangledSelfAttention")]
+    assert len(layers) == 2
+    for index, module in enumerate(layers):
+        module.prefix_key = key_values[:, index, 0].transpose(0, 1)    # (heads, L, head_dim)
+        module.prefix_value = key_values[:, index, 1].transpose(0, 1)
+    if model_type == "deberta-v2":
+        for module in layers:
+            module.forward = MethodType(deberta_with_prefix, module)
+        return reference
+
+    def eager(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        rows = query.shape[0]
+        key = torch.cat([module.prefix_key.expand(rows, -1, -1, -1), key], dim=2)
+        value = torch.cat([module.prefix_value.expand(rows, -1, -1, -1), value], dim=2)
+        scores = query @ key.transpose(-1, -2) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+        if attention_mask is not None:
+            seen = torch.ones(*attention_mask.shape[:-1], module.prefix_key.shape[1], dtype=torch.bool)
+            scores = scores.masked_fill(~torch.cat([seen, attention_mask.bool()], dim=-1), float("-inf"))
+        return (scores.softmax(-1) @ value).transpose(1, 2), None
+
+    AttentionInterface.register("test_eager_prefix", eager)
+    AttentionMaskInterface.register("test_eager_prefix", sdpa_mask)
+    reference.set_attn_implementation("test_eager_prefix")
+    return reference
+
+
+def deberta_with_prefix(self, hidden_states, attention_mask, output_attentions=False, query_states=None,
+                        relative_pos=None, rel_embeddings=None):
+    """transformers' DisentangledSelfAttention.forward, with the prefix concatenated to keys and values and the
+    relative bias padded with zeros over the prefix columns (AdapterHub's DeBERTa prefix)."""
+    query_layer = self.transpose_for_scores(self.query_proj(hidden_states), self.num_attention_heads)
+    key_layer = self.transpose_for_scores(self.key_proj(hidden_states), self.num_attention_heads)
+    value_layer = self.transpose_for_scores(self.value_proj(hidden_states), self.num_attention_heads)
+    rows = hidden_states.shape[0]
+    prefix_key = self.prefix_key.repeat(rows, 1, 1)      # (rows · heads, L, head_dim)
+    prefix_value = self.prefix_value.repeat(rows, 1, 1)
+    length = prefix_key.shape[1]
+    scale = math.sqrt(query_layer.size(-1) * 3)
+    scores = torch.bmm(query_layer, torch.cat([prefix_key, key_layer], 1).transpose(-1, -2) / scale)
+    bias = self.disentangled_attention_bias(query_layer, key_layer, relative_pos, self.pos_dropout(rel_embeddings), 3)
+    scores = scores + F.pad(bias, (length, 0))
+    scores = scores.view(-1, self.num_attention_heads, scores.size(-2), scores.size(-1))
+    mask = torch.cat([torch.ones(*attention_mask.shape[:-1], length, dtype=torch.bool), attention_mask.bool()], -1)
+    probs = scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(-1)
+    context = torch.bmm(probs.view(-1, *probs.shape[-2:]), torch.cat([prefix_value, value_layer], 1))
+    context = context.view(-1, self.num_attention_heads, *context.shape[-2:]).permute(0, 2, 1, 3).contiguous()
+    return context.view(*context.shape[:2], -1), None
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_prefix_equals_an_eager_reference_that_concatenates_the_prefix(model_type):
+    ours = build(model_type, method("prefix", head="train"))
+    reference = reference_prefix_model(model_type, ours)
+    reference_head(reference, ours)
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        expected = reference(**model_inputs(model_type, ids, mask, types)).logits
+        torch.testing.assert_close(ours(ids, mask, types), expected, rtol=1e-5, atol=1e-6)
+
+
+def reference_head(reference, ours) -> None:
+    """Give a plain model the head of `ours`'s only member."""
+    from peltbench.architectures import get
+
+    with torch.no_grad():
+        for name, linear in ours.head.linears().items():
+            target = get(reference, getattr(ours.arch.head, name))
+            target.weight.copy_(linear.weight[0])
+            target.bias.copy_(linear.bias[0])
+
+
+# ---------------------------------------------------------------- adapters against their formulas
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+@pytest.mark.parametrize("name", ["adapter", "unipelt_ap", "mam"])
+def test_ffn_adapters_equal_their_formula(model_type, name):
+    """post-norm: out = LN(h + g·Adapter(LN(h + a)) + s·Parallel(a) + a); pre-norm (ModernBERT, around its MLP):
+    out = h + g·Adapter(h + a) + s·Parallel(a), with h the FFN's output and a its input."""
+    model = build(model_type, method(name))
+    randomise(model)
+    block = next(m for m in model.modules() if isinstance(m, FfnOutput))
+    torch.manual_seed(5)
+    tokens = torch.randn(2, 6, 32)
+    model.members.token_mask = torch.ones(2, 6, dtype=torch.long)
+    with torch.no_grad():
+        if block.pre_norm:
+            a = tokens
+            h = block.base(a)
+            out = block(a)
+        else:
+            hidden, a = torch.randn(2, 6, block.base.dense.in_features), tokens
+            h = block.base.dense(hidden)
+            out = block(hidden, a)
+        delta = 0
+        if block.adapter is not None:
+            adapter = block.adapter
+            x = h + a if block.pre_norm else block.base.LayerNorm(h + a)
+            up = torch.relu(x @ adapter.down.weight[0].T + adapter.down.bias[0]) @ adapter.up.weight[0].T + adapter.up.bias[0]
+            gate = 1.0
+            if adapter.coefficient.gate is not None:
+                linear = adapter.coefficient.gate.linear
+                gate = torch.sigmoid(x @ linear.weight[0].T + linear.bias[0]).mean(dim=1, keepdim=True)
+            delta = delta + gate * up
+        if block.parallel_adapter is not None:
+            parallel = block.parallel_adapter
+            down = torch.relu(a @ parallel.down.weight[0].T + parallel.down.bias[0])
+            delta = delta + parallel.scale[0] * (down @ parallel.up.weight[0].T + parallel.up.bias[0])
+        expected = h + delta if block.pre_norm else block.base.LayerNorm(h + delta + a)
+    model.members.token_mask = None
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- every method on every encoder
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_is_invariant_to_padding(model_type, name):
+    """A row's logits do not depend on how far its batch is padded."""
+    model = build(model_type, method(name))
+    randomise(model)
+    ids, mask, types = batch(model_type)
+    wide_ids, wide_mask, wide_types = batch(model_type, width=ids.shape[1] + 7)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask, types), model(wide_ids, wide_mask, wide_types), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+@pytest.mark.parametrize("name", METHODS)
+def test_training_changes_exactly_what_the_method_trains(model_type, name):
+    """After optimiser steps every frozen weight and buffer is bit-identical, and what the method trains moved."""
+    from peltbench.train import MemberAdamW
+
+    model = build(model_type, method(name)).train()
+    trained = {n for n, _, _, _ in model.member_parameters()}
+    before = {n: t.detach().clone() for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    optimizer = MemberAdamW(model)
+    optimizer.schedule(0, 1e-2, 10)
+    ids, mask, types = batch(model_type)
+    for step in range(3):
+        F.cross_entropy(model(ids, mask, types), torch.tensor([0, 1, 1])).backward()
+        optimizer.step(step)
+        optimizer.zero_grad()
+    for name_, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if name_ in trained:
+            continue
+        assert torch.equal(tensor, before[name_]), f"{name_} is frozen but changed"
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if n in trained)
+
+
+MIXED = [("adapter", {}), ("bitfit", {}), ("ln", {}), ("prefix", {}), ("lora", {"lora_rank": 2, "lora_scale": 4.0}),
+         ("unipelt_apl", {}), ("mam", {}), ("prefix_ln", {}), ("adapter", {"bottleneck": 4, "gated": True}),
+         ("lora", {"lora_targets": ["query", "key", "value"]})]
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_a_mixed_group_computes_each_members_logits_and_gradients(model_type):
+    """One group of every kind of method on one backbone: each member's logits and gradients equal its own model's."""
+    methods = [method(name, **changes) for name, changes in MIXED]
+    seeds = [42 + i % 3 for i in range(len(methods))]
+    group = build(model_type, methods, seeds)
+    randomise(group)
+    ids, mask, types = batch(model_type)
+    rows = ids.shape[0]
+    repeat = lambda t: None if t is None else t.repeat(len(methods), 1)
+    labels = torch.tensor([0, 1, 1])
+    logits = group(repeat(ids), repeat(mask), repeat(types))
+    F.cross_entropy(logits, labels.repeat(len(methods)), reduction="none").view(len(methods), -1).mean(1).sum().backward()
+    gradients = {group.stored_name(n): p.grad for n, p, _, _ in group.member_parameters()}
+    start = {slot: member_state(group, slot) for slot in range(len(methods))}
+    for slot, (config, seed) in enumerate(zip(methods, seeds)):
+        alone = build(model_type, config, seed)
+        with torch.no_grad():  # the same weights as the member (randomise drew the group's)
+            for n, parameter, _, _ in alone.member_parameters():
+                own = tuple(slice(0, s) for s in parameter.shape[1:])
+                parameter[0].copy_(start[slot][alone.stored_name(n)][own])
+            for linear_name, linear in alone.head.linears().items():
+                group_linear = group.head.linears()[linear_name]
+                linear.weight[0].copy_(group_linear.weight[slot])
+                linear.bias[0].copy_(group_linear.bias[slot])
+        alone_logits = alone(ids, mask, types)
+        torch.testing.assert_close(logits[rows * slot : rows * (slot + 1)], alone_logits, rtol=1e-5, atol=1e-6)
+        F.cross_entropy(alone_logits, labels).backward()
+        for n, parameter, _, _ in alone.member_parameters():
+            own = tuple(slice(0, s) for s in parameter.shape[1:])
+            name = alone.stored_name(n)
+            torch.testing.assert_close(gradients[name][slot][own], parameter.grad[0], rtol=1e-5, atol=1e-6,
+                                       msg=f"{model_type} member {slot} {name}")
