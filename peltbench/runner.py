@@ -279,18 +279,18 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     model = group_model([run.cfg for run in runs], task, device)
     for run in runs:
         run.record.update(count_method(run.cfg.method, model.config))
-        run.record.update(device=str(device), machine=machine(device), precision="bf16" if bf16 else "fp32",
-                          fused=fused)
+        run.record.update(architecture=model.config.model_type, device=str(device), machine=machine(device),
+                          precision="bf16" if bf16 else "fp32", fused=fused)
     if fused:
-        log.info("fused group %s: %d runs on one %s backbone, %s, %s", fused["group"], len(runs), first.model.name,
-                 device, "bf16" if bf16 else "fp32")
+        log.info("fused group %s: %d runs on one %s backbone (%s), %s, %s", fused["group"], len(runs),
+                 first.model.name, model.arch.name, device, "bf16" if bf16 else "fp32")
         for run in runs:
             log.info("  %s", run.label)
     else:
         record = runs[0].record
-        log.info("%s on %s: %s trainable parameters stored per task (%s in the optimiser), %s, %s",
-                 first.method.name, task.name, f"{record['trainable_params']:,}", f"{record['optimizer_params']:,}",
-                 device, record["precision"])
+        log.info("%s on %s, %s (%s): %s trainable parameters stored per task (%s in the optimiser), %s, %s",
+                 first.method.name, task.name, first.model.name, model.arch.name, f"{record['trainable_params']:,}",
+                 f"{record['optimizer_params']:,}", device, record["precision"])
     group = group_settings(first, model, pad_id, device, bf16)
     for run in runs:
         run.logger = open_logger(run.cfg, run.path.parent, run.label)

@@ -74,7 +74,8 @@ def tiny_tokenizer(model_type: str, folder: Path | None = None):
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] if roberta else ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     cls, pad, sep, unk, mask = (specials[0], specials[1], specials[2], specials[3], specials[4]) if roberta else \
         (specials[2], specials[0], specials[3], specials[1], specials[4])
-    vocab = {token: i for i, token in enumerate(specials + list(WORDS))}
+    tokens = specials + list(WORDS)
+    vocab = {token: i for i, token in enumerate(tokens + [f"[unused{i}]" for i in range(TINY["vocab_size"] - len(tokens))])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=unk))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -360,3 +360,103 @@ def test_a_mixed_group_computes_each_members_logits_and_gradients(model_type):
             name = alone.stored_name(n)
             torch.testing.assert_close(gradients[name][slot][own], parameter.grad[0], rtol=1e-5, atol=1e-6,
                                        msg=f"{model_type} member {slot} {name}")
+
+
+# ---------------------------------------------------------------- through peltbench: records, counts, saved runs
+
+# Stored parameters per task on each tiny config (H = 32, 2 layers, FFN 64, vocab 64, 128 positions), worked out by
+# hand. The methods that only add modules (adapter 6,304; prefix 1,280; LoRA 2,048; ...: tests/test_methods.py) count
+# the same on every architecture; BitFit, LN-tuning and fine-tuning count what each architecture has:
+#   BERT        BitFit 640 = embeddings LN 32 + 2 layers · 288 + pooler 32; LN 320 = 5 LayerNorms · 64
+#               FT 24,416 (tests/test_methods.py)
+#   RoBERTa     no pooler, one token type: BitFit 608 = 32 + 576; LN 320; FT 23,328 = embeddings 2,048 + 4,096 + 32
+#               + 64 = 6,240, layers 2 · 8,544
+#   ELECTRA     embeddings of 16 projected to 32: BitFit 624 = LN 16 + projection 32 + 576; LN 288 = 32 + 4 · 64;
+#               FT 20,768 = embeddings 1,024 + 2,048 + 32 + 32 = 3,136, projection 544, layers 17,088
+#   DeBERTa-v2  no absolute positions or token types, relative embeddings 2 · 16 buckets · 32 = 1,024 and their LN:
+#               BitFit 640 = 32 + 576 + 32; LN 384 = 6 LayerNorms · 64; FT 20,288 = 2,048 + 64 + 17,088 + 1,024 + 64
+#   ModernBERT  no biases (BitFit trains zero-initialised ones: Wqkv 96 + Wo 32 + Wi 128 + Wo 32 = 288 per layer, head
+#               dense 32, 6 LayerNorms · 32 = 800); LN 384 = 6 LayerNorms (embeddings, 1 + 2 in the layers, final,
+#               head) · (gain 32 + zero-initialised bias 32); FT 23,744 = 2,048 + 32 + layer 0 10,272 + layer 1 10,304
+#               + final 32 + head 1,056
+OWN_COUNTS = {
+    "bert": {"bitfit": 640, "ln": 320, "ft": 24_416},
+    "roberta": {"bitfit": 608, "ln": 320, "ft": 23_328},
+    "electra": {"bitfit": 624, "ln": 288, "ft": 20_768},
+    "deberta-v2": {"bitfit": 640, "ln": 384, "ft": 20_288},
+    "modernbert": {"bitfit": 800, "ln": 384, "ft": 23_744},
+}
+SAME_EVERYWHERE = {"adapter": 6_304, "prefix": 1_280, "lora": 2_048, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
+                   "mam": 2_128}
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_peltbench_params_counts_any_model_from_its_config(model_type, encoder_checkpoints, capsys):
+    from peltbench.params import main
+
+    main(["--model", str(encoder_checkpoints[model_type]), "--csv"])
+    rows = {line.split(",")[0]: int(line.split(",")[1]) for line in capsys.readouterr().out.splitlines()[1:]}
+    expected = {**SAME_EVERYWHERE, **OWN_COUNTS[model_type], "prefix_ln": 1_280 + OWN_COUNTS[model_type]["ln"]}
+    assert {method: rows[method] for method in expected} == expected
+
+
+def sweep(checkpoint, glue, results, methods, fuse: bool, *extra: str):
+    from conftest import compose_config
+
+    return [compose_config(f"method={name}", "task=rte", f"model.name={checkpoint}", f"data.dir={glue}",
+                           f"results_dir={results}", "k=16", "dev_size=20", "train.epochs=2", "train.patience=2",
+                           "logger=[]", "device=cpu", f"fuse={str(fuse).lower()}", *extra) for name in methods]
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_every_method_runs_through_peltbench_alone_and_fused(model_type, tmp_path, glue_dir):
+    """Every method trains on the encoder and writes its record; all frozen-backbone methods in one fused group give,
+    with dropout off, the records of their separate runs."""
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0)
+    frozen = [name for name in METHODS if name != "ft"]
+    fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", frozen, True))
+    [ft] = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["ft"], False))
+    assert [o.status for o in [*fused, ft]] == ["ok"] * len(METHODS)
+    assert {o.record["fused"]["size"] for o in fused} == {len(frozen)} and ft.record["fused"] is None
+    assert {o.record["architecture"] for o in [*fused, ft]} == {model_type}
+    for name, outcome in zip(frozen, fused):
+        expected = {**SAME_EVERYWHERE, **OWN_COUNTS[model_type]}.get(name)
+        if expected is not None:
+            assert outcome.record["trainable_params"] == expected, name
+    for index in (frozen.index("unipelt_apl"), frozen.index("bitfit"), frozen.index("prefix_ln")):
+        [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", [frozen[index]], False))
+        together = fused[index].record
+        for key in ("train_loss", "dev_main"):
+            assert [h[key] for h in alone.record["history"]] == \
+                pytest.approx([h[key] for h in together["history"]], rel=1e-5, abs=1e-6), (frozen[index], key)
+        assert alone.record["test"] == pytest.approx(together["test"], abs=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_saved_lora_run_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    """weights.safetensors rebuilds the run (load_run); peft/ loads in PEFT on the plain model with the same logits
+    (ModernBERT's LoRA on the q and v blocks of Wqkv as one rank-16 LoRA on Wqkv)."""
+    pytest.importorskip("peft")
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0)
+    [outcome] = run_group(sweep(checkpoint, glue_dir, tmp_path / "runs", ["lora"], False, "save.weights=true",
+                                "train.epochs=3"))
+    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(outcome.record["test"], abs=1e-9)
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
+                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)
