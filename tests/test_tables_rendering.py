@@ -256,3 +256,35 @@ def test_latex_escapes_names_and_captions(tmp_path):
     caption = tex.split(r"\caption{")[1]
     assert r"models/my\_bert\&co" in caption and r"\%" not in caption.replace(r"x100", "")
     assert "my_bert&co" not in tex
+
+
+def test_gates_of_another_length_are_listed_and_skipped(tmp_path, capsys):
+    # issue 15 item 6e: one record's adapter gates have 3 layers where the others have 2 (a record of another
+    # layout, or edited by hand): the gate figure is drawn from the rest and the record is named
+    for seed, adapter in ((111, [0.2, 0.4]), (222, [0.4, 0.6])):
+        write_record(tmp_path, "unipelt_apl", "cola", 100, seed, 30.0, gates={"adapter": adapter, "prefix": [0.9, 0.8]})
+    odd = write_record(tmp_path, "unipelt_apl", "cola", 100, 333, 30.0, gates={"adapter": [0.1, 0.1, 0.1], "prefix": [0.5, 0.5]})
+    status, out = render(tmp_path, tmp_path)
+    assert status == 0 and (out / "fig_gates.png").is_file()
+    from peltbench.tables.figures import gate_figure
+
+    axes = gate_figure(load_records(tmp_path)).axes[0]
+    assert [list(line.get_ydata()) for line in axes.lines] == [pytest.approx([0.3, 0.5]), pytest.approx([0.9, 0.8])]
+    assert axes.get_title() == "CoLA (n = 2)"
+    note = f"fig_gates.png leaves out 1 record whose gates have another number of layers than the rest: {odd} (adapter: 3 layers, not 2)"
+    assert note in capsys.readouterr().out
+    assert note in (out / "README.md").read_text()
+
+
+def test_a_run_without_training_steps_has_no_time_ratio(tmp_path):
+    # issue 15 item 6f: `train_steps: 0` (or `test_examples: 0`) is no time per step: left out, never inf%
+    efficiency_runs(tmp_path)
+    write_record(tmp_path, "adapter", "mrpc", 1000, 111, 50.0, train_seconds=3.0, train_steps=0, test_seconds=10.0,
+                 test_examples=0, trainable_params=894528, backbone_params=109482240)
+    write_record(tmp_path, "ft", "mrpc", 1000, 111, 50.0, train_seconds=100.0, train_steps=100, test_seconds=10.0,
+                 test_examples=1000, trainable_params=109482240, backbone_params=109482240)
+    _, out = render(tmp_path, tmp_path)
+    table = (out / "table4.md").read_text()
+    assert "inf%" not in table
+    assert markdown_rows(table)["Adapter"] == ["895K (0.82%)", "50%", "100%", "2"]  # CoLA and RTE only
+    assert "1 run(s) record no training steps: left out of Time_T. 1 run(s) record no test examples: left out of Time_I." in table

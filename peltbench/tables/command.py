@@ -5,15 +5,16 @@ the paper's model (or, without it, the model with the most runs); `--model` and 
 another. Every other record is accounted for in other_runs.md (others.py).
 """
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
 from .. import UserError
 from .figures import swept_paths
 from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
-from .others import Ledger, other_runs_markdown
+from .others import Ledger, other_runs_markdown, other_settings_groups
 from .paper import default_paper_dir, load_paper
-from .protocol import select
+from .protocol import model_short_name, pooled, render_options, select
 from .records import default_runs, known_runs, one_record_per_seed, read_records
 
 PROG = "peltbench-tables"
@@ -62,7 +63,8 @@ def check_args(args):
 
 
 def main(argv=None):
-    """Console entry point; returns the exit status: 0 rendered, 1 nothing to tabulate, 2 bad input."""
+    """Console entry point; returns the exit status: 0 rendered, 1 nothing to tabulate (no usable record, or none of
+    the model and protocol to render: nothing is written), 2 bad input."""
     args = parse_args(argv)
     try:
         check_args(args)
@@ -75,17 +77,21 @@ def main(argv=None):
 def render_tables(args):
     """Read, select, write; returns the exit status."""
     records, unreadable = read_records(args.results_dir)
-    for path, reason in unreadable:
-        print(f"{PROG}: unreadable record, skipped: {path}: {reason}", file=sys.stderr)
     known, unknown = known_runs(records)
     if known.empty:
         found = f" ({len(records) + len(unreadable)} result.json found, none usable)" if len(records) + len(unreadable) else ""
         print(f"{PROG}: no usable result.json under {args.results_dir}{found}; run a sweep first, "
               "e.g. `peltbench -m +experiment=table1`", file=sys.stderr)
+        _say_unreadable(unreadable)
         return 1
     selection = select(known, args.model, args.protocol)
-    same = (known["model"] == selection.model) & (known["protocol"] == selection.protocol)
-    chosen, duplicates = one_record_per_seed(known[same])
+    same = pooled(known, selection)
+    if not same.any():
+        _say_nothing_fits(known, selection, args)
+        _say_unreadable(unreadable)
+        return 1
+    _say_unreadable(unreadable)
+    chosen, duplicates = one_record_per_seed(known[same].assign(protocol=selection.protocol))  # see `pooled`
     render_context = Render(selection, args.seeds, args.ddof, load_paper(args.paper_dir), known[~same])
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable)
     _say_selection(selection, ledger, args, render_context)
@@ -123,14 +129,38 @@ def account(chosen, duplicates, pooled, other_settings, unknown, unreadable):
     )
 
 
+def _say_unreadable(unreadable):
+    for path, reason in unreadable:
+        print(f"{PROG}: unreadable record, skipped: {path}: {reason}", file=sys.stderr)
+
+
+def _say_nothing_fits(known, selection, args):
+    """No record of the model and protocol to render (a quick trial alone, say): the first line says so and gives
+    the exact command that renders the records found, one more line per other model or protocol."""
+    which = f"--protocol {args.protocol}" if args.protocol else "the default protocol (the paper's, App. B)"
+    groups = other_settings_groups(known)
+    groups = groups.assign(other=groups["model"] != selection.model).sort_values(
+        ["runs", "other", "model", "protocol"], ascending=[False, True, True, True])
+    commands = [(_command(args, model, protocol, selection.default_model), runs)
+                for model, protocol, runs in zip(groups["model"], groups["protocol"], groups["runs"])]
+    counts = [f" ({runs} record{'s' if runs != 1 else ''})" if len(commands) > 1 else "" for _, runs in commands]
+    print(f"{PROG}: no record fits {which} for model {model_short_name(selection.model)}; nothing rendered. "
+          f"The {len(known)} records found render with: {commands[0][0]}{counts[0]}", file=sys.stderr)
+    for (command, _), count in zip(commands[1:], counts[1:]):
+        print(f"{PROG}:   or {command}{count}", file=sys.stderr)
+
+
+def _command(args, model, protocol, default_model):
+    """The whole command line that renders `model` and `protocol`, with this one's other options (`--out`, ...)."""
+    defaults = vars(parse_args([]))
+    kept = [f"--{name.replace('_', '-')} {shlex.quote(str(value))}" for name, value in vars(args).items()
+            if name not in ("model", "protocol") and value != defaults[name]]
+    return " ".join([PROG, *kept, render_options(model, protocol, default_model)])
+
+
 def _say_selection(selection, ledger, args, render_context):
     """The console says which runs the tables pool, and what the reader must know about the rest."""
     print(f"{PROG}: {selection.caption()} (Protocol: {selection.protocol_reason}.)")
-    if ledger.in_tables.empty and len(ledger.other_settings):
-        protocols = ledger.other_settings[ledger.other_settings["model"] == selection.model]["protocol"].value_counts()
-        found = "; ".join(f"--protocol {label} ({count} runs)" for label, count in protocols.items())
-        render_context.notes.append("no run of this model follows the rendered protocol"
-                                    + (f"; its protocols: {found}" if found else ""))
     if render_context.paper is None:
         render_context.notes.append(f"no paper tables in {args.paper_dir}: the ours - paper comparison is skipped")
     if len(ledger.other_settings):

@@ -5,7 +5,8 @@ Parameters are what the records carry (`trainable_params`, METHODS.md's count, h
 example: each is averaged over the seeds of one (task, K), divided by fine-tuning's on the same (task, K),
 and the ratios are averaged over every (task, K) that both methods ran. A fused run (trained together with
 others on one backbone, `fused.size` > 1) records its group's wall time, so its times are left out; its
-parameters count as usual.
+parameters count as usual. A run that records no training steps (or no test examples) has no time per step
+(per example): that time is left out too, never a division by zero.
 """
 import pandas as pd
 
@@ -38,6 +39,16 @@ def is_fused(runs):
     return pd.to_numeric(runs["fused_size"], errors="coerce").fillna(1) > 1
 
 
+def without_units(runs, units):
+    """Ok runs that record 0 `units` (`train_steps`, `test_examples`): no time per unit, left out of that ratio."""
+    ok = runs[runs["status"] == "ok"]
+    return ok[_numbers(ok[units]) <= 0]
+
+
+def _numbers(values):
+    return pd.to_numeric(values, errors="coerce")
+
+
 def machines(runs):
     """The distinct machines (GPU, else CPU, else device) that timed these runs, for Table 4's caption."""
     timed = runs[(runs["status"] == "ok") & ~is_fused(runs)]
@@ -55,9 +66,10 @@ def _relative_to_fine_tuning(ok, seconds, units):
     """Mean over (task, K) of method / fine-tuning seconds per unit; also how many (task, K) each ratio used."""
     if ok.empty:
         return pd.Series(dtype=float), pd.Series(dtype=int)
-    per_unit = (pd.to_numeric(ok[seconds]) / pd.to_numeric(ok[units])).rename("per_unit")
+    counted = _numbers(ok[units])
+    per_unit = (_numbers(ok[seconds]) / counted.where(counted > 0)).rename("per_unit")
     by_setup = ok.assign(per_unit=per_unit).groupby(["method", "task", "k"])["per_unit"].mean().unstack("method")
     if "ft" not in by_setup:
         return pd.Series(dtype=float), pd.Series(dtype=int)
-    ratios = by_setup.div(by_setup["ft"], axis=0)
+    ratios = by_setup.div(by_setup["ft"].where(by_setup["ft"] > 0), axis=0)  # fine-tuning's 0.000 s: no ratio
     return ratios.mean(), ratios.notna().sum()

@@ -90,21 +90,44 @@ def most_runs_k(runs):
     return min(runs["k"].unique(), key=lambda k: (-(runs["k"] == k).sum(), k_order(k)))
 
 
-def gate_figure(records):
-    """UniPELT's mean gate value per layer and submodule on the test set, one panel per task (§3.2's gates).
+def gate_runs(records):
+    """(runs, left_out): the runs `gate_figure` averages, and [(path, why)] for each one it leaves out because a
+    submodule's gates have another number of layers than most of those runs' (a record of another layout, or
+    edited by hand): lists of unequal length have no mean per layer.
 
-    The paper argues from the gates but never plots them. Shown for UniPELT (APL) when it has gate
-    records (else AP), at the K with the most such records, averaged over data seeds.
+    The runs are UniPELT (APL) runs with gates (else AP), with default settings, at the K with the most of them.
     """
     runs = default_runs(records)
     runs = runs[(runs["status"] == "ok") & runs["gates"].map(lambda gates: isinstance(gates, dict) and bool(gates))]
     runs = runs[runs["method"].isin(GATED_METHODS)]
     if runs.empty:
-        return None
+        return runs, []
     method = next(method for method in GATED_METHODS if method in set(runs["method"]))
     runs = runs[runs["method"] == method]
-    k = most_runs_k(runs)
-    runs = runs[runs["k"] == k]
+    runs = runs[runs["k"] == most_runs_k(runs)]
+    layers = {submodule: _usual_length(runs["gates"], submodule) for submodule in SUBMODULES}
+    why = runs["gates"].map(lambda gates: "; ".join(
+        f"{submodule}: {len(gates[submodule])} layers, not {layers[submodule]}" for submodule in SUBMODULES
+        if gates.get(submodule) and len(gates[submodule]) != layers[submodule]))
+    return runs[why == ""], [(path, reason) for path, reason in zip(runs["path"], why) if reason]
+
+
+def _usual_length(gates, submodule):
+    """The number of layers most records give `submodule` (ties: the larger)."""
+    lengths = [len(record[submodule]) for record in gates if record.get(submodule)]
+    return max(set(lengths), key=lambda length: (lengths.count(length), length)) if lengths else 0
+
+
+def gate_figure(records):
+    """UniPELT's mean gate value per layer and submodule on the test set, one panel per task (§3.2's gates).
+
+    The paper argues from the gates but never plots them. Shown for UniPELT (APL) when it has gate
+    records (else AP), at the K with the most such records, averaged over data seeds (`gate_runs`).
+    """
+    runs, _ = gate_runs(records)
+    if runs.empty:
+        return None
+    method, k = runs["method"].iloc[0], runs["k"].iloc[0]
     tasks = sorted(runs["task"].unique(), key=lambda task: order_of(task, TASKS))
     columns = min(4, len(tasks))
     rows = -(-len(tasks) // columns)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from .markdown import frame_markdown
 from .names import METHODS, TASKS, k_order, method_label, order_of
-from .protocol import model_short_name, parse_protocol
+from .protocol import canonical, model_short_name, parse_protocol, render_options
 
 
 @dataclass
@@ -60,12 +60,7 @@ def _listed(values, key):
 
 def render_command(model, protocol, selection):
     """The `peltbench-tables` options that render this model and protocol instead."""
-    options = []
-    if model != selection.model:
-        options.append(f"--model {model}")
-    if protocol != selection.protocol:
-        options.append(f"--protocol {protocol}")
-    return "`peltbench-tables " + " ".join(options) + "`"
+    return f"`peltbench-tables {render_options(model, protocol, selection.default_model)}`"
 
 
 def other_settings_markdown(runs, selection, heading="## Runs not pooled here: another model or protocol"):
@@ -111,7 +106,7 @@ def _section(title, body):
 def _settings_list(runs):
     if runs.empty:
         return ""
-    changed = runs.apply(lambda run: ", ".join(f"{key}={run.settings.get(key)}" for key in run.changed), axis=1)
+    changed = runs.apply(lambda run: ", ".join(f"{key}={canonical(run.settings.get(key))}" for key in run.changed), axis=1)
     counts = runs.assign(changed_text=changed).groupby(["method", "changed_text"]).size()
     return "\n".join(f"- {method_label(method)} with {text}: {count} run(s)" for (method, text), count in counts.items())
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import latex, markdown
-from .efficiency import efficiency_table, is_fused, machines
-from .figures import bottleneck_figure, gate_figure, lora_scale_figure, most_runs_k
+from .efficiency import efficiency_table, is_fused, machines, without_units
+from .figures import bottleneck_figure, gate_figure, gate_runs, lora_scale_figure, most_runs_k
 from .layernorm import SWEEP as LN_SWEEP
 from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_ln_runs
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
@@ -188,6 +188,10 @@ def table4_caption(runs, selection):
     if fused:
         caption += (f" {fused} fused run(s) (trained together on one backbone, so their seconds are their group's) "
                     "count in #Param. but are left out of Time_T and Time_I.")
+    for units, what, column in (("train_steps", "training steps", "Time_T"), ("test_examples", "test examples", "Time_I")):
+        untimed = len(without_units(ok[~is_fused(ok)], units))
+        if untimed:
+            caption += f" {untimed} run(s) record no {what}: left out of {column}."
     timed_on = machines(ok)
     if timed_on:
         caption += f" Timed on: {', '.join(timed_on)}."
@@ -207,6 +211,11 @@ def write_figures(out, runs, render):
         out.figure(name, figure)
         entries.append((name, title))
     figure = gate_figure(runs)
+    left_out = gate_runs(runs)[1]
+    if left_out:
+        render.notes.append(f"fig_gates.png leaves out {len(left_out)} record{'s' if len(left_out) > 1 else ''} whose gates "
+                            "have another number of layers than the rest: "
+                            + "; ".join(f"{path} ({why})" for path, why in left_out))
     if figure is None:
         entries.append(("fig_gates.png", "not drawn: no UniPELT runs yet (`peltbench -m +experiment=table1`)"))
     else:

@@ -9,6 +9,7 @@ string is the `protocol` column of `load_records` and what `peltbench-tables --p
 """
 import json
 import posixpath
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -58,9 +59,18 @@ def canonical(value):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, sort_keys=True)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(_plain(value), sort_keys=True)
     return str(value)
+
+
+def _plain(value):
+    """Inside a list or dict too, 2.0 is 2."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def protocol_label(settings):
@@ -134,6 +144,7 @@ class Selection:
     model_reason: str
     protocol: str
     protocol_reason: str
+    default_model: str = PAPER_MODEL  # the model rendered without --model (`default_model`)
 
     @property
     def is_paper(self):
@@ -162,13 +173,35 @@ def select(records, model=None, protocol=None):
     `records`: readable runs of known methods and tasks. Raises UserError for a model or protocol that
     no record has, naming the ones found.
     """
+    default, model_reason = default_model(records)
     if model is None:
-        chosen, model_reason = default_model(records)
+        chosen = default
     else:
         chosen, model_reason = match_model(model, sorted(set(records["model"]))), "chosen with --model"
     runs = records[records["model"] == chosen]
     label, protocol_reason = choose_protocol(runs, protocol)
-    return Selection(chosen, model_reason, label, protocol_reason)
+    return Selection(chosen, model_reason, label, protocol_reason, default)
+
+
+def pooled(records, selection):
+    """Which of `records` a render pools: the runs of the selection's model and protocol, and a failed run of that
+    model whose precision is unknown (it failed before the precision was decided, in a version that did not record
+    it yet) where its other settings match: it is a failed seed of that protocol whatever the precision."""
+    model = records["model"] == selection.model
+    unknown = (records["status"] != "ok") & records["precision"].isna()
+    rest = _without_precision(selection.protocol)
+    return model & ((records["protocol"] == selection.protocol) | (unknown & (records["protocol"].map(_without_precision) == rest)))
+
+
+def _without_precision(label):
+    return tuple(pair for pair in parse_protocol(label).items() if pair[0] != PRECISION)
+
+
+def render_options(model, protocol, default):
+    """The options that render `model` and `protocol`, as a shell would take them: `--model` unless `model` is the
+    one chosen without it (`default`), and `--protocol` always (without it, the precision is the one most runs used)."""
+    options = [] if model == default else ["--model", model]
+    return shlex.join([*options, "--protocol", protocol])
 
 
 def default_model(records):
@@ -190,7 +223,8 @@ def default_model(records):
 def match_model(name, models):
     """The one model that `name` names (see `model_aliases`); UserError listing the models otherwise."""
     wanted = normalize_model(name.rstrip("/") or name)
-    matches = [model for model in models if wanted == model or wanted in model_aliases(model)]
+    matches = [model for model in models if wanted == model] or [
+        model for model in models if wanted in model_aliases(model)]  # a full name names one model, always
     if len(matches) == 1:
         return matches[0]
     found = ", ".join(models) or "none"
@@ -210,7 +244,9 @@ def choose_protocol(runs, option=None):
     labels = runs["protocol"].map(parse_protocol)
     same = runs[labels.map(lambda pairs: {key: value for key, value in pairs.items() if key != PRECISION} == wanted)]
     if precision is None:
-        counts = same["protocol"].map(lambda label: parse_protocol(label)[PRECISION]).value_counts()
+        precisions = same["protocol"].map(lambda label: parse_protocol(label)[PRECISION])
+        recorded = precisions[precisions != "null"]  # failed runs of unknown precision join the one chosen (`pooled`)
+        counts = (recorded if len(recorded) else precisions).value_counts()
         precision = min(counts.index, key=lambda name: (-counts[name], name != "fp32", name)) if len(counts) else "fp32"
         reason = {0: "fp32, as no run has this protocol", 1: "as recorded"}.get(len(counts), "the one most of these runs used")
     else:

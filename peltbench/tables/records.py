@@ -6,9 +6,11 @@ comparison needs is its own column: each test and dev metric (`test_f1`, `dev_ac
 one string for all of them (protocol.py), so a plain `groupby(["model", "protocol", ...])` cannot pool
 different protocols by accident.
 
-A record's method settings count as the paper's defaults when `config.method` agrees with
-`conf/method/<method>.yaml` on every key that file sets: Tables 1-4 use only those runs; Figures 2 and 3
-use the runs that differ in the one setting they sweep (`bottleneck`, `lora_scale`).
+A record's method settings (`method_settings`) are its `config.method` with any setting the record predates
+filled in as the run had it; they count as the paper's defaults when they agree with `conf/method/<method>.yaml`
+on every key that file sets, 2 and 2.0 alike: Tables 1-4 use only those runs; Figures 2 and 3 use the runs that
+differ in the one setting they sweep (`bottleneck`, `lora_scale`). Two records of one model, protocol, method,
+task, K and seed whose settings agree so are one run, counted once (`one_record_per_seed`).
 
 A file that cannot be read as a record (not UTF-8, not JSON, truncated, a field missing or of the wrong
 type) is never guessed at: it is named with its reason and left out.
@@ -22,6 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from ..packaged import options, packaged_config
+from ..record import LATER_METHOD_KEYS
 from .names import METHODS, TASKS
 from .protocol import canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
@@ -111,7 +114,7 @@ def one_record_per_seed(runs):
     if runs.empty:
         return runs, runs.assign(duplicate=pd.Series(dtype=str))
     keys = runs[["model", "protocol", "method", "task", "k", "seed"]].astype(str).agg("|".join, axis=1)
-    keys = keys + "|" + runs["settings"].map(lambda settings: json.dumps(settings, sort_keys=True, default=str))
+    keys = keys + "|" + runs["settings"].map(canonical)  # filled in (`method_settings`), and 2 is 2.0
     outcome = runs["status"] + "|" + runs["main"].map(repr)
     repeated = keys.duplicated(keep=False)
     agreeing = outcome.groupby(keys).transform("nunique") == 1
@@ -216,8 +219,8 @@ def _check_fields(record, fields, prefix):
 def _flatten(record, path):
     """One record as a flat row; optional fields that are absent become None (a failed run has null scores)."""
     config = record["config"]
-    settings = config["method"]
     method = record["method"]
+    settings = method_settings(method, config["method"])
     precision = _precision(record)
     test, dev = record.get("test") or {}, record.get("dev_best") or {}
     fused, machine = record.get("fused") or {}, record.get("machine") or {}
@@ -261,15 +264,26 @@ def _score(value):
     return float("nan") if value is None else float(value)
 
 
+def method_settings(method, settings):
+    """A record's method settings as its run had them: `config.method`, and a setting the record predates at the
+    value that reproduces the behaviour from before it (`record.LATER_METHOD_KEYS`, e.g. `gate_pooling: masked`),
+    else at the method file's default. Values are as recorded (compare them with `protocol.canonical`)."""
+    defaults = method_defaults(method)
+    later = {key: value for key, value in LATER_METHOD_KEYS.items() if key in defaults}
+    return {**defaults, **later, **settings}
+
+
 def changed_settings(method, settings):
-    """Keys of `config.method` whose value differs from `conf/method/<method>.yaml` (sorted tuple)."""
+    """Keys of the method settings whose value differs from `conf/method/<method>.yaml` (sorted tuple)."""
     defaults = method_defaults(method)
     return tuple(sorted(key for key, value in settings.items()
                         if key in defaults and canonical(value) != canonical(defaults[key])))
 
 
+@lru_cache(maxsize=None)
 def method_defaults(method):
-    """The method's default settings from its packaged config file (`conf/method/<method>.yaml`); {} if none."""
+    """The method's default settings from its packaged config file (`conf/method/<method>.yaml`); {} if none.
+    Read once per method (a results dir holds thousands of records): never change what it returns."""
     if method not in _packaged("method"):
         return {}
     return OmegaConf.to_container(packaged_config(f"method/{method}.yaml"), resolve=True)
