@@ -206,7 +206,7 @@ def prepare_member(cfg: DictConfig, task: TaskSpec, tokenizer, name: str) -> tup
         dev=encode(dev_split, dev_rows, tokenizer, length),
         test=encode(test_split, np.arange(len(test_split)), tokenizer, length),
         settings=TrainSettings(lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience,
-                               grad_clip=cfg.train.grad_clip, seed=cfg.model_seed),
+                               grad_clip=cfg.train.grad_clip, seed=cfg.model_seed, data_seed=cfg.seed),
     )
     data = {
         "test_examples": len(test_split), "data_source": train_split.source,
@@ -268,7 +268,7 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
         eval_batch_size = -(-eval_batch_size // model.members.count)
     return GroupSettings(
         batch_size=cfg.train.batch_size, eval_batch_size=eval_batch_size, pad_id=pad_id,
-        pad_to=cfg.train.max_length if model.members.padded_pooling else None, seed=cfg.model_seed,
+        pad_to=cfg.train.max_length if model.members.padded_pooling else None,
         device=device, bf16=bf16, split_by_length=cpu,
     )
 

@@ -3,7 +3,8 @@
 One loop trains a *group* of runs ("members") that share one frozen backbone; a separate run is a group of
 one. Every step concatenates the active members' batches (each member its own data order) into one forward
 and one backward. What is per member is visible in the loop: its learning rate and schedule, its own
-gradient norm clipping, its dev score, its early stopping and best state. A member that stops leaves the
+gradient norm clipping, its dropout masks (keyed by its seeds, step and examples: methods/randomness.py), its dev
+score, its early stopping and best state. A member that stops leaves the
 group; its best state is restored and its test set scored (with the others that stop at the same epoch),
 and the caller hears of it at once (`on_done`), so its record is written while the others go on.
 """
@@ -24,6 +25,7 @@ from tqdm.auto import tqdm
 
 from .data import Encoded, collate_group
 from .methods import load_member_state, member_state
+from .methods.randomness import step_keys
 from .metrics import compute_metrics
 from .tasks import TaskSpec
 
@@ -38,7 +40,8 @@ class TrainSettings:
     epochs: int = 50
     patience: int = 10
     grad_clip: float = 1.0
-    seed: int = 42  # the member's data order
+    seed: int = 42       # the model seed: the member's data order and, with the data seed, its dropout masks
+    data_seed: int = 0   # the data seed (its dropout masks: methods/randomness.py)
 
 
 @dataclass
@@ -50,7 +53,6 @@ class GroupSettings:
     pad_id: int = 0
     pad_to: int | None = None  # pad every batch to this width (gate_pooling=padded), else to its longest row
     split_by_length: bool = False  # a training step in two length-sorted pieces when that pads less (CPU: see pieces)
-    seed: int = 42             # dropout
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     bf16: bool = False
 
@@ -105,7 +107,6 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
     shufflers = [torch.Generator().manual_seed(m.settings.seed) for m in members]
     dev = [EvaluationSet(m.dev, group) for m in members]
     test = [EvaluationSet(m.test, group) for m in members]
-    torch.manual_seed(group.seed)  # dropout
 
     active = list(range(len(members)))
     epoch, step = 0, 0
@@ -157,6 +158,7 @@ def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers
     """One epoch of the active members; per member its mean loss, and the first step whose loss was not finite (-1)."""
     model.train()
     orders = [torch.randperm(len(members[m].train), generator=shufflers[m]).tolist() for m in active]
+    settings = [member.settings for member in members]
     size = len(orders[0])
     total = torch.zeros(len(active), device=group.device)
     first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
@@ -167,6 +169,8 @@ def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers
         losses = 0.0
         for piece in pieces(sets, rows, group):  # one forward and backward per piece (one piece: the whole batch)
             batch = collate_group(sets, piece, group.pad_id, group.device, group.pad_to)
+            model.members.set_dropout_keys(step_keys(settings, active, first_step + step, piece,
+                                                     model.members.dropout_sites, group.device))
             with _autocast(group):
                 logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
             share = member_losses(logits, batch["labels"], len(active), task) * (len(piece[0]) / len(rows[0]))

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adapter, bitfit, full, ln, lora, parallel_adapter, prefix
+from . import adapter, bitfit, full, ln, lora, parallel_adapter, prefix, randomness
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -50,6 +50,7 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]))
     model.members.padded_pooling = padded_pooling(methods)
     _own_attention(model)
+    model.members.dropout_sites = randomness.install(model)
     for name, component in COMPONENTS.items():
         users = {m: method for m, method in enumerate(methods) if name in method.components}
         if users:

@@ -28,17 +28,24 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_po
 ATTENTION_NAME = "peltbench_sdpa"
 
 
-def attention(module, query, key, value, attention_mask, prefix=None, position_bias=None, **kwargs):
+def attention(module, query, key, value, attention_mask, prefix=None, position_bias=None, dropout=0.0, **kwargs):
     """SDPA attention (query, key, value: (rows, heads, tokens, head_dim)) with the rows' prefixes prepended.
 
     `prefix = (key_values, gate, classes, members)`: key_values (2, members with a prefix, heads, L, head_dim), gate
     (those members, rows per member) or None, and the classes of members by prefix length: (length, which members
     with a prefix, their positions among the `members` blocks of rows); see PrefixEncoder. `position_bias`: scores added
-    before the softmax (rows, heads, tokens, tokens): DeBERTa's relative attention.
+    before the softmax (rows, heads, tokens, tokens): DeBERTa's relative attention. With dropout (training), the
+    probabilities are computed here and each member's own masks applied (methods/randomness.py); otherwise SDPA.
     """
+    own_masks = dropout > 0 and hasattr(module, "peltbench_site")
     if prefix is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, position_bias=position_bias, **kwargs)
+        if own_masks:
+            return _attend_with_member_dropout(module, query, key, value, attention_mask, position_bias, dropout,
+                                               None, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, position_bias=position_bias,
+                                      dropout=dropout, **kwargs)
     key_values, gate, classes, members = prefix
+    per_member = query.shape[0] // members
     outputs, order = [], []
     for length, users, positions in classes:
         def rows(tensor):
@@ -51,8 +58,13 @@ def attention(module, query, key, value, attention_mask, prefix=None, position_b
         q, k, v, mask, bias = rows(query), rows(key), rows(value), rows(attention_mask), rows(position_bias)
         if length:
             k, v, mask, bias = _prepend(key_values, gate, users, length, k, v, mask, bias)
-        out, _ = sdpa_attention_forward(module, q, k, v, mask, position_bias=bias, **kwargs)
-        outputs.append(out.view(members if len(classes) == 1 else -1, key.shape[0] // members, *out.shape[1:]))
+        if own_masks:
+            out, _ = _attend_with_member_dropout(module, q, k, v, mask, bias, dropout,
+                                                 None if len(classes) == 1 else _rows(positions, per_member, q.device),
+                                                 **kwargs)
+        else:
+            out, _ = sdpa_attention_forward(module, q, k, v, mask, position_bias=bias, dropout=dropout, **kwargs)
+        outputs.append(out.view(members if len(classes) == 1 else -1, per_member, *out.shape[1:]))
         order.append(positions)
     if len(classes) == 1:
         return outputs[0].flatten(0, 1), None
@@ -66,6 +78,29 @@ def _indices(positions, device) -> torch.Tensor:
     if isinstance(positions, slice):
         return torch.arange(positions.start, positions.stop, device=device)
     return positions
+
+
+def _rows(positions, per_member: int, device) -> slice | torch.Tensor:
+    """The rows of the members at `positions` (a slice or a tensor of member positions)."""
+    if isinstance(positions, slice):
+        return slice(positions.start * per_member, positions.stop * per_member)
+    return (positions[:, None] * per_member + torch.arange(per_member, device=device)).flatten()
+
+
+def _attend_with_member_dropout(module, query, key, value, mask, bias, dropout, rows, scaling=None, **kwargs):
+    """softmax(q kᵀ · scaling + bias, masked) with each member's own dropout mask, times v; (rows, tokens, heads, d)."""
+    from .randomness import attention_keep_mask, drop
+
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    probabilities = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+    keep = attention_keep_mask(module, query.shape[1], query.shape[2], key.shape[2], dropout, query.device, rows)
+    out = torch.matmul(drop(probabilities, keep, dropout), value)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _prepend(key_values, gate, users, length, key, value, mask, bias):
@@ -124,7 +159,9 @@ class RelativeSelfAttention(nn.Module):
         scale = math.sqrt(query.shape[-1] * factor)
         bias = None
         if inner.relative_attention:
-            bias = self._relative_bias(query, key, relative_pos, inner.pos_dropout(rel_embeddings), scale)
+            with self.members.positional():
+                rel_embeddings = inner.pos_dropout(rel_embeddings)
+            bias = self._relative_bias(query, key, relative_pos, rel_embeddings, scale)
         mask = self.members.token_mask
         mask = None if mask is None else mask[:, None, None, :].bool()
         out, _ = attention(inner, query, key, value, mask, prefix=prefix, position_bias=bias, is_causal=False,

@@ -46,6 +46,9 @@ class Members:
         self._gate_log: list | None = None
         self._gate_rows: torch.Tensor | None = None
         self._positional = False
+        self.dropout_sites = 0   # how many dropout sites the model has (methods/randomness.py)
+        self.rows = 0            # rows of the current forward pass
+        self._keys = None        # the dropout keys of the current forward pass (randomness.Keys)
 
     @property
     def active_count(self) -> int:
@@ -113,6 +116,18 @@ class Members:
     def split(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, ...) → (active members, rows per member, ...)."""
         return x.view(self.active_count, -1, *x.shape[1:])
+
+    def set_dropout_keys(self, keys) -> None:
+        """The dropout keys of the coming training forward pass (randomness.step_keys); None: forget them."""
+        self._keys = keys
+
+    def dropout_keys(self, site: int, device: torch.device) -> torch.Tensor:
+        """One key per row of the current forward pass at a dropout site (per member inside `positional`)."""
+        if self._keys is None:  # a training-mode forward outside the training loop (randomness.default_keys)
+            from .randomness import default_keys
+
+            self._keys = default_keys(self.rows, self.active_count, self.dropout_sites, device)
+        return (self._keys.members if self._positional else self._keys.rows)[site]
 
     @contextmanager
     def positional(self):
@@ -395,7 +410,7 @@ class PeltModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        self.members.token_mask = attention_mask
+        self.members.token_mask, self.members.rows = attention_mask, input_ids.shape[0]
         try:
             if self.prefix_encoder is not None:
                 self.members.prefixes = self.prefix_encoder()
@@ -407,6 +422,7 @@ class PeltModel(nn.Module):
         finally:
             self.members.token_mask = None
             self.members.prefixes = None
+            self.members.set_dropout_keys(None)
 
     def member_parameters(self) -> list[tuple[str, nn.Parameter, list[bool], bool]]:
         """(name, parameter, flags, stacked) for every trained parameter: flags say which members train it;
