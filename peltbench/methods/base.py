@@ -148,12 +148,14 @@ class Members:
         """Which rows of the coming batches count (bool per row; None: all): evaluation pads some members' rows."""
         self._gate_rows = rows
 
-    def observe_gate(self, submodule: str, layer: int, values: torch.Tensor, selection: Selection) -> None:
-        """Gate values of the selected members' rows (kept as they are; summed once, at the end)."""
+    def observe_gate(self, submodule: str, layer: int, values: torch.Tensor, selection: Selection,
+                     owners: torch.Tensor) -> None:
+        """Gate values of the selected members' rows (kept as they are; summed once, at the end). `owners`: per member
+        slot, whether the gate is its own (in a mixed group an ungated member's rows pass through it unused)."""
         if self._gate_log is not None and not self._positional:
             slots = selection.slots if selection.slots is not None else torch.arange(self.count, device=values.device)
             rows = None if self._gate_rows is None else self.gather(selection, self._gate_rows)
-            self._gate_log.append((submodule, layer, values.detach(), slots, rows))
+            self._gate_log.append((submodule, layer, values.detach(), slots, rows, owners.index_select(0, slots)))
 
     def stop_gate_recording(self) -> list[dict[str, list[float]] | None]:
         """Per member: mean gate per submodule and layer since `start_gate_recording` (None for a member without gates)."""
@@ -162,10 +164,11 @@ class Members:
             return [None] * self.count
         keys = sorted({(submodule, layer) for submodule, layer, *_ in log})
         totals = torch.zeros(len(keys), 2, self.count, device=log[0][2].device)
-        for submodule, layer, values, slots, rows in log:
+        for submodule, layer, values, slots, rows, owners in log:
             weight = torch.ones_like(values, dtype=torch.float32) if rows is None else rows.float()
             members = len(slots)
-            sums = torch.stack([(values.float() * weight).view(members, -1).sum(1), weight.view(members, -1).sum(1)])
+            weight = weight.view(members, -1) * owners[:, None]
+            sums = torch.stack([(values.float().view(members, -1) * weight).sum(1), weight.sum(1)])
             totals[keys.index((submodule, layer))].index_add_(1, slots, sums)
         totals = totals.cpu()
         layers = 1 + max(layer for _, layer in keys)
@@ -240,12 +243,13 @@ class Gate(nn.Module):
     over every position of a batch padded to max length, as the authors' code did.
     """
 
-    def __init__(self, members: Members, hidden_size: int, submodule: str, layer: int) -> None:
+    def __init__(self, members: Members, hidden_size: int, submodule: str, layer: int, owners: list[bool]) -> None:
         super().__init__()
         self.linear = MemberLinear(members, hidden_size, 1)
         self.members = members
         self.submodule = submodule
         self.layer = layer
+        self.register_buffer("owners", torch.tensor(owners, dtype=torch.float32), persistent=False)
 
     def forward(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
         """x: the selected members' rows (default: every active member's) (rows, tokens, hidden) → g: (rows,)."""
@@ -258,7 +262,7 @@ class Gate(nn.Module):
         else:
             mask = self.members.gather(selection, mask).to(per_token.dtype)
             gate = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        self.members.observe_gate(self.submodule, self.layer, gate, selection)
+        self.members.observe_gate(self.submodule, self.layer, gate, selection, self.owners)
         return gate
 
 
@@ -271,7 +275,7 @@ class Coefficient(nn.Module):
                  gated: list[bool], constants: list[float]) -> None:
         super().__init__()
         self.members = members
-        self.gate = Gate(members, hidden_size, submodule, layer) if any(gated) else None
+        self.gate = Gate(members, hidden_size, submodule, layer, gated) if any(gated) else None
         self.mixed = any(gated) and not all(gated)
         self.needs_constant = not all(gated) and any(c != 1.0 for c, g in zip(constants, gated) if not g)
         self.gated_members = list(gated)
