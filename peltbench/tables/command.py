@@ -2,7 +2,8 @@
 
 A render pools the runs of one model and one protocol (protocol.py): by default the paper's protocol and
 the paper's model (or, without it, the model with the most runs); `--model` and `--protocol` choose
-another. Every other record is accounted for in other_runs.md (others.py).
+another. The paper's numbers stand beside ours only when that model is the paper's, bert-base-uncased
+(`Selection.compares_with_paper`). Every other record is accounted for in other_runs.md (others.py).
 """
 import argparse
 import shlex
@@ -14,7 +15,7 @@ from .figures import swept_paths
 from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
 from .others import Ledger, other_runs_markdown, other_settings_groups
 from .paper import default_paper_dir, load_paper
-from .protocol import model_short_name, pooled, render_options, select
+from .protocol import pooled, render_options, select
 from .records import default_runs, known_runs, one_record_per_seed, read_records
 
 PROG = "peltbench-tables"
@@ -32,12 +33,14 @@ def parse_args(argv=None):
     parser = Parser(
         prog=PROG,
         description="Regenerate the UniPELT paper's Tables 1-4 and Figures 2-3 from result records, beside the paper's "
-                    "numbers. A render pools only the runs of one model and one protocol; the rest are listed in other_runs.md.",
+                    "numbers when the model is the paper's (bert-base-uncased). A render pools only the runs of one model "
+                    "and one protocol; the rest are listed in other_runs.md.",
     )
     parser.add_argument("--results-dir", default="results/runs", help="where the runs' result.json files are (searched recursively)")
     parser.add_argument("--out", default="results/tables", help="the directory the tables and figures go to")
     parser.add_argument("--paper-dir", default=str(default_paper_dir()),
-                        help="the paper's tables as CSV (default: results/paper of this checkout); absent: no side-by-side")
+                        help="the paper's tables as CSV (default: results/paper of this checkout), set beside renders of "
+                             "bert-base-uncased; absent: no side-by-side")
     parser.add_argument("--seeds", type=int, default=5, help="data seeds a Table 1 cell expects; fewer are shown as n=3 (default 5, App. B)")
     parser.add_argument("--ddof", type=int, default=1, help="delta degrees of freedom of every std (default 1: sample std)")
     parser.add_argument("--model", help="render this model's runs: its model.name, a part of its path "
@@ -92,7 +95,8 @@ def render_tables(args):
         return 1
     _say_unreadable(unreadable)
     chosen, duplicates = one_record_per_seed(known[same].assign(protocol=selection.protocol))  # see `pooled`
-    render_context = Render(selection, args.seeds, args.ddof, load_paper(args.paper_dir), known[~same])
+    paper = load_paper(args.paper_dir) if selection.compares_with_paper else None
+    render_context = Render(selection, args.seeds, args.ddof, paper, known[~same])
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable)
     _say_selection(selection, ledger, args, render_context)
     out = Output(args.out)
@@ -144,7 +148,7 @@ def _say_nothing_fits(known, selection, args):
     commands = [(_command(args, model, protocol, selection.default_model), runs)
                 for model, protocol, runs in zip(groups["model"], groups["protocol"], groups["runs"])]
     counts = [f" ({runs} record{'s' if runs != 1 else ''})" if len(commands) > 1 else "" for _, runs in commands]
-    print(f"{PROG}: no record fits {which} for model {model_short_name(selection.model)}; nothing rendered. "
+    print(f"{PROG}: no record fits {which} for model {selection.model_label()}; nothing rendered. "
           f"The {len(known)} records found render with: {commands[0][0]}{counts[0]}", file=sys.stderr)
     for (command, _), count in zip(commands[1:], counts[1:]):
         print(f"{PROG}:   or {command}{count}", file=sys.stderr)
@@ -161,7 +165,9 @@ def _command(args, model, protocol, default_model):
 def _say_selection(selection, ledger, args, render_context):
     """The console says which runs the tables pool, and what the reader must know about the rest."""
     print(f"{PROG}: {selection.caption()} (Protocol: {selection.protocol_reason}.)")
-    if render_context.paper is None:
+    if selection.without_paper():
+        print(f"{PROG}: {selection.without_paper()}")
+    elif render_context.paper is None:
         render_context.notes.append(f"no paper tables in {args.paper_dir}: the ours - paper comparison is skipped")
     if len(ledger.other_settings):
         render_context.notes.append(f"{len(ledger.other_settings)} runs of another model or protocol are not pooled; "
@@ -174,11 +180,13 @@ def _say_selection(selection, ledger, args, render_context):
 
 def index_markdown(args, selection, entries, notes):
     """README.md of the output directory: where the numbers came from and what each file holds."""
+    paper = f"; the paper's own tables: `{args.paper_dir}`" if selection.compares_with_paper else ""
     lines = [
         "# Tables and figures regenerated from result records", "",
-        f"From the records under `{args.results_dir}`, by `peltbench-tables` (`make tables`); the paper's own tables: "
-        f"`{args.paper_dir}`.", "", selection.caption(), "",
+        f"From the records under `{args.results_dir}`, by `peltbench-tables` (`make tables`){paper}.", "",
+        selection.caption(), "",
         *([f"**{selection.warning()}**", ""] if selection.warning() else []),
+        *([selection.without_paper(), ""] if selection.without_paper() else []),
         "| file | what |", "|---|---|",
         *(f"| `{name}` | {what} |" for name, what in entries), "",
     ]

@@ -1,12 +1,13 @@
 """Table 4 (§4.4): trainable parameters and training / inference time relative to fine-tuning.
 
-Parameters are what the records carry (`trainable_params`, METHODS.md's count, head excluded) over
-`backbone_params`. Training time is seconds per optimiser step and inference time seconds per test
-example: each is averaged over the seeds of one (task, K), divided by fine-tuning's on the same (task, K),
-and the ratios are averaged over every (task, K) that both methods ran. A fused run (trained together with
-others on one backbone, `fused.size` > 1) records its group's wall time, so its times are left out; its
-parameters count as usual. A run that records no training steps (or no test examples) has no time per step
-(per example): that time is left out too, never a division by zero.
+Parameters are what the pooled model's records carry: `trainable_params` (docs/protocol.md §4's count, head
+excluded) over the same records' `backbone_params`, so a percentage is of that model's backbone, whatever its
+architecture (nothing here knows BERT-base's sizes). Training time is seconds per optimiser step and inference
+time seconds per test example: each is averaged over the seeds of one (task, K), divided by fine-tuning's on the
+same (task, K), and the ratios are averaged over every (task, K) that both methods ran. A fused run (trained
+together with others on one backbone, `fused.size` > 1) records its group's wall time, so its times are left
+out; its parameters count as usual. A run that records no training steps (or no test examples) has no time per
+step (per example): that time is left out too, never a division by zero.
 """
 import pandas as pd
 
@@ -20,10 +21,7 @@ def efficiency_table(runs):
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
         return pd.DataFrame(columns=COLUMNS).rename_axis("method")
-    table = pd.DataFrame({
-        "trainable_params": ok.groupby("method")["trainable_params"].agg(_most_common).astype("Int64"),
-        "backbone_params": ok.groupby("method")["backbone_params"].agg(_most_common).astype("Int64"),
-    })
+    table = _parameter_counts(ok)
     table["params_percent"] = 100 * table["trainable_params"].astype(float) / table["backbone_params"].astype(float)
     timed = ok[~is_fused(ok)]
     train_time, setups = _relative_to_fine_tuning(timed, "train_seconds", "train_steps")
@@ -56,10 +54,15 @@ def machines(runs):
     return sorted(set(names))
 
 
-def _most_common(values):
-    """The count a method reports (the same on every task); NaN when no record carries it."""
-    values = values.dropna()
-    return values.mode().iloc[0] if len(values) else float("nan")
+def _parameter_counts(ok):
+    """Per method, the (trainable_params, backbone_params) pair most of its records carry (the same on every task):
+    the percentage divides counts of the same records. <NA> where no record carries a count."""
+    counted = ok.dropna(subset=["trainable_params"])
+    pairs = counted.groupby(["method", "trainable_params", "backbone_params"], dropna=False).size().rename("records")
+    pairs = pairs.reset_index().sort_values(["records", "trainable_params"], ascending=[False, True])
+    pairs = pairs.drop_duplicates("method")
+    table = pairs.set_index("method")[["trainable_params", "backbone_params"]].reindex(sorted(set(ok["method"])))
+    return table.astype("Int64")
 
 
 def _relative_to_fine_tuning(ok, seconds, units):

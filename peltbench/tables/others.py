@@ -9,7 +9,7 @@ import pandas as pd
 
 from .markdown import frame_markdown
 from .names import METHODS, TASKS, k_order, method_label, order_of
-from .protocol import canonical, model_short_name, parse_protocol, render_options
+from .protocol import canonical, model_label, most_common, parse_protocol, render_options
 
 
 @dataclass
@@ -41,11 +41,12 @@ class Ledger:
 
 
 def other_settings_groups(runs):
-    """Runs of other models or protocols, one row per (model, protocol): counts, methods, tasks and K."""
+    """Runs of other models or protocols, one row per (model, protocol): architecture, counts, methods, tasks and K."""
     if runs.empty:
-        return pd.DataFrame(columns=["model", "protocol", "runs", "failed", "methods", "tasks", "k"])
+        return pd.DataFrame(columns=["model", "protocol", "architecture", "runs", "failed", "methods", "tasks", "k"])
     groups = runs.groupby(["model", "protocol"], sort=True)
     return pd.DataFrame({
+        "architecture": groups["architecture"].agg(most_common),
         "runs": groups.size(),
         "failed": groups["status"].agg(lambda status: int((status != "ok").sum())),
         "methods": groups["method"].agg(lambda names: _listed(names, lambda name: order_of(name, METHODS))),
@@ -69,7 +70,7 @@ def other_settings_markdown(runs, selection, heading="## Runs not pooled here: a
     if groups.empty:
         return ""
     table = pd.DataFrame({
-        "model": groups["model"].map(model_short_name),
+        "model": [model_label(model, architecture) for model, architecture in zip(groups["model"], groups["architecture"])],
         "settings": groups["protocol"].map(lambda label: _settings_text(label)),
         "runs (failed)": [f"{runs} ({failed})" for runs, failed in zip(groups["runs"], groups["failed"])],
         "methods": groups["methods"].map(lambda names: ", ".join(map(method_label, names.split(", ")))),

@@ -18,7 +18,7 @@ from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
 from .others import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .protocol import Selection, model_short_name
+from .protocol import Selection
 from .scores import score_table, upper_bounds
 from .significance import significance
 
@@ -158,7 +158,7 @@ def write_diff(out, name, title, diff, tasks, render):
 
 
 def diff_caption(selection):
-    """Which runs "ours" are, and a warning when they are not the paper's model and protocol."""
+    """Which runs "ours" are, and a warning when the paper's model ran another protocol (`Selection.warning`)."""
     return " ".join(filter(None, [selection.caption(), selection.warning() and f"**{selection.warning()}**"]))
 
 
@@ -166,7 +166,7 @@ def write_table4(out, runs, render):
     table = efficiency_table(runs)
     if table.empty:
         return write_missing(out, "table4", "Table 4", "table4", _no_runs(render), other_settings_markdown(render.others, render.selection))
-    caption = table4_caption(runs, render.selection)
+    caption = table4_caption(runs, table, render.selection)
     warning = render.selection.warning()
     beside = f" **{warning}**" if render.paper and warning else ""  # the paper's numbers stand beside ours
     out.text("table4.md", markdown.efficiency_markdown(
@@ -177,13 +177,15 @@ def write_table4(out, runs, render):
     return [("table4.md / .tex / .csv", "Table 4: trainable parameters, training and inference time relative to fine-tuning")]
 
 
-def table4_caption(runs, selection):
-    """What Table 4's columns are, which runs' times were left out, and which machines timed the rest."""
+def table4_caption(runs, table, selection):
+    """What Table 4's columns are (the backbone's size as the records count it), which runs' times were left out,
+    and which machines timed the rest."""
     ok = runs[runs["status"] == "ok"]
-    caption = ("Trainable parameters (METHODS.md's count, classification head excluded; % of the backbone's "
-               "parameters) and training / inference time relative to fine-tuning. Time_T: seconds per training "
-               "step; Time_I: seconds per test example; each averaged over seeds per (task, K), divided by "
-               "fine-tuning's on the same (task, K), then averaged over the setups both methods ran.")
+    caption = ("Trainable parameters (stored per task as docs/protocol.md counts them, classification head excluded; "
+               f"% of the backbone's parameters{_backbone_size(table)}) and training / inference time relative to "
+               "fine-tuning. Time_T: seconds per training step; Time_I: seconds per test example; each averaged over "
+               "seeds per (task, K), divided by fine-tuning's on the same (task, K), then averaged over the setups both "
+               "methods ran.")
     fused = int(is_fused(ok).sum())
     if fused:
         caption += (f" {fused} fused run(s) (trained together on one backbone, so their seconds are their group's) "
@@ -254,9 +256,15 @@ def table1_caption(table, render):
             "every task. Best and 2nd best per column and K are bold and underlined. " + render.selection.caption())
 
 
+def _backbone_size(table):
+    """`: 124,645,632`, the pooled model's backbone as its records count it (the same for every method)."""
+    sizes = set(table["backbone_params"].dropna())
+    return f": {int(sizes.pop()):,}" if len(sizes) == 1 else ""
+
+
 def _no_runs(render):
     selection = render.selection
-    return f"No runs for this table yet under model {model_short_name(selection.model)} and protocol {selection.protocol}"
+    return f"No runs for this table yet under model {selection.model_label()} and protocol {selection.protocol}"
 
 
 def _seeds(table):

