@@ -47,6 +47,9 @@ class Architecture:
     ffn: str                         # from a layer: post-norm, the FFN output block; pre-norm, the FFN itself
     pre_norm: bool
     head: Head
+    norms: tuple[str, str] = ("attention.output.LayerNorm", "output.LayerNorm")  # from a layer: the attention
+    # block's and the FFN block's LayerNorm (post-norm: after the block; pre-norm: before it)
+    embeddings_norm: str = "embeddings.LayerNorm"  # from the encoder
     relative_attention: bool = False  # DeBERTa: peltbench computes the disentangled attention (methods/attention.py)
     token_types: bool = True         # the encoder takes token_type_ids (unless its config has no token types)
     notes: dict[str, str] = field(default_factory=dict)
@@ -79,7 +82,7 @@ ARCHITECTURES = {
     "modernbert": Architecture(
         "modernbert", layers="layers", attention="attn",
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
-        ffn="mlp", pre_norm=True, token_types=False,
+        ffn="mlp", pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
         head=Head(pool="modernbert", out="classifier", dropout="drop")),
 }
 

@@ -109,3 +109,24 @@ def test_without_saved_ln_runs_it_names_the_sweep(tmp_path, capsys):
     assert main(["--results-dir", str(tmp_path), "--out", str(tmp_path / "out"), "--paper-dir", str(tmp_path)]) == 0
     assert ("fig_ln_change.png not drawn: no LN-tuning run saved its weights; "
             "`peltbench -m +experiment=table1 method=ln save.weights=true` fills it") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_other_encoders_real_ln_runs_give_their_changes(model_type, tmp_path, glue_dir):
+    """A real LN-tuning run with save.weights on each other architecture: its LayerNorms (ModernBERT: the norms
+    before attention and FFN, with zero pretrained biases) are found and compared with the pretrained model's."""
+    from conftest import compose_config, save_tiny_encoder
+    from peltbench.runner import run_group
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt")
+    cfg = compose_config("method=ln", "task=rte", f"model.name={checkpoint}", f"data.dir={glue_dir}",
+                         f"results_dir={tmp_path / 'runs'}", "k=16", "dev_size=20", "train.epochs=2", "logger=[]",
+                         "save.weights=true", "method.lr=0.05")
+    [outcome] = run_group([cfg])
+    assert outcome.status == "ok"
+    changes = layernorm_changes(load_records(tmp_path / "runs"))
+    found = {(row.term, row.module, row.layer) for row in changes.itertuples()}
+    layers = {"MHA": {2} if model_type == "modernbert" else {1, 2}, "FFN": {1, 2}}  # ModernBERT's layer 1 has none
+    assert found == {(term, module, layer) for term in ("Gain", "Bias") for module in ("MHA", "FFN")
+                     for layer in layers[module]} | {("Gain", "embeddings", 0), ("Bias", "embeddings", 0)}
+    assert (changes["change"] > 0).all()  # lr 0.05 for 2 epochs moves every gain and bias

@@ -7,8 +7,10 @@ after the feed-forward block), columns the layers, one panel per task. The embed
 LN-tuning trains too but the paper's figure does not show, is in the CSV as layer 0.
 
 t_f comes from the `weights.safetensors` a run saved beside its result.json (`save.weights=true`): keys are
-`BertForSequenceClassification` state_dict names (`bert.encoder.layer.3.output.LayerNorm.weight`, ...);
-t_o from the record's `config.model.name`, loaded offline.
+the `*ForSequenceClassification` state_dict names (`bert.encoder.layer.3.output.LayerNorm.weight`, ...);
+t_o from the record's `config.model.name`, loaded offline. Where each layer's LayerNorms are is the architecture
+map's (peltbench/architectures.py): on a pre-norm encoder (ModernBERT) MHA and FFN are the LayerNorms before
+those blocks, and a bias the checkpoint lacks is a pretrained bias of zero.
 """
 import re
 
@@ -16,13 +18,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..architectures import ARCHITECTURES
 from .names import TASKS, k_label, order_of, task_label
 
 TERMS = {"weight": "Gain", "bias": "Bias"}
-MODULES = {"attention.output": "MHA", "output": "FFN"}
 ROWS = ("Gain MHA", "Gain FFN", "Bias MHA", "Bias FFN")  # the paper's y-axis
-LAYER_KEY = re.compile(r"^(?:bert\.)?encoder\.layer\.(\d+)\.(attention\.output|output)\.LayerNorm\.(weight|bias)$")
-EMBEDDINGS_KEY = re.compile(r"^(?:bert\.)?embeddings\.LayerNorm\.(weight|bias)$")
+PREFIXES = {"bert": "bert", "roberta": "roberta", "electra": "electra", "deberta-v2": "deberta", "modernbert": "model"}
 SWEEP = "peltbench -m +experiment=table1 method=ln save.weights=true"  # LN runs that keep their trained LayerNorms
 
 
@@ -60,19 +61,31 @@ def layernorm_changes(runs, say=print):
 
 
 def pretrained_layernorms(model_name):
-    """{state_dict name without `bert.`: numpy array} of every LayerNorm of the pretrained model, loaded offline."""
-    from transformers import BertModel
+    """{name in the encoder: numpy array} of every LayerNorm gain and bias of the pretrained model, loaded offline."""
+    from transformers import AutoModel
 
     try:
-        model = BertModel.from_pretrained(model_name, local_files_only=True)
+        model = AutoModel.from_pretrained(model_name, local_files_only=True)
     except Exception as error:  # transformers raises OSError, ValueError, ... for a model it cannot find offline
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise Unavailable(f"the pretrained model cannot be loaded offline ({message})") from None
-    return {name: tensor.float().numpy() for name, tensor in model.state_dict().items() if _is_layernorm(name)}
+    keys = _keys(model.config.model_type)
+    if keys is None:
+        raise Unavailable(f"its architecture ({model.config.model_type}) is not one peltbench supports")
+    found = {}
+    for name, module in model.named_modules():
+        for term in ("weight", "bias"):
+            key = f"{name}.{term}"
+            if _match(keys, key) is not None and getattr(module, "weight", None) is not None:
+                tensor = getattr(module, term)
+                tensor = module.weight.new_zeros(module.weight.shape) if tensor is None else tensor  # no bias: zero
+                found[key] = tensor.detach().float().numpy()
+    return found
 
 
 def saved_layernorms(path):
-    """The LayerNorm tensors of a run's weights.safetensors (other keys, e.g. a method's new modules, ignored)."""
+    """The LayerNorm tensors of a run's weights.safetensors (other keys, e.g. a method's new modules, ignored), under
+    their names in the encoder (the model's prefix, `bert.` ..., removed)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -80,27 +93,47 @@ def saved_layernorms(path):
         tensors = load_file(path)
     except (SafetensorError, OSError, ValueError) as error:
         raise Unavailable(f"{path} is not a readable safetensors file ({str(error).splitlines()[0]})") from None
-    found = {name.removeprefix("bert."): tensor.float().numpy() for name, tensor in tensors.items() if _is_layernorm(name)}
-    if not found:
-        raise Unavailable(f"{path} holds no LayerNorm weights")
-    return found
+    found = {}
+    for model_type, prefix in PREFIXES.items():
+        keys = _keys(model_type)
+        for name, tensor in tensors.items():
+            plain = name.removeprefix(f"{prefix}.")
+            if name.startswith(f"{prefix}.") and _match(keys, plain) is not None:
+                found[plain] = tensor.float().numpy()
+        if found:
+            return found
+    raise Unavailable(f"{path} holds no LayerNorm weights")
 
 
-def _is_layernorm(name):
-    return bool(LAYER_KEY.match(name) or EMBEDDINGS_KEY.match(name))
+def _keys(model_type):
+    """(layer pattern, embeddings pattern) of an architecture's LayerNorm names in its encoder, or None."""
+    arch = ARCHITECTURES.get(model_type)
+    if arch is None:
+        return None
+    blocks = "|".join(re.escape(norm) for norm in arch.norms)
+    layer = re.compile(rf"^{re.escape(arch.layers)}\.(\d+)\.({blocks})\.(weight|bias)$")
+    return arch, layer, re.compile(rf"^{re.escape(arch.embeddings_norm)}\.(weight|bias)$")
+
+
+def _match(keys, name):
+    """(term, module, layer) of a LayerNorm name, or None for another tensor."""
+    arch, layer, embeddings = keys
+    found = layer.match(name)
+    if found:
+        return found[3], ("MHA", "FFN")[arch.norms.index(found[2])], int(found[1]) + 1
+    found = embeddings.match(name)
+    return (found[1], "embeddings", 0) if found else None
 
 
 def _changes(saved, pretrained):
     """The mean absolute change of each saved LayerNorm term against its pretrained value."""
+    keys = next((_keys(t) for t in PREFIXES if all(_match(_keys(t), name) for name in saved)), None)
     for name, values in saved.items():
-        if name not in pretrained or pretrained[name].shape != values.shape:
+        if keys is None or name not in pretrained or pretrained[name].shape != values.shape:
             raise Unavailable(f"{name} does not match the pretrained model's")
-        change = float(np.abs(values - pretrained[name]).mean())
-        layer = LAYER_KEY.match(name)
-        if layer:
-            yield {"term": TERMS[layer[3]], "module": MODULES[layer[2]], "layer": int(layer[1]) + 1, "change": change}
-        else:
-            yield {"term": TERMS[EMBEDDINGS_KEY.match(name)[1]], "module": "embeddings", "layer": 0, "change": change}
+        term, module, layer = _match(keys, name)
+        yield {"term": TERMS[term], "module": module, "layer": layer,
+               "change": float(np.abs(values - pretrained[name]).mean())}
 
 
 def mean_changes(changes):
