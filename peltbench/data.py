@@ -1,6 +1,6 @@
 """GLUE data: load a split (Hub, glue_data TSV or parquet), the seeded few-shot split, tokenisation, batches.
 
-The few-shot protocol (UniPELT App. B, METHODS.md): perm = numpy.random.default_rng(seed).permutation(n),
+The few-shot protocol (UniPELT App. B, docs/protocol.md): perm = numpy.random.default_rng(seed).permutation(n),
 train = perm[:K], dev = perm[K:K + 1000], test = the official GLUE dev split (MNLI: matched).
 """
 

@@ -1,6 +1,6 @@
 """`peltbench-params`: trainable parameters stored per task, for every method, without loading weights.
 
-The count is METHODS.md's (head excluded; prefix-tuning counted as its final L × 2 × layers × H tensor),
+The count is docs/protocol.md §4's (head excluded; prefix-tuning counted as its final L × 2 × layers × H tensor),
 the same function the result record and Table 4 use. Models are built on PyTorch's meta device.
 """
 
@@ -34,7 +34,8 @@ def paper_rounding(count: int) -> str:
 
 
 def model_config(name: str | None, num_labels: int):
-    """The config of `name` (checked to be BERT), or bert-base-uncased's shape when None; and a label for it."""
+    """The config of `name` (checked to be a supported encoder), or bert-base-uncased's shape when None; and a label
+    for it."""
     from transformers import BertConfig
 
     if name is None:
@@ -63,13 +64,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{method},{c['trainable_params']},{share:.4f},{c['head_params']},{c['optimizer_params']},{c['backbone_params']}")
         return
     print(f"Trainable parameters stored per task — model: {label}, {args.num_labels}-way head")
-    print("(METHODS.md counting: head excluded; prefix counted as its L x 2 x layers x H tensor)\n")
+    print("(docs/protocol.md §4: head excluded; prefix counted as its L x 2 x layers x H tensor)\n")
     print(f"{'method':<20}{'stored':>14}{'Table 4':>9}{'% backbone':>12}{'head':>8}{'optimiser':>14}")
     for method, c in rows:
         share = 100 * c["trainable_params"] / c["backbone_params"]
         print(f"{method:<20}{c['trainable_params']:>14,}{paper_rounding(c['trainable_params']):>9}"
               f"{share:>11.2f}%{c['head_params']:>8,}{c['optimizer_params']:>14,}")
-    print(f"\nbackbone (encoder + pooler): {rows[0][1]['backbone_params']:,} parameters")
+    print(f"\nbackbone (the pretrained model without the new head layers): {rows[0][1]['backbone_params']:,} parameters")
 
 
 if __name__ == "__main__":

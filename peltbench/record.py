@@ -241,9 +241,9 @@ def _kept(existing: dict | None, record: dict) -> str | None:
 
 # Scores first, then what the run was, its size and cost, then the long parts. Other fields go before the long ones.
 HEAD = ("status", "error", "test", "dev_best", "best_epoch", "epochs_run", "method", "variant", "task", "k", "seed",
-        "model_seed", "model", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
+        "model_seed", "model", "architecture", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
         "train_seconds", "train_steps", "eval_seconds", "test_seconds", "test_examples", "machine", "device",
-        "precision", "fused")
+        "precision", "fused", "dropout")
 TAIL = ("history", "gates", "split", "data_source", "config", "config_hash", "schema", "versions", "started_at",
         "finished_at", "traceback")
 LINE_WIDTH = 110  # a dict of plain values this short stays on one line

@@ -33,6 +33,7 @@ from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
 
 log = logging.getLogger("peltbench")
+DROPOUT = "per-run"  # how dropout masks are drawn (methods/randomness.py; docs/record.md `dropout`)
 
 
 @dataclass
@@ -282,7 +283,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     for run in runs:
         run.record.update(count_method(run.cfg.method, model.config))
         run.record.update(architecture=model.config.model_type, device=str(device), machine=machine(device),
-                          precision="bf16" if bf16 else "fp32", fused=fused)
+                          precision="bf16" if bf16 else "fp32", fused=fused, dropout=DROPOUT)
     if fused:
         log.info("fused group %s: %d runs on one %s backbone (%s), %s, %s", fused["group"], len(runs),
                  first.model.name, model.arch.name, device, "bf16" if bf16 else "fp32")

@@ -1,4 +1,4 @@
-"""The training loop: AdamW, linear decay, dev evaluation every epoch, early stopping (App. B, METHODS.md).
+"""The training loop: AdamW, linear decay, dev evaluation every epoch, early stopping (App. B, docs/protocol.md).
 
 One loop trains a *group* of runs ("members") that share one frozen backbone; a separate run is a group of
 one. Every step concatenates the active members' batches (each member its own data order) into one forward

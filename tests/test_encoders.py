@@ -460,3 +460,31 @@ def test_a_saved_lora_run_reloads_and_loads_in_peft(model_type, tmp_path, glue_d
     with torch.no_grad():
         torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
                                    loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)
+
+
+def test_a_deberta_v3_checkpoint_with_only_its_sentencepiece_model_loads_and_trains(tmp_path, glue_dir):
+    """microsoft/deberta-v3-* ship `spm.model`, not tokenizer.json: transformers converts it (with sentencepiece, a
+    dependency of peltbench); without it the tokenizer would not load."""
+    import random
+
+    import sentencepiece
+
+    from conftest import WORDS, tiny_encoder
+    from peltbench.model import load_tokenizer
+    from peltbench.runner import run_group
+
+    rng = random.Random(0)
+    (tmp_path / "corpus.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(2000)))
+    folder = tmp_path / "deberta-v3"
+    folder.mkdir()
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(tmp_path / "corpus.txt"), model_prefix=str(folder / "spm"), vocab_size=58, model_type="unigram",
+        pad_id=0, unk_id=3, bos_id=1, eos_id=2, user_defined_symbols=["[MASK]"], minloglevel=2)
+    (folder / "spm.vocab").unlink()
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "DebertaV2Tokenizer", "do_lower_case": false}')
+    tiny_encoder("deberta-v2", dropout=0.0).save_pretrained(folder)
+    tokenizer = load_tokenizer(str(folder))
+    pair = tokenizer("the cat sat", "a dog ran")
+    assert tokenizer.unk_token_id not in pair["input_ids"] and set(pair["token_type_ids"]) == {0, 1}
+    [outcome] = run_group(sweep(folder, glue_dir, tmp_path / "runs", ["lora"], False))
+    assert outcome.status == "ok" and outcome.record["architecture"] == "deberta-v2"

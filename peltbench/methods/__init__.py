@@ -107,7 +107,7 @@ def check_method(method: DictConfig) -> None:
 
 
 def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
-    """Counts as METHODS.md defines them, for the member in `slot` of a model built for it alone.
+    """Counts as docs/protocol.md defines them, for the member in `slot` of a model built for it alone.
 
     `trainable_params`: what must be stored per task, head excluded; the prefix encoder counts its final
     L × 2 × layers × H tensor instead of its parameters (the MLP is discarded after training).

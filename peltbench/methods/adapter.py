@@ -3,7 +3,8 @@
 In BERT's output block, with h = dropout(dense(intermediate)) and a the attention output (the block's
 residual input), and LN the block's own pretrained LayerNorm (used twice, frozen):
     x = LN(h + a);   out = LN(h + g · Up(ReLU(Down(x))) + a)
-g = 1 ungated; gated, g = mean_t sigmoid(Linear(x_t)).
+g = 1 ungated; gated, g = mean_t sigmoid(Linear(x_t)). On a pre-norm encoder (ModernBERT), where no LayerNorm
+follows the FFN block: x = h + a, out = h + g · Up(ReLU(Down(x))) (base.FfnOutput; docs/protocol.md §9).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..architectures import Architecture, activation_name, architecture, get, pool, put, unwrapped
 
-INIT_STD = 0.02  # BERT's init for new Linear weights (METHODS.md); biases start at 0
+INIT_STD = 0.02  # BERT's init for new Linear weights (docs/protocol.md); biases start at 0
 
 
 class Members:
@@ -239,7 +239,7 @@ class MemberLinear(nn.Module):
 class Gate(nn.Module):
     """UniPELT's gate (§3.2): g = mean over tokens t of sigmoid(Linear_H→1(x_t)), one scalar per example.
 
-    The mean is over real tokens (METHODS.md "Gates: one shape everywhere"), or, with gate_pooling=padded,
+    The mean is over real tokens (docs/protocol.md §5), or, with gate_pooling=padded,
     over every position of a batch padded to max length, as the authors' code did.
     """
 

@@ -1,5 +1,5 @@
 """BitFit (Ben Zaken et al. 2021): every bias of the pretrained model trains — in BERT Q/K/V, attention output,
-intermediate, output, all LayerNorm biases and the pooler (102,912 for BERT-base, METHODS.md). A Linear or LayerNorm
+intermediate, output, all LayerNorm biases and the pooler (102,912 for BERT-base, docs/protocol.md). A Linear or LayerNorm
 the checkpoint left without a bias (all of ModernBERT's) has a bias of zero, which BitFit trains from zero."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """LN-tuning (Qi et al. 2022, Eq. 1): the gain and bias of every LayerNorm of the pretrained model train, from their
-pretrained values — in BERT the embeddings' LayerNorm and two per layer (38,400 for BERT-base, METHODS.md). A
+pretrained values — in BERT the embeddings' LayerNorm and two per layer (38,400 for BERT-base, docs/protocol.md). A
 LayerNorm without a bias (ModernBERT's) has a bias of zero, which LN-tuning trains from zero."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 A: H → r, kaiming-uniform (a = √5); B: r → H, zeros; no dropout. Where the projections are (a row block of
 ModernBERT's fused Wqkv) is the architecture map's business (architectures.py). Ungated, s is the constant
 `lora_scale` (the paper's α = 2). Gated (UniPELT), each adapted projection gets its own gate from its
-input, and the gate replaces s (official code; METHODS.md).
+input, and the gate replaces s (official code; docs/protocol.md).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Computed from the FFN's input x (the attention output a) and added before the block's residual and LayerNorm:
     out = LN(dropout(dense(intermediate)) + s · Up(ReLU(Down(a))) + a)
+(on a pre-norm encoder, ModernBERT: MLP(a) + s · Up(ReLU(Down(a))), a the MLP's input; base.FfnOutput).
 Down is kaiming-uniform (a = √5, PyTorch's Linear default) with zero bias; Up starts at zero, so the
-model starts exactly as the pretrained one (METHODS.md).
+model starts exactly as the pretrained one (docs/protocol.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Scores of Tables 1-3: per-seed scores, cells (mean ± std over data seeds), Avg., best/second, upper bounds.
 
-Definitions follow METHODS.md: a cell is the mean and standard deviation over the data seeds of `test.main`;
+Definitions follow docs/protocol.md: a cell is the mean and standard deviation over the data seeds of `test.main`;
 Avg. is the mean over seeds of the per-seed average over tasks, and its std the std of those per-seed
 averages, counting only seeds that have every task of the table; Table 2's upper bound is the average
 over tasks of the best submodule's mean score on each task.
@@ -51,7 +51,7 @@ def seed_scores(runs, tasks):
 
 
 def per_seed_average(scores, tasks):
-    """Avg. of one seed: the mean over all `tasks`; a seed missing any task has none (METHODS.md, Table 1)."""
+    """Avg. of one seed: the mean over all `tasks`; a seed missing any task has none (docs/protocol.md, Table 1)."""
     if scores.empty:
         return scores
     by_seed = scores.pivot_table(index=["k", "method", "seed"], columns="task", values="score")
