@@ -1,7 +1,8 @@
 """`peltbench`: one experiment per Hydra job, e.g. `peltbench method=unipelt_apl task=cola k=100 seed=111`.
 
 Before Hydra starts anything, `preflight` composes the config of every run the command asks for, as Hydra will,
-and checks it (peltbench.config): bad input is one line and exit status 2 within a second, before torch loads.
+and checks it (peltbench.config), and whether its loggers can start (peltbench.loggers): bad input is one line and
+exit status 2 within a second, before torch loads.
 Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not done), 2 bad input.
 """
 
@@ -17,12 +18,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
 from hydra.types import RunMode
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from . import UserError, __version__
 from .config import METHOD_SETTINGS, check_config
 from .launchers import register_launchers
+from .loggers import check_can_start
 from .packaged import options
 
 log = logging.getLogger("peltbench")
@@ -138,8 +140,13 @@ def preflight(arguments: list[str]) -> None:
         try:
             config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
+                loggers = {}
                 for job in _jobs(loader, config, mode):
                     check_config(job)
+                    loggers.setdefault(OmegaConf.to_yaml(job.get("logger") or {}), job.get("logger"))
+                if args.cfg is None:  # runs will start: their loggers must be able to
+                    for logger in loggers.values():
+                        check_can_start(logger)
         except OverrideParseException as error:
             raise UserError(_bad_override(arguments, error)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null

@@ -23,7 +23,7 @@ from . import UserError
 from .config import check_config
 from .data import encode, few_shot_split, load_split
 from .methods import build_pelt_model, count_method, load_member_state, member_state
-from .loggers import RunLogger, open_logger
+from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (PREDICTIONS, WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
                      save_weights)
@@ -117,6 +117,8 @@ class _Run:
         digest = config_hash(cfg)
         run = cls(cfg, path, digest, None, record=_identity(cfg, digest))
         run.finished = run.done()
+        if run.finished is None:
+            check_can_start(cfg.get("logger"))  # W&B without a key, an MLflow server that is down: before the model
         return run
 
     def done(self) -> dict | None:
