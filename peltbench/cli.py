@@ -62,6 +62,8 @@ logger settings (with that logger chosen):
 Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not done; 2 bad input, nothing ran.
 """
 
+GROUPS = ("method", "task", "logger", "experiment")  # the config groups a user chooses from (conf/)
+
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
@@ -183,6 +185,10 @@ def one_line(error: Exception, arguments: list[str] = ()) -> str:
         if group in ("method", "task") and not any(arg.startswith(f"{group}=") for arg in arguments):
             return f"{key}: a {group} setting needs {group}=NAME on the command line"
         return f"{key}: no such setting (peltbench --help lists them all)"
+    missing = re.search(r"Could not load '(?P<group>[\w/]+)/(?P<name>[^'/]+)'", text)
+    if missing and missing["group"] in GROUPS:  # a list of choices (logger=[csv,bogus]): Hydra names no options
+        group = missing["group"]
+        return f"Could not find '{group}/{missing['name']}'; Available options in '{group}': {', '.join(options(group))}"
     lines = [line.strip() for line in text.split("Config search path:")[0].splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
