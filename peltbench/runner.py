@@ -48,11 +48,12 @@ class Outcome:
 
 
 def sweep_status(outcome: Outcome) -> str:
-    """What a sweep's job returns for a run (its summary reads the records); a bad input or a failure is logged in
-    one line, in the run's own job log (the summary reads it from there when there is no record)."""
+    """What a sweep's job returns for a run: its status, or `skipped` for a run done before (the launchers' progress
+    and ETA count it as free; the summary reads the records). A bad input or a failure is logged in one line, in the
+    run's own job log (the summary reads it from there when there is no record)."""
     if outcome.status in ("error", "failed") and outcome.error is not None:
         log.error("%s", outcome.error)
-    return outcome.status
+    return "skipped" if outcome.skipped else outcome.status
 
 
 def run_experiment(cfg: DictConfig, results_dir: Path | None = None) -> dict:
