@@ -469,21 +469,28 @@ def load_run(run_dir: str | Path, device: str | None = None, *, data_dir: str | 
         built = group_model([cfg], task, device_)
     except UserError as error:
         raise UserError(f"{error} (load_run(run_dir, model=...) says where the run's model is)") from None
-    shapes = {name: tuple(tensor.shape) for name, tensor in member_state(built, 0).items()}
-    shapes.update({"classifier.weight": tuple(built.head.weight[0].shape), "classifier.bias": tuple(built.head.bias[0].shape)})
+    _put_weights(built, tensors, run_dir, record, model)
+    return LoadedRun(cfg, record, built, load_tokenizer(cfg.model.name), device_, bf16, run_dir)
+
+
+def _put_weights(model, tensors: dict[str, torch.Tensor], run_dir: Path, record: dict, override) -> None:
+    """Load a run's tensors into member 0 of `model`, once they are found to fit it (a UserError naming the file)."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in member_state(model, 0).items()}
+    shapes["classifier.weight"] = tuple(model.head.weight[0].shape)
+    shapes["classifier.bias"] = tuple(model.head.bias[0].shape)
     try:
         check_shapes(run_dir / WEIGHTS, tensors, shapes)
     except UserError as error:
-        if model is None:
+        if override is None:
             raise
-        raise UserError(f"{error}: is model={model} the run's backbone ({record.get('model')})?") from None
-    tensors = {name: tensor.to(device_) for name, tensor in tensors.items()}
-    load_member_state(built, 0, tensors)
+        raise UserError(f"{error}: is model={override} the run's backbone ({record.get('model')})?") from None
+    device = model.head.weight.device
+    tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
+    load_member_state(model, 0, tensors)
     with torch.no_grad():
-        built.head.weight[0].copy_(tensors["classifier.weight"])
-        built.head.bias[0].copy_(tensors["classifier.bias"])
-    built.eval()
-    return LoadedRun(cfg, record, built, load_tokenizer(cfg.model.name), device_, bf16, run_dir)
+        model.head.weight[0].copy_(tensors["classifier.weight"])
+        model.head.bias[0].copy_(tensors["classifier.bias"])
+    model.eval()
 
 
 def _read_saved_record(run_dir: Path) -> dict:
