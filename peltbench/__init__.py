@@ -12,8 +12,9 @@ class UserError(Exception):
     """A problem with the user's config or inputs: reported as one line, and no result record is written."""
 
 
-def load_run(run_dir, device=None):
-    """Rebuild a run saved with save.weights=true on its backbone; `.predict()` rescores its test set (runner.load_run)."""
+def load_run(run_dir, device=None, *, data_dir=None, model=None):
+    """Rebuild a run saved with save.weights=true on its backbone; `.predict()` rescores its test set (runner.load_run).
+    `data_dir=` and `model=` say where the run's GLUE data and model are, where not where its record says."""
     from .runner import load_run as load
 
-    return load(run_dir, device)
+    return load(run_dir, device, data_dir=data_dir, model=model)

@@ -1,7 +1,8 @@
 """`peltbench`: one experiment per Hydra job, e.g. `peltbench method=unipelt_apl task=cola k=100 seed=111`.
 
 Before Hydra starts anything, `preflight` composes the config of every run the command asks for, as Hydra will,
-and checks it (peltbench.config): bad input is one line and exit status 2 within a second, before torch loads.
+and checks it (peltbench.config), and whether its loggers can start (peltbench.loggers): bad input is one line and
+exit status 2 within a second, before torch loads.
 Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not done), 2 bad input.
 """
 
@@ -17,12 +18,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
 from hydra.types import RunMode
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from . import UserError, __version__
 from .config import METHOD_SETTINGS, check_config
 from .launchers import register_launchers
+from .loggers import check_can_start
 from .packaged import options
 
 log = logging.getLogger("peltbench")
@@ -59,6 +61,8 @@ logger settings (with that logger chosen):
 
 Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not done; 2 bad input, nothing ran.
 """
+
+GROUPS = ("method", "task", "logger", "experiment")  # the config groups a user chooses from (conf/)
 
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
@@ -138,8 +142,13 @@ def preflight(arguments: list[str]) -> None:
         try:
             config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
+                loggers = {}
                 for job in _jobs(loader, config, mode):
                     check_config(job)
+                    loggers.setdefault(OmegaConf.to_yaml(job.get("logger") or {}), job.get("logger"))
+                if args.cfg is None:  # runs will start: their loggers must be able to
+                    for logger in loggers.values():
+                        check_can_start(logger)
         except OverrideParseException as error:
             raise UserError(_bad_override(arguments, error)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null
@@ -176,6 +185,10 @@ def one_line(error: Exception, arguments: list[str] = ()) -> str:
         if group in ("method", "task") and not any(arg.startswith(f"{group}=") for arg in arguments):
             return f"{key}: a {group} setting needs {group}=NAME on the command line"
         return f"{key}: no such setting (peltbench --help lists them all)"
+    missing = re.search(r"Could not load '(?P<group>[\w/]+)/(?P<name>[^'/]+)'", text)
+    if missing and missing["group"] in GROUPS:  # a list of choices (logger=[csv,bogus]): Hydra names no options
+        group = missing["group"]
+        return f"Could not find '{group}/{missing['name']}'; Available options in '{group}': {', '.join(options(group))}"
     lines = [line.strip() for line in text.split("Config search path:")[0].splitlines() if line.strip()]
     if not lines:
         return type(error).__name__

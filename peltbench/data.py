@@ -50,11 +50,24 @@ def load_split(task: TaskSpec, data_dir: str | None, split: str) -> Split:
         name = "train.tsv" if split == "train" else task.tsv.test_file
         return read_tsv(root / task.tsv.folder / name, task)
     if (root / task.hub_config).is_dir():
+        _refuse_tsv_in_parquet_folder(root, task)
         return _load_parquet(root / task.hub_config, task, split)
+    near = sorted(entry.name for entry in root.iterdir() if entry.is_dir()
+                  and entry.name.lower() in (task.tsv.folder.lower(), task.hub_config.lower()))
+    found = f"; found {near[0]}/: rename it (the folder names are case-sensitive)" if near else ""
     raise UserError(
         f"no {task.name} data under {root}: expected {root / task.tsv.folder}/ (glue_data TSV layout) "
-        f"or {root / task.hub_config}/ (parquet layout of `hf download {HUB_DATASET}`)"
+        f"or {root / task.hub_config}/ (parquet layout of `hf download {HUB_DATASET}`){found}"
     )
+
+
+def _refuse_tsv_in_parquet_folder(root: Path, task: TaskSpec) -> None:
+    """TSV files in the parquet layout's lowercase folder (`rte/train.tsv`): glue_data's folder is `RTE/`."""
+    folder = root / task.hub_config
+    if not list(folder.glob("*.parquet")) and list(folder.glob("*.tsv")):
+        raise UserError(f"{folder}/ holds TSV files, but the glue_data TSV layout names that folder "
+                        f"{task.tsv.folder}/: rename it to {root / task.tsv.folder}/ (a folder {task.hub_config}/ "
+                        f"is read as the parquet layout)")
 
 
 def _hub_split_name(task: TaskSpec, split: str) -> str:

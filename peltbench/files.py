@@ -4,7 +4,8 @@ Every process that writes a record or a claim in a run folder (peltbench.record,
 folder's lock, `.lock` (flock), and through a temporary file renamed into place. So under the lock no temporary file
 is being written by anyone: any found there was left by a killed process and is removed.
 Files are created with mode 0666 and the umask applied by the kernel, as any file the user makes (a results
-directory shared by a group, umask 002, stays writable by the group); `tempfile.mkstemp` would give 0600.
+directory shared by a group, umask 002, stays writable by the group); `tempfile.mkstemp` would give 0600, and so does
+safetensors' `save_file`, which `write_with` corrects.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 LOCK_NAME = ".lock"
-TEMPORARY_PREFIXES = (".result.", ".claim.", ".probe.")  # + a random part + ".tmp"
+TEMPORARY_PREFIXES = (".result.", ".claim.", ".probe.", ".save.")  # + a random part + ".tmp"
 
 
 def temporary_name(folder: Path, prefix: str) -> Path:
@@ -70,6 +72,27 @@ def write_file(path: Path, text: str, prefix: str, exclusive: bool = False) -> N
             temporary.unlink()
         else:
             os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def write_with(path: Path, write: Callable[[Path], None], prefix: str) -> None:
+    """Write `path` whole through `write(temporary)`, a library that writes a file by name (safetensors, csv): a
+    temporary file beside `path`, given the umask's mode whatever mode the library left it (safetensors: 0600),
+    flushed to disk, then renamed over `path`."""
+    temporary = temporary_name(path.parent, prefix)
+    try:
+        os.close(create(temporary))
+        mode = stat.S_IMODE(os.stat(temporary).st_mode)  # 0666 less the umask (and the folder's default ACL)
+        write(temporary)
+        os.chmod(temporary, mode)
+        handle = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+        os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

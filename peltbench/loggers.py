@@ -9,47 +9,67 @@ The training loop opens one RunLogger per run (in fused training, one per member
     # leaving the `with` closes it; an exception closes it as failed (MLflow and W&B mark the run so)
 
 A None metric is left out (an empty cell in CSV). Each logger imports its library when it is opened, so importing
-this module costs nothing; a missing library is reported when the config is checked (config.check_logger).
+this module costs nothing. A logger fails before the model loads, or not at all: a missing library is reported when
+the config is checked (config.check_logger), a service it cannot reach at start-up (`check_can_start`: W&B without an
+API key and not offline, an MLflow tracking URI the installed mlflow cannot open or whose server does not answer);
+a logger that fails later is dropped with a warning and the run goes on (its record and metrics.csv are its own).
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import time
+from functools import lru_cache
+from importlib.util import find_spec
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import UserError
 from .config import check_logger
+
+log = logging.getLogger("peltbench")
 
 Metrics = dict[str, "float | None"]
 
 
 class RunLogger:
-    """One run's loggers (none with logger=[], several with logger=[csv,tensorboard]), each told the same."""
+    """One run's loggers (none with logger=[], several with logger=[csv,tensorboard]), each told the same. A logger
+    that fails is dropped with a warning: the run goes on."""
 
-    def __init__(self, backends: list) -> None:
-        self.backends = backends
+    def __init__(self, backends: dict[str, object], run_name: str = "") -> None:
+        self.backends = dict(backends)
+        self.run_name = run_name
         self.last_epoch = 0
         self.closed = False
 
     def log_epoch(self, epoch: int, metrics: Metrics) -> None:
         self.last_epoch = epoch
         values = _present(metrics)
-        for backend in self.backends:
-            backend.log_epoch(epoch, values)
+        for name, backend in list(self.backends.items()):
+            self._call(name, backend.log_epoch, epoch, values)
 
     def log_test(self, metrics: Metrics) -> None:
         values = _present(metrics)
-        for backend in self.backends:
-            backend.log_test(self.last_epoch, values)
+        for name, backend in list(self.backends.items()):
+            self._call(name, backend.log_test, self.last_epoch, values)
 
     def close(self, failed: bool = False) -> None:
         if not self.closed:
             self.closed = True
-            for backend in self.backends:
-                backend.close(failed)
+            for name, backend in list(self.backends.items()):
+                self._call(name, backend.close, failed)
+
+    def _call(self, name: str, method, *args) -> None:
+        try:
+            method(*args)
+        except Exception as error:  # the logger's library or service: not a reason to lose the run
+            del self.backends[name]
+            log.warning("logger %s failed for %s and is dropped; the run goes on: %s", name, self.run_name,
+                        _first_line(error))
 
     def __enter__(self) -> RunLogger:
         return self
@@ -59,7 +79,8 @@ class RunLogger:
 
 
 def open_logger(cfg: DictConfig, run_dir: Path, run_name: str) -> RunLogger:
-    """The loggers `cfg.logger` chooses, opened for the run whose record lives in `run_dir`.
+    """The loggers `cfg.logger` chooses, opened for the run whose record lives in `run_dir` (one that cannot open is
+    left out with a warning).
 
     run_name names the run where several share one place (a TensorBoard folder, an MLflow experiment, a W&B
     project), e.g. `adapter,bottleneck=256/rte/k100/seed111`.
@@ -68,7 +89,29 @@ def open_logger(cfg: DictConfig, run_dir: Path, run_name: str) -> RunLogger:
     check_logger(chosen)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return RunLogger([BACKENDS[name](settings, cfg, run_dir, run_name) for name, settings in (chosen or {}).items()])
+    backends = {}
+    for name, settings in (chosen or {}).items():
+        try:
+            backends[name] = BACKENDS[name](settings, cfg, run_dir, run_name)
+        except Exception as error:  # e.g. a server that stopped answering since start-up
+            log.warning("logger %s could not start for %s and is left out; the run goes on: %s", name, run_name,
+                        _first_line(error))
+    return RunLogger(backends, run_name)
+
+
+def check_can_start(logger: DictConfig | None) -> None:
+    """A UserError (one line) if a chosen logger cannot start here: W&B online without an API key, an MLflow
+    tracking URI that the installed mlflow cannot open (a database with mlflow-skinny) or whose server does not
+    answer. Run at start-up, before any model loads (peltbench's preflight; each run that will train)."""
+    for name, settings in (logger or {}).items():
+        if name == "wandb":
+            _check_wandb(settings)
+        elif name == "mlflow":
+            _check_mlflow(str(settings.tracking_uri))
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _present(metrics: Metrics) -> dict[str, float]:
@@ -94,8 +137,10 @@ def run_params(cfg: DictConfig) -> dict[str, object]:
 
 
 class CsvLogger:
-    """`metrics.csv` beside result.json: a row per epoch, then the test row (empty epoch). Rewritten whole at
-    each call (a few dozen rows), so a column first seen late gets a header and a reader never sees half a row."""
+    """`metrics.csv` beside result.json: a row per epoch; the test metrics (`test_*`, scored with the best dev epoch's
+    state) join the last row, as the other loggers log them at the last epoch, so `epoch` stays an integer column.
+    Rewritten whole at each call (a few dozen rows), so a column first seen late gets a header and a reader never
+    sees half a row."""
 
     def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
         self.path = run_dir / "metrics.csv"
@@ -106,7 +151,9 @@ class CsvLogger:
         self._write()
 
     def log_test(self, last_epoch: int, metrics: dict[str, float]) -> None:
-        self.rows.append({"epoch": "", **metrics})
+        if not self.rows or self.rows[-1]["epoch"] != last_epoch:
+            self.rows.append({"epoch": last_epoch})
+        self.rows[-1].update(metrics)
         self._write()
 
     def close(self, failed: bool) -> None:
@@ -214,6 +261,74 @@ class WandbLogger:
 
     def close(self, failed: bool) -> None:
         self.run.finish(exit_code=1 if failed else 0)
+
+
+def _check_wandb(settings: DictConfig) -> None:
+    """W&B online needs an API key, found where wandb.init looks (WANDB_API_KEY, an identity token file, ~/.netrc
+    for the W&B host, its settings files); offline and disabled need none. Read without starting wandb's service."""
+    import wandb
+    from wandb.sdk.lib.wbauth import read_netrc_auth
+
+    resolved = wandb.Settings(quiet=True)
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR", "~/.config/wandb")).expanduser()
+    resolved.settings_system = str(config_dir / "settings")  # as wandb.setup() does
+    resolved.update_from_system_settings()
+    resolved.update_from_env_vars(dict(os.environ))
+    mode = settings.mode or resolved.mode
+    if mode in ("offline", "dryrun", "disabled"):
+        return
+    if resolved.api_key or os.environ.get("WANDB_IDENTITY_TOKEN_FILE") or read_netrc_auth(host=resolved.base_url):
+        return
+    raise UserError(f"logger=wandb: no W&B API key for {resolved.base_url} (WANDB_API_KEY, or `wandb login`), and not "
+                    f"offline: log in, or log offline with logger.wandb.mode=offline (or WANDB_MODE=offline) and "
+                    f"`wandb sync` later")
+
+
+@lru_cache(maxsize=None)
+def _check_mlflow(uri: str) -> None:
+    """The installed mlflow opens the tracking URI (mlflow-skinny has no database stores: SQLAlchemy comes with the
+    full `mlflow` package), and a server URL answers. A folder (the file store) needs nothing. Once per URI and
+    process (a sweep checks each of its runs)."""
+    resolved = _tracking_uri(uri)
+    scheme = urlsplit(resolved).scheme
+    if scheme == "file":
+        return
+    folder = "or log to a folder (the file store, e.g. mlruns)"
+    if scheme.partition("+")[0] in DATABASES and find_spec("sqlalchemy") is None:
+        raise UserError(f"logger.mlflow.tracking_uri={uri}: a database store needs the full mlflow package (pip "
+                        f"install mlflow; mlflow-skinny has none), {folder}")
+    from mlflow import MlflowClient
+
+    try:
+        getattr(MlflowClient(tracking_uri=resolved), "_tracking_client").store  # built as the first call would
+    except Exception as error:
+        reason = _first_line(error).split(". ")[0]
+        raise UserError(f"logger.mlflow.tracking_uri={uri}: the installed mlflow cannot open it ({reason}), "
+                        f"{folder}") from None
+    if scheme in ("http", "https"):
+        problem = _unanswered(resolved)
+        if problem:
+            raise UserError(f"logger.mlflow.tracking_uri={uri}: no MLflow server answers there ({problem}): start "
+                            f"it (mlflow server), {folder}")
+
+
+DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores (a driver may follow: mysql+pymysql)
+
+
+def _unanswered(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at `url` (its /health), or None when something does (any HTTP status: a proxy or a login
+    page is the server's business). mlflow itself would retry for about 4 minutes before failing."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        return str(getattr(reason, "strerror", None) or reason)
+    return None
 
 
 def _without_hydra(cfg: DictConfig) -> dict:

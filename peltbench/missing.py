@@ -13,8 +13,8 @@ results_dir=...) go through to those commands. Exit status: 0 when every run is 
 argument.
 
 The sweep's own summary also knows why a run of this sweep left no record (a config error, a record that could
-not be written, a SLURM job that ended without results): each job that ends so writes `outcome.json` into its
-log folder, and the summary reads it.
+not be written, a SLURM job that ended without results), and which runs it skipped because another process was
+training them: each job that ends so writes `outcome.json` into its log folder, and the summary reads it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ extra ones (hydra/launcher=slurm, hydra.launcher.partition=gpu, results_dir=DIR)
 Exit status: 0 when every run is done, 1 otherwise.
 """
 STATES = ("done", "failed", "missing", "running", "unreadable", "foreign")
-OUTCOME_NAME = "outcome.json"  # in a job's log folder: why the run left no record
+OUTCOME_NAME = "outcome.json"  # in a job's log folder: why the run left no record, or that another process had it
+RUNNING_ELSEWHERE = "another process was training it when this sweep reached it"
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Run:
     error: str | None = None        # why it is not done: a failed record's error line, the claim's holder, ...
     written: float = 0.0            # the record file's modification time (time.time() scale)
     log_dir: Path | None = None     # the run's Hydra job folder in this sweep
+    elsewhere: bool = False         # this sweep skipped it: another process was training it (its outcome.json)
 
 
 @dataclass
@@ -116,6 +118,11 @@ def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequ
         check_config(cfg)  # a run that cannot be (k=-1, no method=) is bad input, not a missing run
         runs.append(_check_run(cfg, num, {key: values[key] for key in swept_keys}))
     return runs
+
+
+def record_states(cfgs: Sequence[DictConfig]) -> list[str]:
+    """The state (STATES) of each composed run's record (configs from compose_jobs)."""
+    return [_check_run(cfg, num, {}).state for num, cfg in enumerate(cfgs)]
 
 
 def compose_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]]) -> list[DictConfig]:
@@ -239,9 +246,14 @@ def commands(sweep: Sweep, runs: list[Run]) -> list[str]:
 def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skipped: int | None = None) -> list[str]:
     """The counts and the runs not done (the first `limit` of them), one line each with its reason.
 
-    logs: say where a missing run's log is; skipped: how many of the done runs this sweep skipped.
+    logs: say where a missing run's log is; skipped: how many of the done runs this sweep skipped as done before it
+    began (those it skipped as running elsewhere and that are done now are counted too, from their outcomes).
     """
-    done = f"{sweep.count('done')} done" + ("" if skipped is None else f" ({skipped} of them skipped as already done)")
+    finished_there = sum(run.elsewhere and run.state == "done" for run in sweep.runs)
+    notes = [] if skipped is None else [f"{skipped} of them skipped as already done"]
+    if finished_there:
+        notes.append(f"{finished_there} skipped as running elsewhere and finished there")
+    done = f"{sweep.count('done')} done" + (f" ({', '.join(notes)})" if notes else "")
     others = {"running": "running elsewhere", "unreadable": "unreadable", "foreign": "held by another config's record"}
     lines = [f"{len(sweep.runs)} runs: {done}, {sweep.count('failed')} failed, {sweep.count('missing')} missing"
              + "".join(f", {sweep.count(state)} {words}" for state, words in others.items() if sweep.count(state))]
@@ -305,13 +317,17 @@ def write_outcome(log_dir: Path, status: str, reason: str) -> None:
 
 
 def with_outcomes(sweep: Sweep) -> Sweep:
-    """A missing run whose job said why (outcome.json) gets that reason; one whose job failed is `failed`."""
+    """What each run's job said (outcome.json): a run skipped as running elsewhere is marked so; a missing run gets
+    the reason; one whose job failed is `failed`."""
     for run in sweep.runs:
-        if run.state != "missing" or run.log_dir is None:
+        if run.log_dir is None:
             continue
         try:
             outcome = json.loads((run.log_dir / OUTCOME_NAME).read_text())
         except (OSError, ValueError):
+            continue
+        run.elsewhere = outcome.get("status") == "running"
+        if run.state != "missing":
             continue
         run.error = str(outcome.get("reason"))
         if outcome.get("status") == "failed":  # it ran, and its record could not be written
@@ -362,7 +378,9 @@ class SweepSummary(Callback):
         else:  # the task raised: its exception is the reason
             error = job_return._return_value
             status, reason = "failed", logged or (str(error).strip().splitlines() or [type(error).__name__])[0]
-        if status not in ("ok", "running") and HydraConfig.get().mode == RunMode.MULTIRUN:
+        if status == "running":
+            reason = RUNNING_ELSEWHERE
+        if status not in ("ok", "skipped") and HydraConfig.get().mode == RunMode.MULTIRUN:
             write_outcome(Path(HydraConfig.get().runtime.output_dir), status, reason or "no error was logged")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

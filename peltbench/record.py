@@ -53,6 +53,12 @@ def model_identity(name: str) -> str:
     return name
 
 
+def data_location(data_dir: str | None) -> str | None:
+    """Where the run's GLUE files are, as a real absolute path (null: the Hub): a copy of the run folder finds them
+    there whatever directory the run was started from (record field `data_dir`; peltbench.load_run)."""
+    return None if data_dir is None else os.path.realpath(os.path.expanduser(str(data_dir)))
+
+
 # Method settings added after records existed, with the value that reproduces the behaviour from before they
 # existed: at that value they are left out of the identity, so earlier records keep their hash.
 LATER_METHOD_KEYS = {"gate_pooling": "masked"}
@@ -244,7 +250,7 @@ HEAD = ("status", "error", "test", "dev_best", "best_epoch", "epochs_run", "meth
         "model_seed", "model", "architecture", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
         "train_seconds", "train_steps", "eval_seconds", "test_seconds", "test_examples", "machine", "device",
         "precision", "fused", "dropout")
-TAIL = ("history", "gates", "split", "data_source", "config", "config_hash", "schema", "versions", "started_at",
+TAIL = ("history", "gates", "split", "data_dir", "data_source", "config", "config_hash", "schema", "versions", "started_at",
         "finished_at", "traceback")
 LINE_WIDTH = 110  # a dict of plain values this short stays on one line
 

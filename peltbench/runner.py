@@ -22,13 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 from . import UserError
 from .config import check_config
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, count_method, load_member_head, load_member_state
-from .loggers import RunLogger, open_logger
+from .methods import build_pelt_model, count_method, load_member_head, load_member_state, member_head, member_state
+from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
-from .saving import PREDICTIONS, WEIGHTS, member_weights, read_weights, save_predictions, save_weights
+from .saving import (PREDICTIONS, WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
+                     save_weights)
 from .claim import claim_run, describe, live_claim
-from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, machine, model_identity, probe_writable,
-                     record_path, utc_now, variant_name, versions, write_record)
+from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
+                     probe_writable, record_path, utc_now, variant_name, versions, write_record)
 from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
 
@@ -48,11 +49,12 @@ class Outcome:
 
 
 def sweep_status(outcome: Outcome) -> str:
-    """What a sweep's job returns for a run (its summary reads the records); a bad input or a failure is logged in
-    one line, in the run's own job log (the summary reads it from there when there is no record)."""
+    """What a sweep's job returns for a run: its status, or `skipped` for a run done before (the launchers' progress
+    and ETA count it as free; the summary reads the records). A bad input or a failure is logged in one line, in the
+    run's own job log (the summary reads it from there when there is no record)."""
     if outcome.status in ("error", "failed") and outcome.error is not None:
         log.error("%s", outcome.error)
-    return outcome.status
+    return "skipped" if outcome.skipped else outcome.status
 
 
 def run_experiment(cfg: DictConfig, results_dir: Path | None = None) -> dict:
@@ -117,6 +119,8 @@ class _Run:
         digest = config_hash(cfg)
         run = cls(cfg, path, digest, None, record=_identity(cfg, digest))
         run.finished = run.done()
+        if run.finished is None:
+            check_can_start(cfg.get("logger"))  # W&B without a key, an MLflow server that is down: before the model
         return run
 
     def done(self) -> dict | None:
@@ -383,7 +387,7 @@ def _identity(cfg: DictConfig, digest: str) -> dict:
     return {
         "schema": SCHEMA, "method": cfg.method.name, "variant": variant_name(cfg), "task": cfg.task.name,
         "k": cfg.k, "seed": cfg.seed, "model_seed": cfg.model_seed, "model": model_identity(cfg.model.name),
-        "status": None, "error": None,
+        "status": None, "error": None, "data_dir": data_location(cfg.data.dir),
         "config": OmegaConf.to_container(cfg, resolve=True), "config_hash": digest,
         "versions": versions(), "started_at": utc_now(),
     }
@@ -415,7 +419,8 @@ def use_allocated_cpus() -> None:
 
 @dataclass
 class LoadedRun:
-    """A finished run rebuilt from its folder: its config, record, and model on the backbone (`load_run`)."""
+    """A finished run rebuilt from its folder: its config (with where its model and data were found), record, and
+    model on the backbone (`load_run`)."""
 
     cfg: DictConfig
     record: dict
@@ -423,35 +428,96 @@ class LoadedRun:
     tokenizer: object
     device: torch.device
     bf16: bool
+    run_dir: Path | None = None
 
     def predict(self, split: str = "test") -> tuple[dict, np.ndarray]:
         """Score the run's test (or dev) rows with the loaded model, as the run did: (scores, predictions)."""
         task = TaskSpec.from_config(self.cfg.task)
-        member, _ = prepare_member(self.cfg, task, self.tokenizer, self.record.get("variant", ""))
+        data_dir = self.cfg.data.dir
+        if data_dir is not None and not Path(data_dir).is_dir():
+            raise UserError(f"{self.run_dir}: its GLUE data {data_dir} is not there: pass load_run(run_dir, "
+                            f"data_dir=DIR) the GLUE directory the run used")
+        member, data = prepare_member(self.cfg, task, self.tokenizer, self.record.get("variant", ""))
+        if self.record.get("test_examples") not in (None, data["test_examples"]):
+            raise UserError(f"{data_dir or 'the Hub'}: {task.name}'s test split has {data['test_examples']} rows where "
+                            f"the run's had {self.record['test_examples']}: not the data the run used (pass "
+                            f"load_run(run_dir, data_dir=DIR) the GLUE directory it used)")
         group = group_settings(self.cfg, self.model, self.tokenizer.pad_token_id, self.device, self.bf16)
         evaluation = EvaluationSet(member.test if split == "test" else member.dev, group)
         scores, _, predictions = evaluate(self.model, [evaluation], task, group, split, keep=True)
         return scores[0], predictions[0]
 
 
-def load_run(run_dir: str | Path, device: str | None = None) -> LoadedRun:
+def load_run(run_dir: str | Path, device: str | None = None, *, data_dir: str | Path | None = None,
+             model: str | Path | None = None) -> LoadedRun:
     """Rebuild a run saved with save.weights=true on its backbone: its record's config, the method's modules, and
-    the trained tensors from weights.safetensors. `LoadedRun.predict()` rescores its test set."""
+    the trained tensors from weights.safetensors. `LoadedRun.predict()` rescores its test set.
+
+    The model and data are found where the record says they were, as absolute paths (a copied run folder loads
+    from anywhere); `model=` (a checkpoint directory or Hub id) and `data_dir=` (a GLUE directory) say where they
+    are instead.
+    """
     run_dir = Path(run_dir)
-    try:
-        record = json.loads((run_dir / "result.json").read_text())
-        cfg = OmegaConf.create(record["config"])
-    except (OSError, ValueError, KeyError) as error:
-        raise UserError(f"{run_dir}: no readable result.json ({error})") from None
-    if not (run_dir / WEIGHTS).is_file():
-        raise UserError(f"{run_dir}: no {WEIGHTS} (run it with save.weights=true)")
+    record = _read_saved_record(run_dir)
+    cfg = OmegaConf.create(record["config"])
+    tensors, metadata = read_weights(run_dir)
+    check_owner(run_dir / WEIGHTS, metadata, record)
+    cfg.model.name = str(model) if model is not None else _saved_model(record, run_dir)
+    cfg.data.dir = _saved_data_dir(record) if data_dir is None else data_location(data_dir)
     if device is not None:
         cfg.device = device
     task = TaskSpec.from_config(cfg.task)
     device_, bf16 = resolve_device(cfg)
-    model = group_model([cfg], task, device_)
-    tensors = {name: tensor.to(device_) for name, tensor in read_weights(run_dir).items()}
+    try:
+        built = group_model([cfg], task, device_)
+    except UserError as error:
+        raise UserError(f"{error} (load_run(run_dir, model=...) says where the run's model is)") from None
+    _put_weights(built, tensors, run_dir, record, model)
+    return LoadedRun(cfg, record, built, load_tokenizer(cfg.model.name), device_, bf16, run_dir)
+
+
+def _put_weights(model, tensors: dict[str, torch.Tensor], run_dir: Path, record: dict, override) -> None:
+    """Load a run's tensors into member 0 of `model`, once they are found to fit it (a UserError naming the file)."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in {**member_state(model, 0), **member_head(model, 0)}.items()}
+    try:
+        check_shapes(run_dir / WEIGHTS, tensors, shapes)
+    except UserError as error:
+        if override is None:
+            raise
+        raise UserError(f"{error}: is model={override} the run's backbone ({record.get('model')})?") from None
+    device = model.head.out.weight.device
+    tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
     load_member_state(model, 0, tensors)
     load_member_head(model, 0, tensors)
     model.eval()
-    return LoadedRun(cfg, record, model, load_tokenizer(cfg.model.name), device_, bf16)
+
+
+def _read_saved_record(run_dir: Path) -> dict:
+    try:
+        record = json.loads((run_dir / "result.json").read_text())
+        OmegaConf.create(record["config"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{run_dir}: no readable result.json ({error})") from None
+    if record.get("status") != "ok":
+        raise UserError(f"{run_dir}: the run did not finish (status {record.get('status')}): nothing to load")
+    return record
+
+
+def _saved_model(record: dict, run_dir: Path) -> str:
+    """The record's model: a Hub id, or a local checkpoint as its real absolute path (`model`, record.model_identity)."""
+    name = str(record.get("model") or record["config"]["model"]["name"])
+    if os.path.isabs(name) and not os.path.isdir(name):
+        raise UserError(f"{run_dir}: its model {name} is not there: pass load_run(run_dir, model=DIR) the checkpoint "
+                        f"directory the run used (or its Hub id)")
+    return name
+
+
+def _saved_data_dir(record: dict) -> str | None:
+    """The record's GLUE directory as an absolute path (null: the Hub). Records from before the `data_dir` field
+    have it in `data_source` (`tsv:DIR/RTE`, `parquet:DIR/rte`)."""
+    if "data_dir" in record:
+        return record["data_dir"]
+    kind, _, place = str(record.get("data_source") or "").partition(":")
+    if kind in ("tsv", "parquet") and os.path.isabs(place):
+        return str(Path(place).parent)
+    return data_location(record["config"]["data"]["dir"])

@@ -7,23 +7,27 @@
                             (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
 
-`peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone.
+`peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone; `read_weights` and `check_weights`
+make a file that is not this run's (cut short, empty, another method's) one line naming it. Every file is written
+whole (a temporary file renamed into place) with the umask's mode, as records are (peltbench.files).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import __version__
+from . import UserError, __version__
+from .files import write_file, write_with
 from .methods import member_head, member_shapes, member_state
+from .record import config_hash
 
 WEIGHTS = "weights.safetensors"
+TEMPORARY = ".save."  # files.TEMPORARY_PREFIXES: what a killed run leaves is removed by the next run of the record
 PREDICTIONS = "predictions.csv"
 PEFT_DIR = "peft"
 
@@ -44,8 +48,8 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> 
     from safetensors.torch import save_file
 
     metadata = {"peltbench": __version__, "model": str(cfg.model.name), "task": cfg.task.name,
-                "method": json.dumps(OmegaConf.to_container(cfg.method, resolve=True))}
-    _atomic(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata))
+                "method": json.dumps(OmegaConf.to_container(cfg.method, resolve=True)), "config_hash": config_hash(cfg)}
+    write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
     written = [WEIGHTS]
     if list(cfg.method.components) == ["lora"] and not cfg.method.get("gated", False):
         written += export_peft(run_dir / PEFT_DIR, tensors, cfg, arch)
@@ -87,8 +91,8 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
         a, b = _fused_lora(parts, targets, arch)
         renamed[f"base_model.model.{module}.lora_A.weight"] = a
         renamed[f"base_model.model.{module}.lora_B.weight"] = b
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _atomic(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)))
+    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)), TEMPORARY)
     return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 
@@ -114,22 +118,52 @@ def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray,
                     writer.writerow([index, f"{label:.6g}", f"{predicted:.6g}"])
                 else:
                     writer.writerow([index, int(label), int(predicted)])
-    _atomic(run_dir / PREDICTIONS, write)
+    write_with(run_dir / PREDICTIONS, write, TEMPORARY)
     return PREDICTIONS
 
 
-def read_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def read_weights(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors of a run's weights.safetensors and its metadata; a UserError naming the file if there is none or
+    it is not a whole safetensors file (cut short by a full disk or a partial copy, empty, something else)."""
+    from safetensors import SafetensorError, safe_open
 
-    return load_file(str(Path(run_dir) / WEIGHTS))
-
-
-def _atomic(path: Path, write) -> None:
-    """Write through a temporary file and rename, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path = Path(run_dir) / WEIGHTS
+    if not path.is_file():
+        raise UserError(f"{path}: no such file (the run keeps its weights with save.weights=true)")
     try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except (SafetensorError, OSError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{path}: not a readable safetensors file, cut short or empty? ({reason})") from None
+    return tensors, metadata
+
+
+def check_owner(path: Path, metadata: dict[str, str], record: dict) -> None:
+    """A UserError naming `path` unless it holds the weights of the run whose record is `record`: the config hash in
+    its metadata (the method's settings in files written before the hash was) is the record's."""
+    saved, own = metadata.get("config_hash"), record.get("config_hash")
+    if saved is None:
+        try:
+            saved, own = json.loads(metadata["method"]), record["config"]["method"]
+        except (KeyError, TypeError, ValueError):
+            return  # written by something else: its tensors decide (check_shapes)
+    if saved != own:
+        try:
+            method = json.loads(metadata["method"])["name"]
+        except (KeyError, TypeError, ValueError):
+            method = "another method"
+        raise UserError(f"{path}: the weights of another run (of {method}), not of this record's "
+                        f"{record.get('variant')}/{record.get('task')}/k{record.get('k')}/seed{record.get('seed')}")
+
+
+def check_shapes(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> None:
+    """A UserError naming `path` unless it holds exactly the tensors, by name and shape, of `shapes` (the model's)."""
+    wrong = [f"{name} has shape {tuple(tensors[name].shape)}, the model needs {tuple(shape)}"
+             for name, shape in shapes.items() if name in tensors and tuple(tensors[name].shape) != tuple(shape)]
+    wrong += [f"it lacks {name}" for name in shapes if name not in tensors]
+    wrong += [f"the model has no {name}" for name in tensors if name not in shapes]
+    if wrong:
+        more = f" and {len(wrong) - 1} more differences" if len(wrong) > 1 else ""
+        raise UserError(f"{path}: not this run's weights ({wrong[0]}{more})")

@@ -115,6 +115,8 @@ BAD_INPUTS = [  # (arguments, the one line printed): Hydra's errors and peltbenc
     (["method=adapter", "task=rte", "+method.bottlenek=256"], "method.bottlenek: not a setting of method adapter"),
     (["method=lora", "task=rte", "k=100,500"], "Ambiguous value for argument 'k=100,500'"),
     (["method=lora", "task=rte", "logger=nope"], "Could not find 'logger/nope'"),
+    (["method=lora", "task=rte", "logger=[csv,bogus]"],
+     "Could not find 'logger/bogus'; Available options in 'logger': csv, mlflow, tensorboard, wandb"),
     (["method=lora", "task=rte", "k=0", "--cfg", "job"], "k=0: must be a positive number"),
     (["-m", "method=lora,adapter", "task=rte", "seed=111,-2"], "seed=-2: must be a non-negative integer"),
     (["-m", "method=lora,adaptr", "task=rte"], "Could not find 'method/adaptr'"),

@@ -121,6 +121,22 @@ def test_missing_file_and_directory(tmp_path):
         load_split(spec("rte"), str(tmp_path / "nowhere"), "train")
 
 
+def test_a_task_folder_spelt_in_another_case_is_named_with_the_expected_one(tmp_path):
+    write_glue(tmp_path, 30, 10)
+    (tmp_path / "RTE").rename(tmp_path / "rte")  # the parquet layout's name, holding glue_data's TSV files
+    (tmp_path / "SST-2").rename(tmp_path / "sst-2")
+    load_split.cache_clear()
+    with pytest.raises(UserError, match=rf"^{tmp_path}/rte/ holds TSV files, but the glue_data TSV layout names that "
+                                        rf"folder RTE/: rename it to {tmp_path}/RTE/ \(a folder rte/ is read as the "
+                                        r"parquet layout\)$"):
+        load_split(spec("rte"), str(tmp_path), "train")
+    with pytest.raises(UserError, match=r"^no sst2 data under .*: expected .*/SST-2/ \(glue_data TSV layout\) or "
+                                        r".*/sst2/ \(parquet layout .*\); found sst-2/: rename it"):
+        load_split(spec("sst2"), str(tmp_path), "train")
+    (tmp_path / "rte").rename(tmp_path / "RTE")
+    assert len(load_split(spec("rte"), str(tmp_path), "train").labels) == 30
+
+
 def test_malformed_rows_name_file_and_line(tmp_path):
     write_glue(tmp_path, 30, 10)
     path = tmp_path / "MRPC" / "train.tsv"

@@ -17,7 +17,7 @@ import pytest
 from conftest import compose_config
 from peltbench import UserError
 from peltbench.config import check_config
-from peltbench.loggers import open_logger, run_params
+from peltbench.loggers import check_can_start, open_logger, run_params
 
 RUN = "lora/rte/k100/seed111"
 EPOCHS = [  # what a training loop reports: epoch 1 has no gate mean (say, nothing recorded yet)
@@ -39,17 +39,20 @@ def log_a_run(cfg, run_dir: Path, run_name: str = RUN) -> None:
         logger.log_test(TEST)
 
 
-def test_csv_is_the_default_a_row_per_epoch_then_the_test_row(tmp_path):
+def test_csv_is_the_default_a_row_per_epoch_the_test_scores_in_the_last(tmp_path):
     cfg = compose_config("method=lora", "task=rte")
     assert list(cfg.logger) == ["csv"]
     log_a_run(cfg, tmp_path / "run")
     with open(tmp_path / "run" / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == ["epoch", "train_loss", "dev_accuracy", "lr", "epoch_seconds", "gate_lora", "test_accuracy"]
-    assert [row["epoch"] for row in rows] == ["1", "2", ""]
+    assert [row["epoch"] for row in rows] == ["1", "2"]
     assert rows[0]["gate_lora"] == "" and float(rows[1]["gate_lora"]) == 0.4  # None is an empty cell
     assert float(rows[1]["dev_accuracy"]) == 62.5 and float(rows[0]["lr"]) == 5e-4
-    assert float(rows[2]["test_accuracy"]) == 58.75 and rows[2]["train_loss"] == ""
+    assert float(rows[1]["test_accuracy"]) == 58.75 and rows[0]["test_accuracy"] == ""
+    import pandas as pd
+
+    assert str(pd.read_csv(tmp_path / "run" / "metrics.csv")["epoch"].dtype) == "int64"
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["metrics.csv"]  # no temporary file left
 
 
@@ -205,3 +208,124 @@ def test_a_missing_extra_stops_the_command_before_anything_runs(tmp_path):
 def test_unknown_logger_settings_are_refused(override, message):
     with pytest.raises(UserError, match=re.escape(message)):
         check_config(compose_config("method=lora", "task=rte", "logger=[csv,wandb]", f"+{override}"))
+
+
+# ---------------------------------------------------------------- a logger fails before the model loads, or not at all
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def no_wandb_login(tmp_path, monkeypatch):
+    """No W&B credentials anywhere wandb looks, and no mode chosen."""
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+@needs("wandb")
+def test_wandb_online_without_an_api_key_cannot_start(no_wandb_login, tmp_path, monkeypatch):
+    logger = compose_config("method=lora", "task=rte", "logger=wandb").logger
+    with pytest.raises(UserError, match=r"^logger=wandb: no W&B API key for https://\S+ \(WANDB_API_KEY, or `wandb "
+                                        r"login`\), and not offline: .*logger.wandb.mode=offline"):
+        check_can_start(logger)
+    check_can_start(compose_config("method=lora", "task=rte", "logger=wandb", "logger.wandb.mode=offline").logger)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    check_can_start(logger)
+    monkeypatch.delenv("WANDB_MODE")
+    from wandb import Settings
+
+    host = re.sub(r"^https?://", "", Settings().base_url)
+    (tmp_path / "netrc").write_text(f"machine {host}\n  login user\n  password {'k' * 40}\n")  # `wandb login` writes it
+    (tmp_path / "netrc").chmod(0o600)
+    check_can_start(logger)
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    check_can_start(logger)
+
+
+@needs("mlflow")
+def test_an_mlflow_store_that_cannot_open_cannot_start(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    port = free_port()  # nothing listens there
+    down = compose_config("method=lora", "task=rte", "logger=mlflow", f"logger.mlflow.tracking_uri=http://127.0.0.1:{port}")
+    with pytest.raises(UserError, match=rf"^logger.mlflow.tracking_uri=http://127.0.0.1:{port}: no MLflow server answers "
+                                        r"there \(Connection refused\): start it \(mlflow server\), or log to a folder"):
+        check_can_start(down.logger)
+    monkeypatch.setitem(sys.modules, "sqlalchemy", None)  # mlflow-skinny: no database stores
+    database = compose_config("method=lora", "task=rte", "logger=mlflow", "logger.mlflow.tracking_uri=sqlite:///m.db")
+    with pytest.raises(UserError, match=r"^logger.mlflow.tracking_uri=sqlite:///m.db: a database store needs the full "
+                                        r"mlflow package \(pip install mlflow; mlflow-skinny has none\)"):
+        check_can_start(database.logger)
+    check_can_start(compose_config("method=lora", "task=rte", "logger=mlflow").logger)  # the file store, mlruns
+    assert list(tmp_path.iterdir()) == []  # checking created nothing
+
+
+@needs("mlflow")
+@needs("wandb")
+@pytest.mark.parametrize("logger", ["wandb", "mlflow"])
+def test_a_logger_without_its_service_stops_the_command_at_once(logger, tmp_path):
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "NETRC"))}
+    env.update(HF_HUB_OFFLINE="1", HOME=str(tmp_path), NETRC=str(tmp_path / "netrc"))
+    uri = f"http://127.0.0.1:{free_port()}"
+    arguments = ["logger=wandb"] if logger == "wandb" else ["logger=mlflow", f"logger.mlflow.tracking_uri={uri}"]
+    work = tmp_path / "work"
+    work.mkdir()
+    result = subprocess.run([str(Path(sys.executable).with_name("peltbench")), "method=lora", "task=rte", *arguments],
+                            cwd=work, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, result.stderr
+    expected = "logger=wandb: no W&B API key" if logger == "wandb" else f"logger.mlflow.tracking_uri={uri}: no MLflow"
+    assert result.stderr.startswith(f"peltbench: error: {expected}") and result.stderr.count("\n") == 1
+    assert list(work.iterdir()) == []  # no log folder, no record
+
+
+def test_a_run_whose_logger_cannot_start_is_refused_before_its_model_loads(no_wandb_login, tmp_path, monkeypatch):
+    from peltbench import model
+    from peltbench.runner import run_group
+
+    monkeypatch.setattr(model, "load_backbone", lambda *args: pytest.fail("the model loaded"))
+    cfg = compose_config("method=lora", "task=rte", "logger=[csv,wandb]", f"results_dir={tmp_path / 'results'}",
+                         "model.name=nowhere")
+    [outcome] = run_group([cfg])
+    assert outcome.status == "error" and str(outcome.error).startswith("logger=wandb: no W&B API key")
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_a_logger_that_fails_during_a_run_is_dropped_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    from peltbench import loggers
+
+    class Broken:  # a service that goes away after start-up
+        def __init__(self, *args) -> None:
+            self.epochs = []
+
+        def log_epoch(self, epoch, metrics):
+            self.epochs.append(epoch)
+            raise ConnectionError("the server went away\nand a long story")
+
+        def log_test(self, last_epoch, metrics):
+            raise AssertionError("dropped loggers are not called again")
+
+        def close(self, failed):
+            raise AssertionError("dropped loggers are not called again")
+
+    class Refuses:
+        def __init__(self, *args) -> None:
+            raise TimeoutError("no answer")
+
+    monkeypatch.setitem(loggers.BACKENDS, "tensorboard", Broken)
+    monkeypatch.setitem(loggers.BACKENDS, "mlflow", Refuses)
+    cfg = compose_config("method=lora", "task=rte", "logger=[csv,tensorboard,mlflow]")
+    with caplog.at_level("WARNING", logger="peltbench"):
+        log_a_run(cfg, tmp_path)
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        assert [row["epoch"] for row in csv.DictReader(handle)] == ["1", "2"]  # csv went on to the end
+    assert [record.getMessage() for record in caplog.records] == [
+        f"logger mlflow could not start for {RUN} and is left out; the run goes on: no answer",
+        f"logger tensorboard failed for {RUN} and is dropped; the run goes on: the server went away"]

@@ -136,6 +136,23 @@ def test_the_summary_gives_a_missing_runs_reason_from_its_log_folder(tmp_path):
         f"  missing  c (no record: a config error or a killed job; its log: {tmp_path / '2_lora'})"]
 
 
+def test_the_summary_counts_runs_skipped_as_running_elsewhere(tmp_path):
+    for folder in ("0_lora", "1_lora", "2_lora"):  # as the job of a run another process was training writes it
+        write_outcome(tmp_path / folder, "running", "another process was training it when this sweep reached it")
+    runs = [Run(0, {}, "a", tmp_path / "a", "done", log_dir=tmp_path / "0_lora"),
+            Run(1, {}, "b", tmp_path / "b", "missing", log_dir=tmp_path / "1_lora"),  # the other process died
+            Run(2, {}, "c", tmp_path / "c", "running", "host x, pid 1", log_dir=tmp_path / "2_lora"),
+            Run(3, {}, "d", tmp_path / "d", "done", log_dir=tmp_path / "3_lora")]
+    sweep = with_outcomes(Sweep(runs, []))
+    assert [run.elsewhere for run in sweep.runs] == [True, True, True, False]
+    assert report(sweep, logs=True, skipped=1) == [
+        "4 runs: 2 done (1 of them skipped as already done, 1 skipped as running elsewhere and finished there), "
+        "0 failed, 1 missing, 1 running elsewhere",
+        f"  missing  b: another process was training it when this sweep reached it (no record; its log: "
+        f"{tmp_path / '1_lora'})",
+        "  running  c: host x, pid 1"]
+
+
 def test_the_printed_commands_run_exactly_what_is_missing(tmp_path, capsys):
     for seed in (111, 222):
         write(tmp_path, "method=adapter", "task=rte", f"seed={seed}")

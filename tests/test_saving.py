@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +14,8 @@ import pytest
 import torch
 
 import peltbench
-from conftest import compose_config, tiny_run_overrides
+from conftest import compose_config, tiny_run_overrides, write_glue
+from peltbench import UserError
 from peltbench.data import load_split
 from peltbench.runner import run_group
 from peltbench.tasks import TaskSpec
@@ -103,7 +107,7 @@ def test_loggers_get_every_epoch_and_the_test_scores(tiny_checkpoint, glue_dir, 
     run_dir = next(tmp_path.rglob("unipelt_ap,*/mrpc/k16/seed111"))
     with open(run_dir / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert [row["epoch"] for row in rows] == ["1", "2", "3", ""]
+    assert [row["epoch"] for row in rows] == ["1", "2", "3"]  # an integer column; the test scores join the last row
     for row, history in zip(rows, outcome.record["history"]):
         assert float(row["train_loss"]) == pytest.approx(history["train_loss"])
         assert float(row["dev_f1"]) == pytest.approx(history["dev_main"])
@@ -112,3 +116,91 @@ def test_loggers_get_every_epoch_and_the_test_scores(tiny_checkpoint, glue_dir, 
     assert float(rows[-1]["test_f1"]) == pytest.approx(outcome.record["test"]["f1"])
     assert np.isclose(float(rows[0]["lr"]), 5e-4)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.fixture
+def relative_run(tiny_checkpoint, tmp_path, monkeypatch):
+    """A finished LoRA run started in tmp_path/project with model.name, data.dir and results_dir relative to it."""
+    project = tmp_path / "project"
+    shutil.copytree(tiny_checkpoint, project / "models" / "tiny")
+    write_glue(project / "glue")
+    monkeypatch.chdir(project)
+    cfg = compose_config("method=lora", "task=rte", "model.name=models/tiny", "data.dir=glue", "results_dir=results",
+                         "k=16", "dev_size=20", "train.epochs=2", "save.weights=true")
+    [outcome] = run_group([cfg])
+    assert outcome.status == "ok"
+    run_dir = next((project / "results").rglob("seed111"))
+    assert outcome.record["data_dir"] == str((project / "glue").resolve())
+    assert outcome.record["model"] == str((project / "models" / "tiny").resolve())
+    return project, run_dir, outcome.record
+
+
+def test_a_copied_run_folder_loads_from_anywhere(relative_run, tmp_path, monkeypatch):
+    project, run_dir, record = relative_run
+    copy = shutil.copytree(run_dir, tmp_path / "elsewhere" / "my-run")
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")  # model.name=models/tiny and data.dir=glue mean nothing here
+    scores, _ = peltbench.load_run(copy).predict()
+    assert scores == record["test"]
+
+    older = json.loads((copy / "result.json").read_text())  # a record from before the data_dir field
+    del older["data_dir"]
+    (copy / "result.json").write_text(json.dumps(older))
+    assert peltbench.load_run(copy).predict()[0] == record["test"]  # found from data_source
+
+
+def test_a_moved_model_or_data_is_one_line_naming_the_override(relative_run, tmp_path, monkeypatch):
+    project, run_dir, record = relative_run
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "moved").mkdir()
+    model = shutil.move(project / "models" / "tiny", tmp_path / "moved" / "tiny")
+    glue = shutil.move(project / "glue", tmp_path / "moved" / "glue")
+    with pytest.raises(UserError, match=r"its model .*/models/tiny is not there: pass load_run\(run_dir, model=DIR\)"):
+        peltbench.load_run(run_dir)
+    loaded = peltbench.load_run(run_dir, model=model)
+    with pytest.raises(UserError, match=r"its GLUE data .*/glue is not there: pass load_run\(run_dir, data_dir=DIR\)"):
+        loaded.predict()
+    assert peltbench.load_run(run_dir, model=model, data_dir=glue).predict()[0] == record["test"]
+    with pytest.raises(UserError, match="model.name=.*nowhere: no such directory .*load_run\\(run_dir, model=...\\)"):
+        peltbench.load_run(run_dir, model=tmp_path / "nowhere")
+    write_glue(tmp_path / "other-glue", test_rows=10)  # other data: the test split does not have the run's rows
+    with pytest.raises(UserError, match="other-glue: rte's test split has 10 rows where the run's had 24: not the data the run used"):
+        peltbench.load_run(run_dir, model=model, data_dir=tmp_path / "other-glue").predict()
+
+
+def test_a_weights_file_that_is_not_the_runs_is_one_line_naming_it(tiny_checkpoint, glue_dir, tmp_path):
+    outcomes = run_group(configs(tiny_checkpoint, glue_dir, tmp_path, ["lora", "adapter", "bitfit"]))
+    lora, adapter, bitfit = (Path(o.record["config"]["results_dir"]) / o.record["variant"] / "rte/k16/seed111"
+                             for o in outcomes)
+    weights = lora / "weights.safetensors"
+    whole = weights.read_bytes()
+    for broken, reason in ((whole[: len(whole) // 2], "incomplete metadata"), (b"", "header too small")):
+        weights.write_bytes(broken)
+        with pytest.raises(UserError) as error:
+            peltbench.load_run(lora)
+        assert str(error.value) == (f"{weights}: not a readable safetensors file, cut short or empty? (Error while "
+                                    f"deserializing header: {reason}{', file not fully covered' if broken else ''})")
+    shutil.copy(adapter / "weights.safetensors", weights)  # another method's file
+    with pytest.raises(UserError, match=f"^{weights}: the weights of another run \\(of adapter\\), not of this "
+                                        f"record's lora,.*/rte/k16/seed111$"):
+        peltbench.load_run(lora)
+    from safetensors.torch import load_file, save_file
+
+    save_file(load_file(str(bitfit / "weights.safetensors")), str(weights))  # no metadata: the tensors decide
+    with pytest.raises(UserError, match=f"^{weights}: not this run's weights \\(it lacks bert.encoder.layer.0.attention"
+                                        f".self.query.lora_a.weight and [0-9]+ more differences\\)$"):
+        peltbench.load_run(lora)
+
+
+def test_saved_files_honour_the_umask(tiny_checkpoint, glue_dir, tmp_path):
+    previous = os.umask(0o027)
+    try:
+        run_group(configs(tiny_checkpoint, glue_dir, tmp_path, ["lora"]))
+    finally:
+        os.umask(previous)
+    run_dir = next(tmp_path.rglob("lora,*/rte/k16/seed111"))
+    modes = {str(path.relative_to(run_dir)): stat.S_IMODE(path.stat().st_mode) for path in run_dir.rglob("*")
+             if path.is_file() and path.name != ".lock"}
+    assert modes == {name: 0o640 for name in ("result.json", "metrics.csv", "weights.safetensors", "predictions.csv",
+                                              "peft/adapter_config.json", "peft/adapter_model.safetensors")}
+    assert not list(run_dir.rglob("*.tmp"))

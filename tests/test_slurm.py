@@ -249,3 +249,18 @@ def test_runs_claimed_by_a_live_process_are_not_submitted(cluster, workdir):
     assert "1 runs are being trained by other processes (claimed; not submitted)" in output
     assert "peltbench sweep: 2 runs: 1 done (0 of them skipped as already done), 0 failed, 0 missing, 1 running elsewhere" in output
     assert not held.exists()
+
+
+def test_the_wait_logs_runs_done_with_an_eta(monkeypatch, caplog):
+    from hydra_plugins.peltbench_slurm import _launcher
+
+    clock = iter([0.0, 120.0, 300.0])  # started; two tasks done at 2 min; the last at 5 min
+    monkeypatch.setattr(_launcher.time, "monotonic", lambda: next(clock))
+    progress = _launcher.ArrayProgress([8, 8, 4])  # runs per array task
+    with caplog.at_level("INFO"):
+        progress.update([True, True, False])
+        progress.update([True, True, False])  # nothing new: no line
+        progress.update([True, True, True])
+    assert [record.getMessage() for record in caplog.records] == [
+        "runs: 16 of 20 done (2 of 3 array tasks) · 2m00s elapsed · ETA 1m",
+        "runs: 20 of 20 done (3 of 3 array tasks) · 5m00s elapsed"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,6 +65,11 @@ def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir):
     assert skipped == finished  # the runs finished before the kill were skipped, the others ran
     assert (f"peltbench sweep: 4 runs: 4 done ({len(finished)} of them skipped as already done), 0 failed, 0 missing"
             in output)
+    progress = [line.split("] ", 1)[1] for line in output.splitlines() if " of 4 done" in line]
+    assert [line.split(" · ")[0] for line in progress] == [  # the runs done before the kill come first in the grid
+        f"run {i} of 4 done ({min(i, len(finished))} skipped)" for i in range(1, 5)]
+    assert all(re.fullmatch(r"(\d+m)?\d+s elapsed", line.split(" · ")[1]) for line in progress)
+    assert [line.split(" · ")[2:] != [] for line in progress] == [False] * len(finished) + [True] * (3 - len(finished)) + [False]
 
 
 def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
@@ -139,6 +145,60 @@ def test_a_run_claimed_by_a_live_process_is_not_run_and_the_summary_says_where(w
     assert f", pid {holder.pid}, started " in summary[1]
     assert summary[2].startswith("Runs running elsewhere are another process's: peltbench-missing")
     assert not held.exists()
+
+
+def test_a_run_skipped_as_running_elsewhere_and_finished_there_is_counted(workdir, monkeypatch):
+    from conftest import compose_config
+    from peltbench.record import config_hash, record_path
+
+    monkeypatch.chdir(workdir)
+    args = ["method=adapter", "task=rte", "k=16", "seed=111", "train.epochs=2", *TINY]
+    cfg = compose_config(*args)
+    held = record_path(cfg, workdir / "results")
+    record = {"status": "ok", "config_hash": config_hash(cfg), "test": {"main": 50.0}}
+    holder = subprocess.Popen([sys.executable, "-c", "import json, sys; from pathlib import Path; "
+                               "from peltbench.claim import claim_run; from peltbench.record import write_record; "
+                               "c = claim_run(Path(sys.argv[1])); print('got' if c else 'none', flush=True); "
+                               "sys.stdin.readline(); write_record(Path(sys.argv[1]), json.loads(sys.argv[2]))",
+                               str(held), json.dumps(record)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "got"
+        sweep = subprocess.Popen([PELTBENCH, "-m", *args[:3], "seed=111,222", *args[4:], "hydra.sweep.dir=sweeps/x"],
+                                 cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output = []
+        for line in sweep.stdout:
+            output.append(line)
+            if "is being run by another process" in line:  # the other process finishes while this sweep goes on
+                holder.stdin.write("go\n")
+                holder.stdin.flush()
+                holder.wait(timeout=60)
+        sweep.wait(timeout=300)
+    finally:
+        holder.kill()
+        sweep.kill()
+    text = "".join(output)
+    assert sweep.returncode == 0, text
+    assert "run 1 of 2 done (1 running elsewhere)" in text
+    assert "peltbench sweep: 2 runs: 2 done (0 of them skipped as already done, 1 skipped as running elsewhere and " \
+           "finished there), 0 failed, 0 missing" in text
+
+
+def test_progress_counts_skipped_runs_as_free_in_the_eta(monkeypatch):
+    from hydra_plugins.peltbench_local import _progress
+
+    clock = iter([0.0, 100.0, 160.0, 400.0, 1000.0])  # started, then one reading per line
+    monkeypatch.setattr(_progress.time, "monotonic", lambda: next(clock))
+    progress = _progress.SweepProgress(total=6, to_train=4)  # 2 runs were done before the sweep
+    progress.add(["skipped", "skipped"], 1.0)
+    assert progress.line(1, 2) == "runs 1-2 of 6 done (2 skipped) · 1m40s elapsed"  # nothing trained yet: no ETA
+    progress.add(["ok"], 58.0)
+    assert progress.line(3, 3) == "run 3 of 6 done (2 skipped) · 2m40s elapsed · ETA 3m"  # 58 s × 3 left to train
+    progress.add(["ok", "failed"], 242.0)  # a fused pair: 2 trained in 242 s
+    # (58 + 242) s / 3 trained = 100 s a run, × 1 left to train
+    assert progress.line(4, 5) == "runs 4-5 of 6 done (2 skipped, 1 failed) · 6m40s elapsed · ETA 2m"
+    progress.add(["ok"], 600.0)
+    assert progress.line(6, 6) == "run 6 of 6 done (2 skipped, 1 failed) · 16m40s elapsed"
+    assert _progress.duration(7500) == "2h05m" and _progress.duration(59.6) == "1m00s"
 
 
 def test_an_unwritable_results_dir_is_found_before_any_model_loads(workdir):

@@ -4,4 +4,12 @@ Hydra's basic launcher, plus fused training: with `fuse=true` the compatible run
 on one frozen backbone (peltbench.fusion). The SLURM launcher runs its array tasks through `run_pack` too.
 """
 
-from ._launcher import PeltbenchLocalConf, PeltbenchLocalLauncher, run_pack  # noqa: F401  (registers the launcher)
+from ._launcher import PeltbenchLocalConf, PeltbenchLocalLauncher, run_pack  # noqa: F401  (registers the config)
+
+
+def register() -> None:
+    """Register the launcher with Hydra, whose plugin scan misses it in an editable install (hydra#2359); peltbench
+    calls this through the `peltbench.launchers` entry point (peltbench.launchers)."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance().register(PeltbenchLocalLauncher)

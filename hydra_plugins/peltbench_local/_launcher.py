@@ -2,13 +2,15 @@
 
 Each run keeps its Hydra job (its folder, log and callbacks). The runs of a fused group train in the job of
 the group's first run, whose log holds the training; the job of every other member says which group it
-trained in. A separate run goes through the task function as on Hydra's basic launcher.
+trained in. A separate run goes through the task function as on Hydra's basic launcher. After each run (or fused
+group) a line says how far the sweep is, with an ETA from the runs trained so far (_progress.py).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Sequence, Tuple
@@ -17,6 +19,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, open_dict, read_write
+from peltbench.fusion import plan_groups
+from peltbench.missing import compose_jobs, record_states
+
+from ._progress import SweepProgress, status
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +51,13 @@ class PeltbenchLocalLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-        packs, alone = plan_packs(self.hydra_context.config_loader, self.config, runs)
+        cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in runs])
+        packs, alone = group_packs(runs, cfgs)
+        done_before = sum(state in ("done", "running") for state in record_states(cfgs))
         fused = sum(len(pack) for pack in packs if len(pack) > 1)
-        log.info("%d runs%s", len(runs), f", {fused} of them in {sum(len(p) > 1 for p in packs)} fused groups" if fused else "")
+        log.info("%d runs%s%s", len(runs), f", {done_before} of them already done or running elsewhere (skipped)"
+                 if done_before else "", f", {fused} in {sum(len(p) > 1 for p in packs)} fused groups" if fused else "")
+        progress = SweepProgress(len(runs), len(runs) - done_before)
         returns: dict[int, JobReturn] = {}
         done = 0
         for pack in packs:
@@ -58,19 +68,24 @@ class PeltbenchLocalLauncher(Launcher):
                     log.info("fine-tuning trains alone: it changes the backbone, which fused runs share")
             else:
                 log.info("runs %d-%d of %d, fused (%s)", done + 1, done + len(pack), len(runs), nums)
-            for (_, num), ret in zip(pack, run_pack(self, pack)):
+            started = time.monotonic()
+            pack_returns = run_pack(self, pack)
+            progress.add([status(ret) for ret in pack_returns], time.monotonic() - started)
+            for (_, num), ret in zip(pack, pack_returns):
                 returns[num] = ret
+            log.info("%s", progress.line(done + 1, done + len(pack)))
             done += len(pack)
         return [returns[num] for _, num in runs]
 
 
 def plan_packs(config_loader: Any, sweep_config: DictConfig, runs: List[Run]) -> Tuple[List[List[Run]], List[List[Run]]]:
-    """The runs grouped as they will train: fused groups (fuse=true) and runs of their own, in sweep order;
-    and the packs of the fine-tuning runs that could not fuse although fuse=true."""
-    from peltbench.fusion import plan_groups
-    from peltbench.missing import compose_jobs
+    """The runs grouped as they will train (group_packs), their configs composed here."""
+    return group_packs(runs, compose_jobs(config_loader, sweep_config, [overrides for overrides, _ in runs]))
 
-    cfgs = compose_jobs(config_loader, sweep_config, [overrides for overrides, _ in runs])
+
+def group_packs(runs: List[Run], cfgs: List[DictConfig]) -> Tuple[List[List[Run]], List[List[Run]]]:
+    """The runs grouped as they will train: fused groups (fuse=true) and runs of their own, in sweep order;
+    and the packs of the fine-tuning runs that could not fuse although fuse=true. `cfgs`: each run's config."""
     groups = plan_groups(cfgs)
     packs = [[runs[i] for i in group] for group in groups]
     alone = [pack for pack, group in zip(packs, groups)

@@ -6,5 +6,16 @@ hydra-submitit-launcher is installed (`pip install peltbench[slurm]`); without i
 
 from importlib.util import find_spec
 
-if find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
-    from ._launcher import PeltbenchSlurmConf, PeltbenchSlurmLauncher  # noqa: F401  (registers the launcher)
+AVAILABLE = find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+
+if AVAILABLE:
+    from ._launcher import PeltbenchSlurmConf, PeltbenchSlurmLauncher  # noqa: F401  (registers the config)
+
+
+def register() -> None:
+    """Register the launcher with Hydra, whose plugin scan misses it in an editable install (hydra#2359); peltbench
+    calls this through the `peltbench.launchers` entry point (peltbench.launchers). Nothing without the extra."""
+    if AVAILABLE:
+        from hydra.core.plugins import Plugins
+
+        Plugins.instance().register(PeltbenchSlurmLauncher)

@@ -33,6 +33,8 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQue
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
+from hydra_plugins.peltbench_local._progress import duration
+
 from ._request import check_request, never_starts
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         assert self.config is not None and len(job_overrides) > 0
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         states = self._states(job_overrides, initial_job_idx)
-        returns = {num: self._not_submitted(overrides, states[num].state) for overrides, num in runs
+        returns = {num: self._not_submitted(overrides, states[num]) for overrides, num in runs
                    if states[num].state in ("done", "running")}
         todo = [run for run in runs if run[1] not in returns]
         packs = self._packs(todo)
@@ -105,7 +107,7 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
             state = Singleton.get_state()
             jobs = self._executor().map_array(self, packs, ["hydra.sweep.dir"] * len(packs), [state] * len(packs))
             try:
-                finished = wait(jobs)
+                finished = wait(jobs, [sum(len(piece) for piece in pack) for pack in packs])
             except NeverStarts as error:
                 subprocess.run(["scancel", *[job.job_id for job in jobs]], capture_output=True, timeout=60)
                 _stop_if(f"{error}; cancelled this sweep's {len(jobs)} array tasks")
@@ -146,9 +148,15 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
                         "lists them, `scancel --name=%s` stops them.", len(queued), name, name, name)
 
     @staticmethod
-    def _not_submitted(overrides: List[str], state: str) -> JobReturn:
+    def _not_submitted(overrides: List[str], run: Any) -> JobReturn:
+        """The return of a run not submitted: done before (`skipped`), or another process's (`running`, which the
+        sweep's summary counts from the outcome.json written here, as a local job writes it)."""
+        from peltbench.missing import RUNNING_ELSEWHERE, write_outcome
+
         ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
-        ret.return_value = "ok" if state == "done" else state
+        ret.return_value = "skipped" if run.state == "done" else run.state
+        if run.state == "running" and run.log_dir is not None:
+            write_outcome(run.log_dir, "running", RUNNING_ELSEWHERE)
         return ret
 
     def _executor(self) -> Any:
@@ -191,22 +199,25 @@ class NeverStarts(Exception):
     """A job's pending reason says it can never start."""
 
 
-def wait(jobs: List[Any], poll_s: float = 1.0) -> List[bool]:
+def wait(jobs: List[Any], sizes: Optional[List[int]] = None, poll_s: float = 1.0) -> List[bool]:
     """Wait until every job has written its result or has left SLURM's queue without one; True for the first.
 
     submitit's own wait asks `sacct` whether a job without results has ended; on a cluster without accounting
     storage sacct cannot answer, and a cancelled job would be waited for forever. squeue always answers: a job
     missing from two successive listings (and without results) has ended. A requeued job stays listed (pending).
     squeue is asked every 2 s at first, then less often (a tenth of the time waited so far, at most every minute).
-    Why jobs are pending is logged when it changes; a reason that can never clear raises NeverStarts.
+    Why jobs are pending is logged when it changes; a reason that can never clear raises NeverStarts. Each time more
+    jobs have finished, a line says how many of their runs (`sizes`: runs per job) are done, with an ETA.
     """
     finished = [False] * len(jobs)
+    progress = ArrayProgress(sizes or [1] * len(jobs))
     absent: Dict[int, int] = {}  # job index -> successive listings without it
     pending = ""
     started = listed_at = time.monotonic()
     while True:
         for i, job in enumerate(jobs):
             finished[i] = finished[i] or job.paths.result_pickle.exists()
+        progress.update(finished)
         waiting = [i for i, done in enumerate(finished) if not done]
         if all(absent.get(i, 0) >= 2 for i in waiting):
             return finished
@@ -227,6 +238,28 @@ def wait(jobs: List[Any], poll_s: float = 1.0) -> List[bool]:
                 if summary:
                     log.info("SLURM jobs pending: %s", summary)
         time.sleep(poll_s)
+
+
+class ArrayProgress:
+    """`runs: 8 of 24 done (3 of 9 array tasks) · 4m10s elapsed · ETA 9m`, logged when more array tasks have
+    finished. Tasks run side by side, so the ETA is the time per finished task so far times the tasks left: a rough
+    guide while the queue is busy."""
+
+    def __init__(self, sizes: List[int]) -> None:
+        self.sizes, self.started, self.shown = sizes, time.monotonic(), 0
+
+    def update(self, finished: List[bool]) -> None:
+        tasks = sum(finished)
+        if tasks == self.shown:
+            return
+        self.shown = tasks
+        runs = sum(size for size, done in zip(self.sizes, finished) if done)
+        elapsed = time.monotonic() - self.started
+        line = (f"runs: {runs} of {sum(self.sizes)} done ({tasks} of {len(self.sizes)} array tasks) · "
+                f"{duration(elapsed)} elapsed")
+        if tasks < len(self.sizes):
+            line += f" · ETA {duration(elapsed / tasks * (len(self.sizes) - tasks), coarse=True)}"
+        log.info("%s", line)
 
 
 def _queued(*options: str) -> Optional[Dict[str, str]]:
