@@ -53,6 +53,11 @@ def test_masks_keep_one_minus_p_and_are_independent_across_rows_sites_steps_and_
         correlation = np.corrcoef(base[0].flatten().numpy(), other.flatten().numpy())[0, 1]
         assert abs(correlation) < 0.03
     assert torch.equal(masks()[0], base[0])  # and a function of its inputs only
+    # Over many keys, one mask's correlations with the others spread as independent masks' do (std 1/√n).
+    many = keep_mask(counters[:16], torch.from_numpy(key_table(row_salts(7, 8, 9, np.arange(1000)), 1)[0]), 0.1)
+    flat = many.flatten(1).float().numpy()
+    correlations = np.array([np.corrcoef(flat[0], other)[0, 1] for other in flat[1:]])
+    assert abs(correlations.std() * np.sqrt(flat.shape[1]) - 1) < 0.15 and abs(correlations.mean()) < 0.003
 
 
 def test_a_rows_mask_does_not_depend_on_padding():
