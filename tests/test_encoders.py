@@ -426,7 +426,7 @@ def test_every_method_runs_through_peltbench_alone_and_fused(model_type, tmp_pat
         expected = {**SAME_EVERYWHERE, **OWN_COUNTS[model_type]}.get(name)
         if expected is not None:
             assert outcome.record["trainable_params"] == expected, name
-    for index in (frozen.index("unipelt_apl"), frozen.index("bitfit"), frozen.index("prefix_ln")):
+    for index in (frozen.index("unipelt_apl"),):  # every method alone vs fused: tests/test_randomness.py (BERT)
         [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", [frozen[index]], False))
         together = fused[index].record
         for key in ("train_loss", "dev_main"):

@@ -27,6 +27,11 @@ from peltbench.packaged import options
 FROZEN = sorted(m for m in options("method") if m != "ft")
 
 
+def shaped(keys: torch.Tensor, dims: int) -> torch.Tensor:
+    """One key per row, shaped to broadcast over `dims` trailing dimensions (as Members.dropout_keys gives them)."""
+    return keys.view(-1, *[1] * dims)
+
+
 # ---------------------------------------------------------------- the masks themselves
 
 def test_the_hash_is_a_bijection_and_the_same_in_numpy_and_torch():
@@ -43,7 +48,7 @@ def test_masks_keep_one_minus_p_and_are_independent_across_rows_sites_steps_and_
 
     def masks(seed=42, data_seed=111, step=0, site=0, examples=(0, 1)):
         keys = torch.from_numpy(key_table(row_salts(seed, data_seed, step, list(examples)), site + 1)[site])
-        return keep_mask(counters, keys, 0.1).float()
+        return keep_mask(counters, shaped(keys, 2), 0.1).float()
 
     base = masks()
     assert abs(base.mean().item() - 0.9) < 0.005
@@ -54,7 +59,7 @@ def test_masks_keep_one_minus_p_and_are_independent_across_rows_sites_steps_and_
         assert abs(correlation) < 0.03
     assert torch.equal(masks()[0], base[0])  # and a function of its inputs only
     # Over many keys, one mask's correlations with the others spread as independent masks' do (std 1/√n).
-    many = keep_mask(counters[:16], torch.from_numpy(key_table(row_salts(7, 8, 9, np.arange(1000)), 1)[0]), 0.1)
+    many = keep_mask(counters[:16], shaped(torch.from_numpy(key_table(row_salts(7, 8, 9, np.arange(1000)), 1)[0]), 2), 0.1)
     flat = many.flatten(1).float().numpy()
     correlations = np.array([np.corrcoef(flat[0], other)[0, 1] for other in flat[1:]])
     assert abs(correlations.std() * np.sqrt(flat.shape[1]) - 1) < 0.15 and abs(correlations.mean()) < 0.003
@@ -63,11 +68,11 @@ def test_masks_keep_one_minus_p_and_are_independent_across_rows_sites_steps_and_
 def test_a_rows_mask_does_not_depend_on_padding():
     """Counters number positions and features, so a batch padded further gives the real positions the same masks."""
     keys = torch.from_numpy(key_table(row_salts(42, 111, 3, [7, 9]), 5)[4])
-    short = keep_mask(COUNTERS.hidden(20, 32, torch.device("cpu")), keys, 0.1)
-    long = keep_mask(COUNTERS.hidden(300, 32, torch.device("cpu")), keys, 0.1)  # grows the cached table
+    short = keep_mask(COUNTERS.hidden(20, 32, torch.device("cpu")), shaped(keys, 2), 0.1)
+    long = keep_mask(COUNTERS.hidden(300, 32, torch.device("cpu")), shaped(keys, 2), 0.1)  # grows the cached table
     assert torch.equal(short, long[:, :20])
-    attention = keep_mask(COUNTERS.attention(2, 20, 30, torch.device("cpu")), keys, 0.1)
-    wide = keep_mask(COUNTERS.attention(2, 25, 35, torch.device("cpu")), keys, 0.1)
+    attention = keep_mask(COUNTERS.attention(2, 20, 30, torch.device("cpu")), shaped(keys, 3), 0.1)
+    wide = keep_mask(COUNTERS.attention(2, 25, 35, torch.device("cpu")), shaped(keys, 3), 0.1)
     assert torch.equal(attention, wide[:, :, :20, :30])
 
 

@@ -121,13 +121,14 @@ class Members:
         """The dropout keys of the coming training forward pass (randomness.step_keys); None: forget them."""
         self._keys = keys
 
-    def dropout_keys(self, site: int, device: torch.device) -> torch.Tensor:
-        """One key per row of the current forward pass at a dropout site (per member inside `positional`)."""
+    def dropout_keys(self, site: int, device: torch.device, dims: int) -> torch.Tensor:
+        """One key per row of the current forward pass at a dropout site (per member inside `positional`), shaped
+        (rows, 1, ...) to broadcast over `dims` trailing dimensions."""
         if self._keys is None:  # a training-mode forward outside the training loop (randomness.default_keys)
             from .randomness import default_keys
 
             self._keys = default_keys(self.rows, self.active_count, self.dropout_sites, device)
-        return (self._keys.members if self._positional else self._keys.rows)[site]
+        return self._keys.at(site, self._positional, dims)
 
     @contextmanager
     def positional(self):

@@ -69,7 +69,16 @@ class Keys:
     one block per member (DeBERTa's relative embeddings)."""
 
     def __init__(self, rows: torch.Tensor, members: torch.Tensor) -> None:
-        self.rows, self.members = rows, members
+        self.tables = {False: rows, True: members}
+        self._shaped: dict[tuple[bool, int], torch.Tensor] = {}
+
+    def at(self, site: int, positional: bool, dims: int) -> torch.Tensor:
+        """A site's keys shaped (rows, 1, ...) to broadcast over `dims` trailing dimensions (one view per step)."""
+        key = (positional, dims)
+        if key not in self._shaped:
+            table = self.tables[positional]
+            self._shaped[key] = table.view(*table.shape, *[1] * dims)
+        return self._shaped[key][site]
 
 
 def step_keys(settings, active: list[int], step: int, examples: list[list[int]], sites: int,
@@ -123,13 +132,12 @@ COUNTERS = _Counters()
 
 
 def keep_mask(mixed_counters: torch.Tensor, keys: torch.Tensor, p: float) -> torch.Tensor:
-    """Which elements survive: keys (rows,) against the rows' counters (any trailing shape)."""
-    keys = keys.view(-1, *[1] * mixed_counters.dim())
-    return finish(mixed_counters.unsqueeze(0) ^ keys) >= int(p * 2**32)
+    """Which elements survive: keys (rows, 1, ...) against the rows' counters (any trailing shape)."""
+    return finish(mixed_counters ^ keys) >= int(p * 2**32)
 
 
 def drop(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
-    return torch.where(keep, x, 0) * (1.0 / (1.0 - p))
+    return x * keep * (1.0 / (1.0 - p))
 
 
 class MemberDropout(nn.Module):
@@ -146,7 +154,7 @@ class MemberDropout(nn.Module):
             counters = COUNTERS.hidden(1, x.shape[-1], x.device)[0]
         else:             # (rows, positions, features)
             counters = COUNTERS.hidden(x.shape[1], x.shape[-1], x.device)
-        keys = self.members.dropout_keys(self.site, x.device)
+        keys = self.members.dropout_keys(self.site, x.device, counters.dim())
         return drop(x, keep_mask(counters, keys, self.p), self.p)
 
     def extra_repr(self) -> str:
@@ -157,7 +165,7 @@ def attention_keep_mask(module, heads: int, queries: int, keys: int, p: float, d
                         rows: slice | torch.Tensor | None = None) -> torch.Tensor:
     """The keep mask of a layer's attention probabilities (rows, heads, queries, keys) for the rows attended now (a
     class of members with one prefix length: `rows` picks their keys)."""
-    table = module.peltbench_members.dropout_keys(module.peltbench_site, device)
+    table = module.peltbench_members.dropout_keys(module.peltbench_site, device, 3)
     if rows is not None:
         table = table[rows] if isinstance(rows, slice) else table.index_select(0, rows)
     return keep_mask(COUNTERS.attention(heads, queries, keys, device), table, p)
