@@ -89,6 +89,8 @@ def step_keys(settings, active: list[int], step: int, examples: list[list[int]],
                            for m, chosen in zip(active, examples)])
     members = np.concatenate([row_salts(settings[m].seed, settings[m].data_seed, step, [POSITIONAL]) for m in active])
     table = torch.from_numpy(np.concatenate([key_table(rows, sites), key_table(members, sites)], axis=1))
+    if device.type == "cuda":  # an asynchronous copy: the step does not wait for the work queued before it
+        table = table.pin_memory()
     table = table.to(device, non_blocking=True)
     return Keys(table[:, : len(rows)], table[:, len(rows) :])
 
