@@ -386,8 +386,15 @@ def _identity(cfg: DictConfig, digest: str) -> dict:
     }
 
 
-def resolve_device(cfg: DictConfig) -> tuple[torch.device, bool]:
-    """The device, and whether to autocast to bf16 (CUDA with bf16 support, unless precision says otherwise)."""
+# Measured (issue 15, item 9; scripts/benchmark_precision.py): the same scores, but 2.2x slower than fp32 on an Intel
+# Xeon without AMX (its bf16 GEMMs are slower than fp32's) and 8x on an AMD EPYC with avx512_bf16.
+CPU_BF16 = ("precision=bf16 is refused on a CPU: peltbench trains 2-8x slower there in bf16 than in fp32, to the "
+            "same scores (scripts/benchmark_precision.py measures a CPU); use precision=fp32 or a GPU")
+
+
+def resolve_device(cfg: DictConfig, training: bool = True) -> tuple[torch.device, bool]:
+    """The device, and whether to autocast to bf16 (CUDA with bf16 support, unless precision says otherwise).
+    Training in bf16 on a CPU is refused (CPU_BF16); rescoring a saved bf16 run there (training=False) is not."""
     name = cfg.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -399,6 +406,8 @@ def resolve_device(cfg: DictConfig) -> tuple[torch.device, bool]:
         raise UserError(f"device={cfg.device}: CUDA is not available on this machine")
     if cfg.precision == "auto":
         return device, device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if training and cfg.precision == "bf16" and device.type == "cpu":
+        raise UserError(CPU_BF16)
     return device, cfg.precision == "bf16"
 
 
@@ -445,7 +454,7 @@ def load_run(run_dir: str | Path, device: str | None = None) -> LoadedRun:
     if device is not None:
         cfg.device = device
     task = TaskSpec.from_config(cfg.task)
-    device_, bf16 = resolve_device(cfg)
+    device_, bf16 = resolve_device(cfg, training=False)
     model = group_model([cfg], task, device_)
     tensors = {name: tensor.to(device_) for name, tensor in read_weights(run_dir).items()}
     load_member_state(model, 0, tensors)

@@ -90,6 +90,9 @@ def test_bad_inputs_are_one_line_and_write_no_record(workdir):
            "model.name=gpt is not a BERT checkpoint: its config says model_type 'gpt2'")
     _fails(peltbench("method=adapter", "task=cola", *common(workdir), "model.name=nowhere/", cwd=workdir),
            "could not load model 'nowhere/'")
+    _fails(peltbench("method=lora", "task=sst2", *common(workdir), "device=cpu", "precision=bf16",
+                     "model.name=nowhere/", cwd=workdir),  # refused before the model loads
+           "precision=bf16 is refused on a CPU: peltbench trains 2-8x slower there in bf16 than in fp32")
     cola = workdir / "glue" / "CoLA" / "train.tsv"
     lines = cola.read_text().splitlines()
     lines[6] = lines[6].replace("\t", " ", 1)
