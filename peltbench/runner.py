@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
-from .config import check_config
+from .config import CPU_BF16, check_config
 from .data import encode, few_shot_split, load_split
 from .methods import build_pelt_model, count_method, load_member_state
 from .loggers import RunLogger, open_logger
@@ -386,15 +386,10 @@ def _identity(cfg: DictConfig, digest: str) -> dict:
     }
 
 
-# Measured (issue 15, item 9; scripts/benchmark_precision.py): the same scores, but 2.2x slower than fp32 on an Intel
-# Xeon without AMX (its bf16 GEMMs are slower than fp32's) and 8x on an AMD EPYC with avx512_bf16.
-CPU_BF16 = ("precision=bf16 is refused on a CPU: peltbench trains 2-8x slower there in bf16 than in fp32, to the "
-            "same scores (scripts/benchmark_precision.py measures a CPU); use precision=fp32 or a GPU")
-
-
 def resolve_device(cfg: DictConfig, training: bool = True) -> tuple[torch.device, bool]:
     """The device, and whether to autocast to bf16 (CUDA with bf16 support, unless precision says otherwise).
-    Training in bf16 on a CPU is refused (CPU_BF16); rescoring a saved bf16 run there (training=False) is not."""
+    Training in bf16 on a CPU is refused (config.CPU_BF16: check_config refuses device=cpu, this device=auto on a
+    machine without CUDA); rescoring a saved bf16 run there (training=False) is not."""
     name = cfg.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
