@@ -22,6 +22,12 @@ GATE_POOLINGS = ("masked", "padded")         # gate mean over real tokens, or ov
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 
+# bf16 on a CPU (issue 15, item 9), LoRA on SST-2 with MiniLM, the same scores: 1.5-2.2x slower than fp32 on an Intel
+# Xeon without AMX (scripts/benchmark_precision.py; its bf16 GEMMs take 1.9x fp32's time, and they are 90% of the
+# difference), 8x on an AMD EPYC with avx512_bf16 (the issue's own runs).
+CPU_BF16 = ("precision=bf16 is refused on a CPU: peltbench trains slower there in bf16 than in fp32 (1.5-2x measured) "
+            "to the same scores (scripts/benchmark_precision.py measures yours); use precision=fp32 or a GPU")
+
 # What each component reads from `method`, beside the settings every method has. A setting no component of the
 # method reads would only rename the run's folder (+method.lora_rank=4 on an adapter), so it is refused.
 # Its names are the ones peltbench.methods.COMPONENTS registers (tests/test_config.py holds the two together).
@@ -124,6 +130,8 @@ def check_config(cfg: DictConfig) -> None:
         value = _select(cfg, key)
         if value is not _ABSENT and not valid(value):
             raise UserError(f"{key}={_show(value)}: {must}")
+    if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
+        raise UserError(CPU_BF16)
     check_method(cfg.method)
     check_logger(cfg.get("logger"))
 

@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
-from .config import check_config
+from .config import CPU_BF16, check_config
 from .data import encode, few_shot_split, load_split
 from .methods import build_pelt_model, count_method, load_member_head, load_member_state, member_head, member_state
 from .loggers import RunLogger, check_can_start, open_logger
@@ -393,8 +393,10 @@ def _identity(cfg: DictConfig, digest: str) -> dict:
     }
 
 
-def resolve_device(cfg: DictConfig) -> tuple[torch.device, bool]:
-    """The device, and whether to autocast to bf16 (CUDA with bf16 support, unless precision says otherwise)."""
+def resolve_device(cfg: DictConfig, training: bool = True) -> tuple[torch.device, bool]:
+    """The device, and whether to autocast to bf16 (CUDA with bf16 support, unless precision says otherwise).
+    Training in bf16 on a CPU is refused (config.CPU_BF16: check_config refuses device=cpu, this device=auto on a
+    machine without CUDA); rescoring a saved bf16 run there (training=False) is not."""
     name = cfg.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -406,6 +408,8 @@ def resolve_device(cfg: DictConfig) -> tuple[torch.device, bool]:
         raise UserError(f"device={cfg.device}: CUDA is not available on this machine")
     if cfg.precision == "auto":
         return device, device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if training and cfg.precision == "bf16" and device.type == "cpu":
+        raise UserError(CPU_BF16)
     return device, cfg.precision == "bf16"
 
 
@@ -467,7 +471,7 @@ def load_run(run_dir: str | Path, device: str | None = None, *, data_dir: str | 
     if device is not None:
         cfg.device = device
     task = TaskSpec.from_config(cfg.task)
-    device_, bf16 = resolve_device(cfg)
+    device_, bf16 = resolve_device(cfg, training=False)  # a bf16 run from a GPU is rescored as it ran
     try:
         built = group_model([cfg], task, device_)
     except UserError as error:

@@ -108,6 +108,7 @@ BAD_INPUTS = [  # (arguments, the one line printed): Hydra's errors and peltbenc
     (["method=lora", "task=rte", "seed=abc"], "seed=abc: must be a non-negative integer"),
     (["method=lora", "task=rte", "precision=fp16"], "precision=fp16: must be auto, bf16 or fp32"),
     (["method=lora", "task=rte", "device=gpu"], "device=gpu: must be auto, cpu, cuda, cuda:N or mps"),
+    (["method=lora", "task=rte", "device=cpu", "precision=bf16"], "precision=bf16 is refused on a CPU: peltbench"),
     (["method=lora", "task=rte", "train.epochs=0"], "train.epochs=0: must be a positive integer"),
     (["method=lora", "task=rte", "method.lora_targets=[query,output]"], "method.lora_targets=[query,output]: must be"),
     (["method=lora", "task=rte", "train.epoch=3"], "train.epoch: no such setting"),

@@ -12,7 +12,7 @@ from conftest import compose_config
 from peltbench import UserError
 from peltbench.packaged import options, packaged_config
 from peltbench.record import config_hash, record_path, variant_name
-from peltbench.config import COMPONENT_SETTINGS, METHOD_SETTINGS, check_config
+from peltbench.config import COMPONENT_SETTINGS, CPU_BF16, METHOD_SETTINGS, check_config
 
 METHODS, TASKS = options("method"), options("task")
 
@@ -101,6 +101,16 @@ def test_unknown_keys_and_groups_are_rejected_by_hydra():
 def test_bad_values_are_user_errors(override, message):
     with pytest.raises(UserError, match=re.escape(message)):
         check_config(compose_config("method=adapter", "task=cola", override))
+
+
+def test_bf16_on_a_cpu_is_refused_before_anything_runs():
+    """On a CPU bf16 trains slower than fp32 (config.CPU_BF16); device=auto is refused when it turns out to be a CPU
+    (runner.resolve_device, tests/test_train.py)."""
+    with pytest.raises(UserError, match=re.escape(CPU_BF16)):
+        check_config(compose_config("method=lora", "task=rte", "device=cpu", "precision=bf16"))
+    for device in ("auto", "cuda"):
+        check_config(compose_config("method=lora", "task=rte", f"device={device}", "precision=bf16"))
+    check_config(compose_config("method=lora", "task=rte", "device=cpu", "precision=fp32"))
 
 
 @pytest.mark.parametrize("method,override,message", [

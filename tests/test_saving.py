@@ -68,6 +68,22 @@ def test_fused_members_save_their_own_sizes(tiny_checkpoint, glue_dir, tmp_path)
         assert scores == pytest.approx(outcome.record["test"], abs=1e-6)
 
 
+def test_a_bf16_run_is_rescored_on_a_cpu_in_bf16(tiny_checkpoint, glue_dir, tmp_path):
+    """Training in bf16 on a CPU is refused (runner.CPU_BF16), rescoring a saved bf16 run there is not: a run trained
+    on a GPU in bf16 is rescored in its own precision, within bf16's rounding of the fp32 predictions (0.2% here)."""
+    run_group(configs(tiny_checkpoint, glue_dir, tmp_path, ["lora"], task="stsb"))
+    run_dir = next(tmp_path.rglob("lora,*/stsb/k16/seed111"))
+    fp32 = peltbench.load_run(run_dir).predict()[1]
+    record = json.loads((run_dir / "result.json").read_text())
+    record["config"]["precision"] = record["precision"] = "bf16"  # as if it had trained on a GPU in bf16
+    (run_dir / "result.json").write_text(json.dumps(record))
+    loaded = peltbench.load_run(run_dir, device="cpu")
+    assert loaded.bf16 and loaded.device.type == "cpu"
+    bf16 = loaded.predict()[1]
+    assert not np.array_equal(bf16, fp32)  # it did run in bf16
+    np.testing.assert_allclose(bf16, fp32, rtol=0, atol=0.01 * np.abs(fp32).max())  # bf16 keeps 8 bits: 0.4%
+
+
 def test_a_lora_run_loads_in_peft(tiny_checkpoint, glue_dir, tmp_path):
     pytest.importorskip("peft")
     from peft import PeftModel

@@ -11,6 +11,8 @@ import torch
 from conftest import compose_config, tiny_backbone, tiny_run_overrides
 from peltbench.data import Encoded
 from peltbench.methods import build_pelt_model
+from peltbench import UserError
+from peltbench.config import CPU_BF16
 from peltbench.packaged import packaged_config
 from peltbench.runner import run_experiment
 from peltbench.tasks import TaskSpec
@@ -96,6 +98,16 @@ def test_a_crash_writes_a_failed_record_and_a_rerun_retries(tiny_checkpoint, glu
     monkeypatch.undo()
     retried = run_experiment(cfg, tmp_path)
     assert retried["status"] == "ok" and json.loads(path.read_text())["status"] == "ok"
+
+
+def test_bf16_is_refused_when_device_auto_finds_only_a_cpu(tiny_checkpoint, glue_dir, tmp_path, monkeypatch):
+    """Before the model loads (model.name points nowhere), and with no record: one line, CPU_BF16."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    overrides = [*tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path), "model.name=nowhere/", "precision=bf16"]
+    with pytest.raises(UserError) as refused:
+        run_experiment(compose_config("method=lora", "task=rte", *overrides), tmp_path)
+    assert str(refused.value) == CPU_BF16
+    assert not list(tmp_path.rglob("result.json"))
 
 
 def test_cached_backbone_copies_equal_a_fresh_load_and_are_independent(tiny_checkpoint):
