@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import UserError
+from .hub import use_hub
 from .tasks import TaskSpec
 
 HUB_DATASET = "nyu-mll/glue"
@@ -64,6 +65,7 @@ def _hub_split_name(task: TaskSpec, split: str) -> str:
 def _load_hub(task: TaskSpec, split: str) -> Split:
     import datasets
 
+    use_hub()  # fails fast without a network
     name = _hub_split_name(task, split)
     try:
         rows = datasets.load_dataset(HUB_DATASET, task.hub_config, split=name)
@@ -71,8 +73,7 @@ def _load_hub(task: TaskSpec, split: str) -> Split:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(
             f"could not load {HUB_DATASET}/{task.hub_config} ({name}) from the Hugging Face Hub: {first_line}. "
-            f"Offline? Set HF_HUB_OFFLINE=1 (it then fails at once instead of retrying) and point data.dir at a local "
-            f"GLUE directory."
+            f"Offline? Point data.dir at a local GLUE directory (README: Offline use)."
         ) from error
     texts = tuple(list(rows[column]) for column in task.hub_text)
     labels = _label_array(rows["label"], task, lambda row: f"{HUB_DATASET}/{task.hub_config} ({name} split), row index {row}")

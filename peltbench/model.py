@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import UserError
+from .hub import use_hub
 
 # A BERT tokenizer is saved as tokenizer.json (fast) or vocab.txt (WordPiece); either one is enough to load it.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
@@ -59,6 +60,8 @@ def load_config(name: str, num_labels: int | None = None):
 
     if is_local(name):
         _check_local(name)
+    else:
+        use_hub()  # fails fast without a network (peltbench/hub.py)
     labels = {} if num_labels is None else {"num_labels": num_labels}
     try:
         config = AutoConfig.from_pretrained(os.path.expanduser(name), **labels)
