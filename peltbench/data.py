@@ -19,6 +19,7 @@ import torch
 
 from . import UserError
 from .hub import use_hub
+from .progress import progress
 from .tasks import TaskSpec
 
 HUB_DATASET = "nyu-mll/glue"
@@ -226,6 +227,7 @@ def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
     cache = split.encodings.setdefault((tokenizer.name_or_path, max_length), {})
     indices = [int(i) for i in indices]
     todo = sorted(set(i for i in indices if i not in cache))
+    bar = progress(total=len(todo), desc="tokenise", unit="row")  # k=all tokenises a whole train split
     for start in range(0, len(todo), 4096):
         chunk = todo[start : start + 4096]
         columns = [[texts[i] for i in chunk] for texts in split.texts]
@@ -233,6 +235,8 @@ def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
         types = out.get("token_type_ids") or [[0] * len(ids) for ids in out["input_ids"]]
         for i, ids, type_ids in zip(chunk, out["input_ids"], types):
             cache[i] = (ids, type_ids)
+        bar.update(len(chunk))
+    bar.close()
     return Encoded([cache[i][0] for i in indices], [cache[i][1] for i in indices], split.labels[indices])
 
 
