@@ -103,7 +103,9 @@ def test_hub_failure_is_one_clear_line(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     load_split.cache_clear()
-    with pytest.raises(UserError, match=r"could not load nyu-mll/glue/cola .*Couldn't reach.*Offline\? Set HF_HUB_OFFLINE=1.*point data.dir at a local GLUE directory"):
+    with pytest.raises(UserError, match=r"^could not load nyu-mll/glue/cola \(train\) from the Hugging Face Hub: Couldn't reach 'nyu-mll/glue' "
+                                        r"on the Hub \(LocalEntryNotFoundError\)\. Offline\? Point data.dir at a local GLUE "
+                                        r"directory \(README: Offline use\)\.$"):
         load_split(spec("cola"), None, "train")
     load_split.cache_clear()
 
