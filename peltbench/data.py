@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from . import UserError
+from .hub import use_hub
+from .progress import progress
 from .tasks import TaskSpec
 
 HUB_DATASET = "nyu-mll/glue"
@@ -77,6 +79,7 @@ def _hub_split_name(task: TaskSpec, split: str) -> str:
 def _load_hub(task: TaskSpec, split: str) -> Split:
     import datasets
 
+    use_hub()  # fails fast without a network
     name = _hub_split_name(task, split)
     try:
         rows = datasets.load_dataset(HUB_DATASET, task.hub_config, split=name)
@@ -84,8 +87,7 @@ def _load_hub(task: TaskSpec, split: str) -> Split:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(
             f"could not load {HUB_DATASET}/{task.hub_config} ({name}) from the Hugging Face Hub: {first_line}. "
-            f"Offline? Set HF_HUB_OFFLINE=1 (it then fails at once instead of retrying) and point data.dir at a local "
-            f"GLUE directory."
+            f"Offline? Point data.dir at a local GLUE directory (README: Offline use)."
         ) from error
     texts = tuple(list(rows[column]) for column in task.hub_text)
     labels = _label_array(rows["label"], task, lambda row: f"{HUB_DATASET}/{task.hub_config} ({name} split), row index {row}")
@@ -238,6 +240,7 @@ def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
     cache = split.encodings.setdefault((tokenizer.name_or_path, max_length), {})
     indices = [int(i) for i in indices]
     todo = sorted(set(i for i in indices if i not in cache))
+    bar = progress(total=len(todo), desc="tokenise", unit="row")  # k=all tokenises a whole train split
     for start in range(0, len(todo), 4096):
         chunk = todo[start : start + 4096]
         columns = [[texts[i] for i in chunk] for texts in split.texts]
@@ -245,6 +248,8 @@ def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
         types = out.get("token_type_ids") or [[0] * len(ids) for ids in out["input_ids"]]
         for i, ids, type_ids in zip(chunk, out["input_ids"], types):
             cache[i] = (ids, type_ids)
+        bar.update(len(chunk))
+    bar.close()
     return Encoded([cache[i][0] for i in indices], [cache[i][1] for i in indices], split.labels[indices])
 
 

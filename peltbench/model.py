@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import UserError
 from .architectures import NAMES, SUPPORTED
+from .hub import use_hub
 
 # A tokenizer is saved as tokenizer.json (fast), or in its slow files: vocab.txt (BERT/ELECTRA WordPiece),
 # vocab.json + merges.txt (RoBERTa BPE), spm.model (DeBERTa-v3 SentencePiece). One of them is enough to load it.
@@ -54,8 +55,8 @@ def _check_vocabulary(name: str, tokens: int, vocab_size: int) -> None:
 
 
 def _load_error(name: str, error: Exception) -> UserError:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    hint = "" if is_local(name) else " Offline? Set HF_HUB_OFFLINE=1 and point model.name at a local checkpoint directory."
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")
+    hint = "" if is_local(name) else " Offline? Point model.name at a local checkpoint directory (README: Offline use)."
     return UserError(f"could not load model {name!r}: {first_line}.{hint}")
 
 
@@ -65,6 +66,8 @@ def load_config(name: str, num_labels: int | None = None):
 
     if is_local(name):
         _check_local(name)
+    else:
+        use_hub()  # fails fast without a network (peltbench/hub.py)
     labels = {} if num_labels is None else {"num_labels": num_labels}
     try:
         config = AutoConfig.from_pretrained(os.path.expanduser(name), **labels)

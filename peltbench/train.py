@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from .data import Encoded, collate_group
 from .methods import load_member_state, member_state
 from .methods.randomness import step_keys
 from .metrics import compute_metrics
+from .progress import progress
 from .tasks import TaskSpec
 
 log = logging.getLogger("peltbench")
@@ -110,7 +110,7 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
 
     active = list(range(len(members)))
     epoch, step = 0, 0
-    bar = tqdm(total=max(m.settings.epochs for m in members), desc="epochs", unit="epoch", disable=None, leave=False)
+    bar = progress(total=max(m.settings.epochs for m in members), desc="epoch", unit="epoch", lines=False, outermost=True)
     while active:
         epoch += 1
         model.members.set_active(active, group.device)
@@ -144,12 +144,12 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
             if epoch - member.best_epoch >= member.settings.patience or epoch >= member.settings.epochs:
                 stopping.append(m)
         _log_epoch(members, active, epoch, losses, scores, seconds + eval_seconds, task)
-        bar.update(1)
         for m in stopping:
             optimizer.leave(m)
         if stopping:
             _finish(model, members, stopping, test, task, group, epoch, on_done)
             active = [m for m in active if m not in stopping]
+        bar.update(1)  # after the test pass of the members that stop: its progress lines name this epoch
     bar.close()
     model.members.set_active(None)
 
@@ -163,7 +163,7 @@ def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers
     total = torch.zeros(len(active), device=group.device)
     first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
     starts = range(0, size, group.batch_size)
-    for step, start in enumerate(tqdm(starts, desc="train", unit="step", leave=False, disable=None, mininterval=2)):
+    for step, start in enumerate(progress(starts, "train", unit="step")):
         rows = [order[start : start + group.batch_size] for order in orders]
         sets = [members[m].train for m in active]
         losses = 0.0
@@ -382,7 +382,7 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
     model.eval()
     outputs: list[list[torch.Tensor]] = [[] for _ in sets]
     count = max(len(s.batches) for s in sets)
-    for i in tqdm(range(count), desc=label, unit="batch", leave=False, disable=None, mininterval=2):
+    for i in progress(range(count), label, unit="batch"):
         for parts in _evaluation_pieces(sets, i, group):
             batch, sizes = _stack_blocks(parts, group.pad_id, group.device)
             model.members.set_gate_rows(batch["real"])

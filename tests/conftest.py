@@ -13,7 +13,9 @@ from hydra import compose, initialize_config_module
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach the Hub
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-SHARED_GLUE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"  # every task's real files, where ../shared is beside the clone
+SHIPPED_GLUE = REPO / "data" / "glue"                    # RTE, shipped with peltbench (data/glue/README.md)
 WORDS = ("the a cat dog sat ran on mat log big small red blue good bad not very happy sad movie film "
          "is was it this that and or but with man woman car house tree runs sleeps").split()
 TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import SHARED_GLUE, TEST_ROWS, TRAIN_ROWS, compose_config, write_glue
+from conftest import SHARED_GLUE, SHIPPED_GLUE, TEST_ROWS, TRAIN_ROWS, compose_config, write_glue
 from peltbench import UserError
 from peltbench.data import collate_group, encode, few_shot_split, load_split, read_tsv
 from peltbench.packaged import options
@@ -103,7 +103,9 @@ def test_hub_failure_is_one_clear_line(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     load_split.cache_clear()
-    with pytest.raises(UserError, match=r"could not load nyu-mll/glue/cola .*Couldn't reach.*Offline\? Set HF_HUB_OFFLINE=1.*point data.dir at a local GLUE directory"):
+    with pytest.raises(UserError, match=r"^could not load nyu-mll/glue/cola \(train\) from the Hugging Face Hub: Couldn't reach 'nyu-mll/glue' "
+                                        r"on the Hub \(LocalEntryNotFoundError\)\. Offline\? Point data.dir at a local GLUE "
+                                        r"directory \(README: Offline use\)\.$"):
         load_split(spec("cola"), None, "train")
     load_split.cache_clear()
 
@@ -149,6 +151,18 @@ def test_malformed_rows_name_file_and_line(tmp_path):
     path.write_text(path.read_text().replace("not_entailment", "maybe", 1))
     with pytest.raises(UserError, match=r"RTE/train.tsv, line \d+: label 'maybe' is not valid for rte"):
         read_tsv(path, spec("rte"))
+
+
+def test_the_shipped_rte_files_are_the_official_ones():
+    """data/glue/RTE: its SHA256SUMS (the official RTE.zip members' checksums) and GLUE's row counts."""
+    import hashlib
+
+    sums = dict(reversed(line.split("  ")) for line in (SHIPPED_GLUE / "SHA256SUMS").read_text().splitlines())
+    assert sorted(sums) == ["RTE/dev.tsv", "RTE/train.tsv"]
+    for name, digest in sums.items():
+        assert hashlib.sha256((SHIPPED_GLUE / name).read_bytes()).hexdigest() == digest, name
+    assert len(load_split(spec("rte"), str(SHIPPED_GLUE), "train")) == 2490
+    assert len(load_split(spec("rte"), str(SHIPPED_GLUE), "test")) == 277
 
 
 @pytest.mark.skipif(not SHARED_GLUE.is_dir(), reason="../shared/data/glue is not beside the checkout")
