@@ -357,7 +357,12 @@ class SweepSummary(Callback):
     def __init__(self, limit: int = 20) -> None:
         self.limit = limit
         self.started = 0.0
-        self.errors: _LastError | None = None  # during a job only: a handler cannot be pickled (SLURM pickles this)
+        self.errors: _LastError | None = None  # during a job only
+
+    def __getstate__(self) -> dict:
+        """Without the job's error handler (a logging.Handler holds a lock): SLURM pickles the launcher, this callback
+        included, when a job checkpoints on its pre-timeout signal, which may come in the middle of a job."""
+        return {**self.__dict__, "errors": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.started = time.time()

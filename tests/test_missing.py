@@ -216,3 +216,21 @@ def test_compact_covers_exactly_the_points_with_few_commands():
     # one seed lacking in every method/task/k: a single command
     lacking = [p for p in points if p["seed"] == "333"]
     assert compact(lacking, keys, grid) == [{**grid, "seed": ["333"]}]
+
+
+def test_the_sweep_summary_pickles_in_the_middle_of_a_job():
+    """SLURM's pre-timeout signal pickles the launcher (callbacks included) while a job runs."""
+    import logging
+    import pickle
+
+    from omegaconf import OmegaConf
+
+    from peltbench.missing import SweepSummary
+
+    summary = SweepSummary()
+    summary.on_job_start(OmegaConf.create({}))  # the job's error handler (it holds a lock) is attached
+    try:
+        copy = pickle.loads(pickle.dumps(summary))
+    finally:
+        logging.getLogger("peltbench").removeHandler(summary.errors)
+    assert copy.errors is None and summary.errors is not None and copy.limit == summary.limit
