@@ -198,8 +198,8 @@ def test_fused_equals_separate_with_dropout_on_real_data(tmp_path):
 
     def cfgs(results, fuse):
         return [compose_config(f"method={m}", "task=rte", f"seed={s}", f"model.name={MINILM}", f"data.dir={REAL_GLUE}",
-                               f"results_dir={results}", "k=32", "dev_size=64", "train.epochs=3", "logger=[]",
-                               "device=cpu", f"fuse={str(fuse).lower()}", "train.max_length=96")
+                               f"results_dir={results}", "k=32", "dev_size=64", "train.epochs=2", "logger=[]",
+                               "device=cpu", f"fuse={str(fuse).lower()}", "train.max_length=64")
                 for m in ("unipelt_apl", "lora") for s in (111, 222)]
     fused = run_group(cfgs(tmp_path / "fused", True))
     separate = [run_group([cfg])[0] for cfg in cfgs(tmp_path / "separate", False)]
