@@ -1,5 +1,5 @@
 """Checks of a composed config that answer at once: `peltbench` runs them before Hydra starts a run, so a bad value
-costs a second, not a torch import (README, "Config errors"). The runner calls `check_config` again.
+costs a second, not a torch import (docs/command-line.md, "Config errors"). The runner calls `check_config` again.
 
 Only omegaconf and the packaged YAML files are used here: nothing that imports torch or transformers.
 """
