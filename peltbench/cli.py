@@ -48,7 +48,7 @@ config groups:
   task=           {tasks}
   logger=         {loggers}  (default csv; several: logger=[csv,tensorboard]; none: logger=[])
   +experiment=    {experiments}  (with -m)
-  hydra/launcher=slurm   (with -m; hydra.launcher.partition=..., timeout_min=..., runs_per_job=...: README)
+  hydra/launcher=slurm   (with -m; hydra.launcher.partition=..., timeout_min=..., runs_per_job=...: docs/slurm.md)
 
 settings (KEY=VALUE; the default shown):
 {settings}
