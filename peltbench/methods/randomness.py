@@ -7,10 +7,10 @@ Here every mask is computed, not drawn: for one element of one site,
 
     keep = finish(mix(counter) ^ key[site, row]) >= p · 2³²
 
-where `mix` is a 32-bit integer hash (two multiply-xorshift rounds, a bijection; `finish` is its last 1.5 rounds,
-enough after the XOR of two hashed values), `counter` numbers the element within
-its row (position and feature; for attention probabilities head, query and key, the key counted in the member's own
-[prefix; tokens] order) independently of how far the batch is padded, and `key[site, row]` hashes the run's model seed
+where `mix` is a 32-bit integer hash (two multiply-xorshift rounds, a bijection; `finish` is multiply, xorshift,
+multiply: enough after the XOR of two hashed values, as the comparison reads the top bits), `counter` numbers the
+element within its row (position and feature; for attention probabilities head, query and key, the key counted in
+the member's own [prefix; tokens] order) independently of how far the batch is padded, and `key[site, row]` hashes the run's model seed
 and data seed, its step, the example's index in the train split, and the site. The keys are computed on the host
 with numpy (`key_table`), once per step; the masks on the device, for all members at once, with integer tensor ops
 (no host sync, no loop over members). So a run's masks are the same alone, in any group, after a resume that re-forms
@@ -41,13 +41,13 @@ def mix(x):
     return x ^ (x >> 16)
 
 
-def finish(x):
-    """mix without its first xorshift: for values already hashed (a hashed counter XOR a key), 8 integer ops per element
-    instead of 10; still a bijection, and a key's difference in any bit reaches the top bits the mask is cut from."""
-    x = (x * MULTIPLIER) & MASK32
-    x = x ^ (x >> 16)
-    x = (x * MULTIPLIER) & MASK32
-    return x ^ (x >> 16)
+def finish(x: torch.Tensor) -> torch.Tensor:
+    """The mask's hash of values already hashed (a hashed counter XOR a key): mix without its first and last xorshift,
+    6 integer ops per element, in place on the fresh tensor `x`. A bijection, and the mask is cut from the top bits
+    of the last product, which depend on every bit of its input."""
+    x.mul_(MULTIPLIER).bitwise_and_(MASK32)
+    x.bitwise_xor_(x >> 16)
+    return x.mul_(MULTIPLIER).bitwise_and_(MASK32)
 
 
 def row_salts(model_seed: int, data_seed: int, step: int, examples) -> np.ndarray:
@@ -139,7 +139,8 @@ def keep_mask(mixed_counters: torch.Tensor, keys: torch.Tensor, p: float) -> tor
 
 
 def drop(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
-    return x * keep * (1.0 / (1.0 - p))
+    """x times its kept elements' scale 1/(1-p): one product for autograd (its backward is one product too)."""
+    return x * (keep * (1.0 / (1.0 - p)))
 
 
 class MemberDropout(nn.Module):
