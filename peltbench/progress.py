@@ -120,11 +120,15 @@ class Progress:
             self._redirect = None
 
 
-def duration(seconds: float) -> str:
-    """45s, 1m05s, 2h03m."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+def duration(seconds: float, coarse: bool = False) -> str:
+    """`45s`, `1m05s`, `2h03m`; coarse (an estimate, to the nearest minute from a minute on): `45s`, `9m`, `2h05m`."""
+    seconds = max(0, round(seconds))
+    if coarse and seconds >= 60:
+        seconds = round(seconds / 60) * 60
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m" if coarse else f"{minutes}m{seconds:02d}s"
+    return f"{seconds}s"

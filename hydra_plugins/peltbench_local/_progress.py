@@ -12,6 +12,8 @@ from typing import Iterable
 
 from hydra.core.utils import JobReturn, JobStatus
 
+from peltbench.progress import duration
+
 SKIPPED = ("skipped", "running")  # peltbench.runner.sweep_status: done before, or being run by another process
 NOT_DONE = ("failed", "error")    # a failed run (its record says why), a bad input (no record)
 
@@ -19,20 +21,6 @@ NOT_DONE = ("failed", "error")    # a failed run (its record says why), a bad in
 def status(ret: JobReturn) -> str:
     """What a run's job returned (peltbench.runner.sweep_status); `failed` if it raised."""
     return str(ret._return_value) if ret.status == JobStatus.COMPLETED else "failed"
-
-
-def duration(seconds: float, coarse: bool = False) -> str:
-    """`45s`, `4m10s`, `2h05m`; coarse (an estimate, to the nearest minute from a minute on): `45s`, `9m`, `2h05m`."""
-    seconds = max(0, round(seconds))
-    if coarse and seconds >= 60:
-        seconds = round(seconds / 60) * 60
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m" if coarse else f"{minutes}m{seconds:02d}s"
-    return f"{seconds}s"
 
 
 class SweepProgress:

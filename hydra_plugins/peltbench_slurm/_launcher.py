@@ -33,7 +33,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQue
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-from hydra_plugins.peltbench_local._progress import duration
+from peltbench.progress import duration
 
 from ._request import check_request, never_starts
 
