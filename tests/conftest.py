@@ -63,6 +63,10 @@ ENCODERS = {
                    "type_vocab_size": 0, "position_biased_input": False},
     "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 4, "classifier_pooling": "mean"},
 }
+# O(1) weights for the encoder tests: N(0, 0.2²) makes attention scores O(1) at hidden 32 (attention probabilities up to
+# 0.3-0.9 instead of the uniform 1/17 of transformers' default 0.02, logits O(1) instead of O(0.01)). With the default,
+# a whole missing code path (DeBERTa's relative bias: 4e-7 on the logits) hides inside the tests' tolerances.
+O1_INIT = 0.2
 # RoBERTa and ModernBERT tokenizers use <s> </s> (a pair: <s> A </s></s> B </s>) and return no token type ids.
 ROBERTA_STYLE = ("roberta", "modernbert")
 
@@ -107,6 +111,7 @@ def tiny_encoder_config(model_type: str, num_labels: int = 2, dropout: float = 0
     else:
         special.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     settings = {key: value for key, value in TINY.items() if not (model_type == "modernbert" and key == "type_vocab_size")}
+    settings["initializer_range"] = O1_INIT
     settings.update(ENCODERS[model_type])
     settings.update(special)
     settings.update(changes)

@@ -488,3 +488,18 @@ def test_a_deberta_v3_checkpoint_with_only_its_sentencepiece_model_loads_and_tra
     assert tokenizer.unk_token_id not in pair["input_ids"] and set(pair["token_type_ids"]) == {0, 1}
     [outcome] = run_group(sweep(folder, glue_dir, tmp_path / "runs", ["lora"], False))
     assert outcome.status == "ok" and outcome.record["architecture"] == "deberta-v2"
+
+
+def test_the_test_models_weights_let_a_missing_relative_bias_show(monkeypatch):
+    """The tiny models have O(1) weights (conftest.O1_INIT): without DeBERTa's relative-position bias the logits move by
+    far more than the tests' tolerance. With transformers' default init (0.02) they moved by 4e-7, inside it."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
+
+    model = tiny_encoder("deberta-v2", dropout=0.0)
+    inputs = model_inputs("deberta-v2", *batch("deberta-v2"))
+    with torch.no_grad():
+        with_bias = model(**inputs).logits
+        monkeypatch.setattr(DisentangledSelfAttention, "disentangled_attention_bias",
+                            lambda self, query, *args: torch.zeros((), dtype=query.dtype))
+        without_bias = model(**inputs).logits
+    assert (with_bias - without_bias).abs().max() > 1e-2
