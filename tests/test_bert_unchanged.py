@@ -40,6 +40,12 @@ def tiny_dropout_free(tmp_path_factory):
     return tiny_checkpoint(root / "ckpt"), write_glue(root / "glue"), root / "runs"
 
 
+# STS-B scores of this untrained tiny model are correlations of nearly constant predictions: float rounding that
+# differs between CPUs (runs.json was made on an Intel Xeon) moves them although the losses agree to 1e-5. Measured on an
+# AMD EPYC: bitfit's epoch-3 dev Spearman -4.96 vs -5.56, lora's and unipelt_apl's test Pearson within 0.002 points.
+SCORE_TOLERANCE = {"stsb": 1.0}
+
+
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_a_bert_run_with_dropout_off_gives_the_same_numbers(run, tiny_dropout_free):
     from peltbench.runner import run_experiment
@@ -52,9 +58,10 @@ def test_a_bert_run_with_dropout_off_gives_the_same_numbers(run, tiny_dropout_fr
     record = run_experiment(cfg)
     expected = RUNS[run]
     assert [h["train_loss"] for h in record["history"]] == pytest.approx(expected["train_loss"], rel=1e-5, abs=1e-6)
-    assert [h["dev_main"] for h in record["history"]] == pytest.approx(expected["dev_main"], abs=1e-6)
+    scores = SCORE_TOLERANCE.get(task, 1e-6)
+    assert [h["dev_main"] for h in record["history"]] == pytest.approx(expected["dev_main"], abs=scores)
     assert record["best_epoch"] == expected["best_epoch"]
-    assert record["test"] == pytest.approx(expected["test"], abs=1e-6)
+    assert record["test"] == pytest.approx(expected["test"], abs=scores)
     for key in ("trainable_params", "optimizer_params"):
         assert record[key] == expected[key]
     if expected["gates"] is None:
