@@ -281,6 +281,24 @@ def test_unknown_component_and_head_are_reported():
         build("lora", lora_targets=["query", "output"])
 
 
+def test_every_component_declares_its_gate():
+    """A gated method needs a gate from each component: each module says what it multiplies, or None."""
+    from peltbench.methods import COMPONENTS
+
+    declared = {name: module.GATE for name, module in COMPONENTS.items()}
+    assert all(gate is None or (isinstance(gate, str) and gate) for gate in declared.values()), declared
+    assert {name for name in ("adapter", "prefix", "lora") if declared[name]} == {"adapter", "prefix", "lora"}
+    assert all(declared[name] is None for name in ("full", "bitfit", "ln", "parallel_adapter"))
+
+
+@pytest.mark.parametrize("without_gate", ["bitfit", "ln", "parallel_adapter"])
+def test_gated_mixture_with_a_gateless_component_is_refused_in_one_line(without_gate):
+    with pytest.raises(ValueError, match=f"component {without_gate} has no gate") as error:
+        build("unipelt_apl", components=["prefix", without_gate], adapter_scale=1.0)
+    assert "\n" not in str(error.value)
+
+
+
 def _as_kwargs(triple):
     input_ids, mask, types = triple
     return input_ids, mask, types

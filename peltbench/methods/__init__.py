@@ -28,6 +28,8 @@ COMPONENTS = {
     "lora": lora,
     "parallel_adapter": parallel_adapter,
 }
+# Each component module declares `GATE`: what its gate multiplies in a gated method (`gated: true`), or None where
+# it has no gate (check_gates refuses it in a gated method).
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
 
@@ -102,8 +104,20 @@ def check_method(method: DictConfig) -> None:
         raise ValueError(f"method {method.name}: adapter and parallel_adapter are two FFN adapters; no method uses both")
     if method.get("gate_pooling", "masked") not in GATE_POOLING:
         raise ValueError(f"method {method.name}: gate_pooling must be one of {list(GATE_POOLING)}, not {method.gate_pooling!r}")
-    if "lora" in method.components:
-        lora.check(method)
+    if method.get("gated", False):
+        check_gates(method)
+    for name in method.components:  # a component's own settings (lora_targets ...), where it checks any
+        if hasattr(COMPONENTS[name], "check"):
+            COMPONENTS[name].check(method)
+
+
+def check_gates(method: DictConfig) -> None:
+    """A gated method's components each have a gate: their module says what it multiplies (`GATE`), or `GATE = None`."""
+    for name in method.components:
+        if COMPONENTS[name].GATE is None:
+            raise ValueError(f"method {method.name}: gated: true, but component {name} has no gate (a gate multiplies "
+                             f"what a component adds to the frozen path; {name} declares GATE = None): "
+                             f"set gated: false or leave {name} out")
 
 
 def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:

@@ -18,6 +18,8 @@ from torch import nn
 
 from .base import Coefficient, MemberLinear, Members, PeltModel, draw, mark, scale_rows
 
+GATE = "the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s"
+
 TARGETS = ("query", "key", "value")  # the attention projections LoRA may adapt (where each sits: architectures.py)
 
 
