@@ -20,7 +20,7 @@ METHODS, TASKS = options("method"), options("task")
 def test_menus():
     assert METHODS == sorted(["ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
                               "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he",
-                              "dora", "lora_fa"])
+                              "dora", "lora_fa", "vera"])
     assert TASKS == sorted(["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"])
 
 
@@ -44,7 +44,7 @@ def test_learning_rates_are_app_b(method, lr):
 def test_heads_follow_the_official_code():
     """METHODS.md: head frozen for prefix and LoRA, bias only for BitFit, trained otherwise."""
     heads = {m: compose_config(f"method={m}", "task=rte").method.head for m in METHODS}
-    assert {m for m, h in heads.items() if h == "frozen"} == {"prefix", "prefix_l50", "lora", "lora_fa", "dora"}
+    assert {m for m, h in heads.items() if h == "frozen"} == {"prefix", "prefix_l50", "lora", "lora_fa", "dora", "vera"}
     assert heads["bitfit"] == "bias"
 
 

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adapter, bitfit, dora, full, ln, lora, parallel_adapter, prefix, randomness
+from . import adapter, bitfit, dora, full, ln, lora, parallel_adapter, prefix, randomness, vera
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -28,6 +28,7 @@ COMPONENTS = {
     "lora": lora,
     "parallel_adapter": parallel_adapter,
     "dora": dora,  # after lora: in a group with both, DoRA's delta wraps LoRA's on a shared projection
+    "vera": vera,
 }
 # Each component module declares `GATE`: what its gate multiplies in a gated method (`gated: true`), or None where
 # it has no gate (check_gates refuses it in a gated method).

@@ -138,6 +138,14 @@ def delta_module(model: PeltModel, layer: nn.Module, target: str, kind: type) ->
     return module
 
 
+def projection_shape(model: PeltModel, layer: nn.Module, target: str) -> tuple[int, int]:
+    """(out, in) of `target` in a layer: its row block's, in a fused projection."""
+    name, block = model.arch.projections[target]
+    module = getattr(model.attention(layer), name)
+    out_features, in_features = frozen_linear(module.base if isinstance(module, FusedProjection) else module).weight.shape
+    return (out_features if block is None else out_features // len(TARGETS)), in_features
+
+
 def install_deltas(model: PeltModel, users: dict[int, DictConfig], targets_key: str, make) -> list:
     """Put a delta on each targeted projection of every layer, for the members whose method lists it in
     `method[targets_key]`: `make(base, on_target, target, layer, in_features, out_features, block)` builds it.
