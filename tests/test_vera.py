@@ -126,3 +126,21 @@ def test_count_on_roberta_base_and_deberta_v3_base_shapes():
                                    intermediate_size=3072, relative_attention=True, share_att_key=True,
                                    pos_att_type=["p2c", "c2p"], position_buckets=256, vocab_size=128100)
     assert count_method(method("vera"), deberta)["trainable_params"] == 43_008
+
+
+def test_a_gated_vera_prefix_adapter_mixture_trains_and_records_its_gates(tiny_checkpoint, glue_dir, tmp_path):
+    """A mixture beyond UniPELT (issue 19, item 5): every component gated, each gate in the record."""
+    from conftest import compose_config, tiny_run_overrides
+    from peltbench.runner import run_group
+
+    from omegaconf import OmegaConf
+
+    cfg = compose_config("method=unipelt_ap", "task=rte", *tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path))
+    OmegaConf.set_struct(cfg, False)
+    cfg.method.components = ["vera", "prefix", "adapter"]
+    cfg.method.update(vera_rank=16, vera_targets=["query", "value"], vera_d_initial=0.1)
+    [outcome] = run_group([cfg])
+    assert outcome.status == "ok", outcome.error
+    gates = outcome.record["gates"]
+    assert set(gates) == {"adapter", "prefix", "vera_query", "vera_value"}
+    assert all(len(values) == 2 and all(0 < v < 1 for v in values) for values in gates.values())

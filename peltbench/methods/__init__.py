@@ -176,6 +176,16 @@ def member_state(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
     return state
 
 
+def member_frozen(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
+    """What a copy of member `slot` needs beside what it trains: tensors drawn from its model seed and never trained
+    (LoRA-FA's A, VeRA's shared A and B), from each component that has such (`frozen_state`), at the member's size."""
+    state = {}
+    for name in method.components:
+        if hasattr(COMPONENTS[name], "frozen_state"):
+            state.update(COMPONENTS[name].frozen_state(model, slot, method))
+    return {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
+
+
 @torch.no_grad()
 def load_member_state(model: PeltModel, slot: int, state: dict[str, torch.Tensor]) -> None:
     """Put a `member_state` back into `slot`."""
@@ -198,4 +208,4 @@ def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]
 
 
 __all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "build_pelt_model", "check_method", "count_method",
-           "load_member_head", "load_member_state", "member_head", "member_shapes", "member_state", "parameter_counts"]
+           "load_member_head", "load_member_state", "member_frozen", "member_head", "member_shapes", "member_state", "parameter_counts"]

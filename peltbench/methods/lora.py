@@ -194,6 +194,14 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
                 delta_module(model, layer, target, LoRALinear).init_member(slot, method)
 
 
+def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
+    """LoRA-FA's A (frozen, so not in what the member trains), which a PEFT copy needs."""
+    if not method.get("lora_freeze_a", False):
+        return {}
+    return {model.stored_name(f"{name}.lora_a.weight"): module.lora_a.weight[slot, : method.lora_rank]
+            for name, module in model.named_modules() if type(module) is LoRALinear and slot in module.users}
+
+
 def check(method: DictConfig) -> None:
     unknown = sorted(set(method.lora_targets) - set(TARGETS))
     if unknown:
