@@ -80,10 +80,9 @@ def row_norms(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: torch.T
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     def make(base, on_target, target, layer, in_features, out_features, block):
-        under = base if block is None else lora.frozen_linear(getattr(model.attention(model.layers[layer]),
-                                                                      model.arch.projections[target][0]).base)
+        linear = lora.frozen_projection(model, model.layers[layer], target)
         return DoRALinear(base, model.members, on_target, f"dora_{target}", layer, in_features, out_features, block,
-                          lora.frozen_linear(under))
+                          linear)
 
     for dora, on_target in lora.install_deltas(model, users, "lora_targets", make):
         mark(model, [*dora.lora_a.parameters(), *dora.lora_b.parameters(), dora.magnitude], on_target)

@@ -4,7 +4,11 @@
 A: H → r, kaiming-uniform (a = √5); B: r → H, zeros; no dropout. Where the projections are (a row block of
 ModernBERT's fused Wqkv) is the architecture map's business (architectures.py). Ungated, s is the constant
 `lora_scale` (the paper's α = 2). Gated (UniPELT), each adapted projection gets its own gate from its
-input, and the gate replaces s (official code; docs/protocol.md).
+input, and the gate replaces s (official code; docs/protocol.md). LoRA-FA (`lora_freeze_a`): A stays at its draw and
+only B trains.
+
+`ProjectionDelta` and `install_deltas` are where any delta on a projection goes (LoRA's here, DoRA's, VeRA's), on
+every architecture and for every member of a group; a method on the projections subclasses it and says its delta.
 """
 
 from __future__ import annotations
@@ -138,12 +142,17 @@ def delta_module(model: PeltModel, layer: nn.Module, target: str, kind: type) ->
     return module
 
 
+def frozen_projection(model: PeltModel, layer: nn.Module, target: str) -> nn.Module:
+    """The pretrained Linear that computes `target` in a layer (ModernBERT: the whole fused Wqkv), under any deltas."""
+    module = getattr(model.attention(layer), model.arch.projections[target][0])
+    return frozen_linear(module.base if isinstance(module, FusedProjection) else module)
+
+
 def projection_shape(model: PeltModel, layer: nn.Module, target: str) -> tuple[int, int]:
     """(out, in) of `target` in a layer: its row block's, in a fused projection."""
-    name, block = model.arch.projections[target]
-    module = getattr(model.attention(layer), name)
-    out_features, in_features = frozen_linear(module.base if isinstance(module, FusedProjection) else module).weight.shape
-    return (out_features if block is None else out_features // len(TARGETS)), in_features
+    out_features, in_features = frozen_projection(model, layer, target).weight.shape
+    fused = model.arch.projections[target][1] is not None
+    return (out_features // len(TARGETS) if fused else out_features), in_features
 
 
 def install_deltas(model: PeltModel, users: dict[int, DictConfig], targets_key: str, make) -> list:
