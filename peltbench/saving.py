@@ -71,9 +71,6 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     fused = any(arch.projections[t][1] is not None for t in method.get("lora_targets", method.get("vera_targets", ())))
     if gated or components not in (["lora"], ["dora"], ["vera"]):
         return None, None
-    if components == ["dora"] and fused:
-        return None, (f"PEFT's DoRA on {arch.name}'s fused Wqkv also rescales the k rows, whose magnitude ‖W_k‖ "
-                      "the run does not keep (not exported; docs/saving.md)")
     if components == ["vera"] and fused:
         return None, (f"PEFT's VeRA adapts {arch.name}'s whole fused Wqkv with one λ_d and B for q, k and v; "
                       "VeRA on its q and v blocks has no PEFT form (docs/saving.md)")
@@ -86,7 +83,8 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
 
     Our y = W x + s · B(A x) is PEFT's LoRA with lora_alpha = s · r (scaling = lora_alpha / r) and no dropout. On a
     fused projection (ModernBERT's Wqkv) PEFT can only adapt the whole Linear: LoRA on its q and v blocks is exported
-    exactly as one LoRA of rank 2r on Wqkv, A = [A_q; A_v] and B zero but for B_q in the q rows and B_v in the v rows.
+    exactly as one LoRA of rank 2r on Wqkv, A = [A_q; A_v] and B zero but for B_q in the q rows and B_v in the v rows;
+    DoRA's m there is ‖W‖ in the k rows (scale 1: B is zero there) and ours in the q and v rows.
     """
     folder.mkdir(parents=True, exist_ok=True)
     method = cfg.method
@@ -105,12 +103,15 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     }
     if list(method.components) == ["dora"]:
         config["use_dora"] = True
-    renamed, blocks = {}, {}
+    renamed, blocks, magnitudes = {}, {}, {}
     for name, tensor in tensors.items():
         parts = name.split(".")
         if parts[-2:-1] in (["lora_a"], ["lora_b"]) and parts[-3] in arch.projections and \
                 arch.projections[parts[-3]][1] is not None:  # a block of a fused projection: combined below
             blocks.setdefault(".".join(parts[:-3]), {})[(parts[-3], parts[-2])] = tensor
+            continue
+        if parts[-1] == "magnitude" and arch.projections.get(parts[-2], (None, None))[1] is not None:
+            magnitudes.setdefault(".".join(parts[:-2]), {})[parts[-2]] = tensor  # DoRA's m of a block: below
             continue
         name = name.replace(".lora_a.weight", ".lora_A.weight").replace(".lora_b.weight", ".lora_B.weight")
         name = name.replace(".magnitude", ".lora_magnitude_vector")  # DoRA's m
@@ -119,6 +120,13 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
         a, b = _fused_lora(parts, targets, arch)
         renamed[f"base_model.model.{module}.lora_A.weight"] = a
         renamed[f"base_model.model.{module}.lora_B.weight"] = b
+    for module, parts in magnitudes.items():  # the fused projection's m: ‖W‖ (dora.frozen_state) but in our blocks
+        full = tensors[f"{module}.lora_magnitude_vector"].clone()
+        size = full.shape[0] // len(arch.projections)
+        for target, magnitude in parts.items():
+            block = arch.projections[target][1]
+            full[block * size : (block + 1) * size] = magnitude
+        renamed[f"base_model.model.{module}.lora_magnitude_vector"] = full
     return _export_files(folder, config, renamed)
 
 

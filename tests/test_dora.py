@@ -160,3 +160,30 @@ def test_counts_on_roberta_base_and_deberta_v3_base_shapes():
                                    intermediate_size=3072, relative_attention=True, share_att_key=True,
                                    pos_att_type=["p2c", "c2p"], position_buckets=256, vocab_size=128100)
     assert count_method(method("dora"), deberta)["trainable_params"] == 313_344
+
+
+@pytest.mark.parametrize("model_type", ["deberta-v2", "modernbert"])
+def test_a_saved_dora_run_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    """load_run rescores it; peft/ loads in PEFT with the same logits (ModernBERT: one DoRA of rank 2r on Wqkv whose
+    k rows keep m = ‖W_k‖)."""
+    pytest.importorskip("peft")
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    [outcome] = run_group(sweep(checkpoint, glue_dir, tmp_path / "runs", ["dora"], False, "save.weights=true",
+                                "method.lr=0.01"))
+    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    assert loaded.predict()[0] == pytest.approx(outcome.record["test"], abs=1e-9)
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
+                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)

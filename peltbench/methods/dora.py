@@ -95,6 +95,18 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
                 lora.delta_module(model, layer, target, DoRALinear).init_member(slot, method)
 
 
+def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
+    """On a fused projection (ModernBERT's Wqkv) a PEFT copy is one DoRA on the whole Linear, whose rows outside our
+    blocks keep PEFT's initial m = ‖W‖ (B is zero there): that vector, under `<Wqkv>.lora_magnitude_vector`."""
+    state = {}
+    for name, module in model.named_modules():
+        if isinstance(module, lora.FusedProjection) and any(
+                type(delta) is DoRALinear and slot in delta.users for delta in module.modules()):
+            norms = torch.linalg.norm(lora.frozen_linear(module.base).weight.float(), dim=1)
+            state[model.stored_name(f"{name}.lora_magnitude_vector")] = norms
+    return state
+
+
 def check(method: DictConfig) -> None:
     lora.check(method)
     together = [name for name in ALONE if name in method.components]
