@@ -67,7 +67,7 @@ GROUPS = ("method", "task", "logger", "experiment")  # the config groups a user 
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -79,6 +79,10 @@ METHOD_HELP = {
     "lora_scale": "LoRA scale (App. B's alpha); unused while gated; Figure 3 sweeps it",
     "lora_targets": "the projections LoRA adapts, a list from query, key, value",
     "adapter_scale": "MAM's parallel-adapter scale",
+    "lora_freeze_a": "LoRA-FA: LoRA's A stays at its random init, only B trains (default false)",
+    "vera_rank": "VeRA rank r of the shared random A (r × in) and B (out × r)",
+    "vera_targets": "the projections VeRA adapts, a list from query, key, value",
+    "vera_d_initial": "VeRA's initial λ_d (PEFT's d_initial)",
 }
 
 

@@ -38,10 +38,12 @@ COMPONENT_SETTINGS = {
     "ln": (),
     "adapter": ("bottleneck", "gated", "gate_pooling"),
     "prefix": ("prefix_length", "prefix_hidden", "gated", "gate_pooling"),
-    "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling"),
+    "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling", "lora_freeze_a"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
+    "dora": ("lora_rank", "lora_scale", "lora_targets"),
+    "vera": ("vera_rank", "vera_targets", "vera_d_initial", "gated", "gate_pooling"),
 }
-OPTIONAL_SETTINGS = ("gate_pooling",)  # a method file may leave it out: masked
+OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a")  # a method file may leave them out: masked, false
 
 # The optional dependency (module to import = extra to install) of each logger in conf/logger/.
 LOGGER_EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
@@ -113,6 +115,11 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "lora_rank": POSITIVE_INT,
     "lora_scale": (_positive_number, "must be a positive number"),
     "adapter_scale": (_positive_number, "must be a positive number"),
+    "lora_freeze_a": BOOL,
+    "vera_rank": POSITIVE_INT,
+    "vera_d_initial": (_positive_number, "must be a positive number (λ_d's initial value)"),
+    "vera_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
     "lora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                      f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
 }

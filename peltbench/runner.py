@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from . import UserError
 from .config import CPU_BF16, check_config
 from .data import encode, few_shot_split, load_split
-from .methods import build_pelt_model, count_method, load_member_head, load_member_state, member_head, member_state
+from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
+                      member_state)
 from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (PREDICTIONS, WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
@@ -322,7 +323,8 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
             saved = []
             if run.cfg.save.weights:
                 weights = member_weights(model, slot, run.cfg.method, model.config)
-                saved += save_weights(run.path.parent, weights, run.cfg, model.arch)
+                saved += save_weights(run.path.parent, weights, run.cfg, model.arch,
+                                      member_frozen(model, slot, run.cfg.method))
             if run.cfg.save.predictions:
                 saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task))
             run.record["saved"] = saved

@@ -3,8 +3,9 @@
     save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
-                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA run
-                            (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
+                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA, LoRA-FA,
+                            DoRA or VeRA run (ungated, nothing else) also writes peft/, which
+                            `PeftModel.from_pretrained` loads, where PEFT has the method on that encoder (peft_kind).
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
 
 `peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone; `read_weights` and `check_weights`
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,7 @@ WEIGHTS = "weights.safetensors"
 TEMPORARY = ".save."  # files.TEMPORARY_PREFIXES: what a killed run leaves is removed by the next run of the record
 PREDICTIONS = "predictions.csv"
 PEFT_DIR = "peft"
+log = logging.getLogger("peltbench")
 
 
 def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
@@ -42,8 +45,10 @@ def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
-    """weights.safetensors (and peft/ for a plain LoRA run); the files written, relative to run_dir."""
+def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
+                 frozen: dict[str, torch.Tensor] | None = None) -> list[str]:
+    """weights.safetensors (and peft/ for a run PEFT can load, see peft_refusal); the files written, relative to
+    run_dir. `frozen`: what a copy needs beside the trained tensors (methods.member_frozen: LoRA-FA's A, VeRA's A, B)."""
     from omegaconf import OmegaConf
     from safetensors.torch import save_file
 
@@ -51,22 +56,40 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> 
                 "method": json.dumps(OmegaConf.to_container(cfg.method, resolve=True)), "config_hash": config_hash(cfg)}
     write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
     written = [WEIGHTS]
-    if list(cfg.method.components) == ["lora"] and not cfg.method.get("gated", False):
-        written += export_peft(run_dir / PEFT_DIR, tensors, cfg, arch)
+    kind, refusal = peft_kind(cfg.method, arch)
+    if kind is not None:
+        written += export_peft(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
+    elif refusal:
+        log.info("%s: peft/ not written: %s", run_dir, refusal)
     return written
 
 
+def peft_kind(method, arch) -> tuple[str | None, str | None]:
+    """(PEFT's peft_type for this run's copy, None) where PEFT can load the method on this encoder as it is; else
+    (None, why not), the reason None for a method PEFT has no single config for (mixtures, prefix, adapters ...)."""
+    components, gated = list(method.components), method.get("gated", False)
+    fused = any(arch.projections[t][1] is not None for t in method.get("lora_targets", method.get("vera_targets", ())))
+    if gated or components not in (["lora"], ["dora"], ["vera"]):
+        return None, None
+    if components == ["vera"] and fused:
+        return None, (f"PEFT's VeRA adapts {arch.name}'s whole fused Wqkv with one λ_d and B for q, k and v; "
+                      "VeRA on its q and v blocks has no PEFT form (docs/saving.md)")
+    return {"lora": "LORA", "dora": "LORA", "vera": "VERA"}[components[0]], None
+
+
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
-    """A LoRA run in PEFT's format: adapter_config.json + adapter_model.safetensors (the head as modules_to_save).
+    """A LoRA run (LoRA-FA: its frozen A from `tensors` too; DoRA: use_dora and its m) or a VeRA run in PEFT's format:
+    adapter_config.json + adapter_model.safetensors (the head as modules_to_save).
 
     Our y = W x + s · B(A x) is PEFT's LoRA with lora_alpha = s · r (scaling = lora_alpha / r) and no dropout. On a
     fused projection (ModernBERT's Wqkv) PEFT can only adapt the whole Linear: LoRA on its q and v blocks is exported
-    exactly as one LoRA of rank 2r on Wqkv, A = [A_q; A_v] and B zero but for B_q in the q rows and B_v in the v rows.
+    exactly as one LoRA of rank 2r on Wqkv, A = [A_q; A_v] and B zero but for B_q in the q rows and B_v in the v rows;
+    DoRA's m there is ‖W‖ in the k rows (scale 1: B is zero there) and ours in the q and v rows.
     """
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     method = cfg.method
+    if list(method.components) == ["vera"]:
+        return _export_files(folder, *_vera_export(tensors, cfg, arch))
     targets = [target for target in ("query", "key", "value") if target in method.lora_targets]
     modules = list(dict.fromkeys(arch.projections[target][0] for target in targets))
     fused = any(arch.projections[target][1] is not None for target in targets)
@@ -74,25 +97,65 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     config = {
         "peft_type": "LORA", "task_type": "SEQ_CLS", "r": rank, "lora_alpha": float(method.lora_scale) * rank,
         "lora_dropout": 0.0, "target_modules": modules, "bias": "none",
-        "modules_to_save": list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path)),
+        "modules_to_save": _head_modules(arch),
         "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
         "base_model_name_or_path": str(cfg.model.name),
     }
-    renamed, blocks = {}, {}
+    if list(method.components) == ["dora"]:
+        config["use_dora"] = True
+    renamed, blocks, magnitudes = {}, {}, {}
     for name, tensor in tensors.items():
         parts = name.split(".")
         if parts[-2:-1] in (["lora_a"], ["lora_b"]) and parts[-3] in arch.projections and \
                 arch.projections[parts[-3]][1] is not None:  # a block of a fused projection: combined below
             blocks.setdefault(".".join(parts[:-3]), {})[(parts[-3], parts[-2])] = tensor
             continue
+        if parts[-1] == "magnitude" and arch.projections.get(parts[-2], (None, None))[1] is not None:
+            magnitudes.setdefault(".".join(parts[:-2]), {})[parts[-2]] = tensor  # DoRA's m of a block: below
+            continue
         name = name.replace(".lora_a.weight", ".lora_A.weight").replace(".lora_b.weight", ".lora_B.weight")
+        name = name.replace(".magnitude", ".lora_magnitude_vector")  # DoRA's m
         renamed[f"base_model.model.{name}"] = tensor
     for module, parts in blocks.items():
         a, b = _fused_lora(parts, targets, arch)
         renamed[f"base_model.model.{module}.lora_A.weight"] = a
         renamed[f"base_model.model.{module}.lora_B.weight"] = b
+    for module, parts in magnitudes.items():  # the fused projection's m: ‖W‖ (dora.frozen_state) but in our blocks
+        full = tensors[f"{module}.lora_magnitude_vector"].clone()
+        size = full.shape[0] // len(arch.projections)
+        for target, magnitude in parts.items():
+            block = arch.projections[target][1]
+            full[block * size : (block + 1) * size] = magnitude
+        renamed[f"base_model.model.{module}.lora_magnitude_vector"] = full
+    return _export_files(folder, config, renamed)
+
+
+def _head_modules(arch) -> list[str]:
+    return list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path))
+
+
+def _vera_export(tensors: dict[str, torch.Tensor], cfg, arch) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A VeRA run as PEFT's VeraConfig with save_projection (its A and B kept, at PEFT's names vera_A, vera_B) and the
+    model seed as projection_prng_key, from which PEFT would draw the same A and B (tests/test_vera.py)."""
+    method = cfg.method
+    modules = list(dict.fromkeys(arch.projections[t][0] for t in ("query", "key", "value") if t in method.vera_targets))
+    config = {
+        "peft_type": "VERA", "task_type": "SEQ_CLS", "r": int(method.vera_rank), "target_modules": modules,
+        "projection_prng_key": int(cfg.model_seed), "save_projection": True, "vera_dropout": 0.0,
+        "d_initial": float(method.vera_d_initial), "bias": "none", "modules_to_save": _head_modules(arch),
+        "fan_in_fan_out": False, "init_weights": True, "inference_mode": True,
+        "base_model_name_or_path": str(cfg.model.name),
+    }
+    renamed = {(f"base_model.{name}" if name in ("vera_A", "vera_B") else f"base_model.model.{name}"): tensor
+               for name, tensor in tensors.items()}
+    return config, renamed
+
+
+def _export_files(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
+    from safetensors.torch import save_file
+
     write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
-    write_with(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)), TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_file(tensors, str(path)), TEMPORARY)
     return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 

@@ -387,7 +387,8 @@ OWN_COUNTS = {
     "modernbert": {"bitfit": 800, "ln": 384, "ft": 23_744},
 }
 SAME_EVERYWHERE = {"adapter": 6_304, "prefix": 1_280, "lora": 2_048, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
-                   "mam": 2_128}
+                   "mam": 2_128,
+                   "dora": 2_048 + 4 * 32, "lora_fa": 4 * 8 * 32, "vera": 4 * (1024 + 32)}  # q, v: 32 × 32 (H-row blocks)
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

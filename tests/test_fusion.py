@@ -33,6 +33,10 @@ MEMBERS = [
     ("unipelt_apl", {}), ("unipelt_ap_nogate", {}), ("unipelt_apl_nogate", {}), ("prefix_ln", {}), ("mam", {}),
     ("mam_he", {"bottleneck": 16, "prefix_length": 3}),
     ("adapter", {"components": ["adapter", "ln", "bitfit"]}),  # its own LayerNorms inside the adapter's rows
+    ("dora", {}), ("dora", {"lora_rank": 2, "lora_targets": ["key", "value"]}), ("lora_fa", {}),
+    ("vera", {"vera_rank": 16}), ("vera", {"vera_rank": 8, "vera_targets": ["value"], "gated": True}),
+    ("unipelt_ap", {"components": ["vera", "prefix", "adapter"], "vera_rank": 8, "vera_targets": ["query", "value"],
+                    "vera_d_initial": 0.1}),  # a gated mixture beyond UniPELT
 ]
 
 
@@ -72,7 +76,8 @@ def test_a_group_computes_each_members_logits_and_gradients():
     labels = torch.randint(0, 2, (ids.shape[0],), generator=torch.Generator().manual_seed(7))
     logits = group(ids, mask, torch.zeros_like(ids))
     F.cross_entropy(logits, labels, reduction="none").view(len(methods), -1).mean(1).sum().backward()
-    gradients = {group.stored_name(name): p.grad for name, p, _, _ in group.member_parameters()}
+    gradients = [{group.stored_name(name): p.grad for name, p, flags, _ in group.member_parameters() if flags[slot]}
+                 for slot in range(len(methods))]  # a member's names (LoRA's and DoRA's A are both `lora_a`)
     for slot, (config, seed, (member_ids, member_mask)) in enumerate(zip(methods, seeds, inputs)):
         alone = build_pelt_model(no_dropout_backbone(), config, seed)
         alone_logits = alone(member_ids, member_mask, torch.zeros_like(member_ids))
@@ -83,7 +88,7 @@ def test_a_group_computes_each_members_logits_and_gradients():
             name = alone.stored_name(name)
             own = tuple(slice(0, n) for n in parameter.shape[1:])
             torch.testing.assert_close(start[name][own], parameter[0].detach(), rtol=0, atol=0, msg=f"{slot} {name} init")
-            grad = gradients[name][slot]
+            grad = gradients[slot][name][slot]
             torch.testing.assert_close(grad[own], parameter.grad[0], rtol=1e-5, atol=1e-6, msg=f"{slot} {name} grad")
             padding = grad.clone()
             padding[own] = 0

@@ -33,6 +33,9 @@ TINY_STORED = {
     "unipelt_ap": 6_304 + 1_280 + 4 * 33, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
     "unipelt_ap_nogate": 6_304 + 1_280, "unipelt_apl_nogate": 6_304 + 1_280 + 2_048,
     "ln": 320, "prefix_ln": 1_280 + 320, "mam": 2_128,
+    "dora": 2_048 + 4 * 32,  # LoRA's A, B + a magnitude per output feature of each of the 4 adapted projections
+    "lora_fa": 4 * 8 * 32,   # LoRA's B only (A frozen): 1,024
+    "vera": 4 * (1024 + 32),  # λ_d (r = 1024) + λ_b (out = 32) per adapted projection: 4,224
     "mam_he": 30 * 128 + 2 * (32 * 512 + 512 + 512 * 32 + 32),  # prefix L=30 3,840 + parallel adapter (512) 66,624
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
@@ -40,6 +43,7 @@ BERT_BASE_STORED = {
     "ft": 109_482_240, "bitfit": 102_912, "adapter": 894_528, "prefix": 184_320, "lora": 294_912,
     "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
     "mam_he": 10_005_504,  # METHODS.md: He et al.'s MAM, prefix L=30 552,960 + parallel adapter (512) 9,452,544
+    "dora": 313_344, "lora_fa": 147_456, "vera": 43_008,  # ECOSYSTEM.md, measured with PEFT on roberta-base shapes (the same as BERT's)
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -95,9 +99,11 @@ def test_trainable_set(name):
     body = {n for n in names if not n.startswith("head.")}
     expected_fragment = {
         "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
-        "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_",
+        "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_b" if config.get("lora_freeze_a")
+        else "lora_", "dora": ("lora_", ".magnitude"), "vera": "vera_lambda_",
     }
-    allowed = [expected_fragment[c] for c in config.components]
+    allowed = [f for c in config.components for f in (expected_fragment[c] if isinstance(expected_fragment[c], tuple)
+                                                      else [expected_fragment[c]])]
     if None in allowed:  # fine-tuning: everything
         assert body == {n.removeprefix("backbone.") for n, _ in model.named_parameters() if n.startswith("backbone.")}
         return
@@ -279,6 +285,24 @@ def test_unknown_component_and_head_are_reported():
         build("adapter", head="yes")
     with pytest.raises(ValueError, match="lora_targets"):
         build("lora", lora_targets=["query", "output"])
+
+
+def test_every_component_declares_its_gate():
+    """A gated method needs a gate from each component: each module says what it multiplies, or None."""
+    from peltbench.methods import COMPONENTS
+
+    declared = {name: module.GATE for name, module in COMPONENTS.items()}
+    assert all(gate is None or (isinstance(gate, str) and gate) for gate in declared.values()), declared
+    assert {name for name in ("adapter", "prefix", "lora") if declared[name]} == {"adapter", "prefix", "lora"}
+    assert all(declared[name] is None for name in ("full", "bitfit", "ln", "parallel_adapter"))
+
+
+@pytest.mark.parametrize("without_gate", ["bitfit", "ln", "parallel_adapter"])
+def test_gated_mixture_with_a_gateless_component_is_refused_in_one_line(without_gate):
+    with pytest.raises(ValueError, match=f"component {without_gate} has no gate") as error:
+        build("unipelt_apl", components=["prefix", without_gate], adapter_scale=1.0)
+    assert "\n" not in str(error.value)
+
 
 
 def _as_kwargs(triple):

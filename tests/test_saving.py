@@ -220,3 +220,49 @@ def test_saved_files_honour_the_umask(tiny_checkpoint, glue_dir, tmp_path):
     assert modes == {name: 0o640 for name in ("result.json", "metrics.csv", "weights.safetensors", "predictions.csv",
                                               "peft/adapter_config.json", "peft/adapter_model.safetensors")}
     assert not list(run_dir.rglob("*.tmp"))
+
+
+def test_lora_family_runs_fused_reload_and_load_in_peft(tiny_checkpoint, glue_dir, tmp_path):
+    """DoRA, LoRA-FA and VeRA in one fused group: each saves its tensors, load_run rescores it, and its peft/ copy
+    (LoRA-FA with its frozen A, VeRA with its shared A and B) predicts in PEFT what load_run's model predicts."""
+    pytest.importorskip("peft")
+    from peft import PeftModel
+    from transformers import BertForSequenceClassification
+
+    cfgs = configs(tiny_checkpoint, glue_dir, tmp_path, ["dora", "lora_fa", "vera"], fuse="true")
+    cfgs[2].method.vera_rank = 16
+    outcomes = run_group(cfgs)
+    assert [o.status for o in outcomes] == ["ok"] * 3 and {o.record["fused"]["size"] for o in outcomes} == {3}
+    ids = torch.randint(5, 64, (4, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    for outcome, kind in zip(outcomes, ("LORA", "LORA", "VERA")):
+        run_dir = next(tmp_path.rglob(f"{outcome.record['variant']}/rte/k16/seed111"))
+        assert outcome.record["saved"] == ["weights.safetensors", "peft/adapter_config.json",
+                                           "peft/adapter_model.safetensors", "predictions.csv"]
+        loaded = peltbench.load_run(run_dir)
+        assert loaded.predict()[0] == pytest.approx(outcome.record["test"], abs=1e-6)
+        assert json.loads((run_dir / "peft" / "adapter_config.json").read_text())["peft_type"] == kind
+        base = BertForSequenceClassification.from_pretrained(tiny_checkpoint, num_labels=2)
+        peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+        with torch.no_grad():
+            torch.testing.assert_close(peft_model(input_ids=ids, attention_mask=mask).logits,
+                                       loaded.model(ids, mask, torch.zeros_like(ids)), rtol=1e-5, atol=1e-6)
+
+
+def test_no_peft_copy_where_peft_has_no_such_method_on_the_encoder():
+    """ModernBERT's fused Wqkv: PEFT's VeRA has one λ_d and B for q, k and v: one line why."""
+    from omegaconf import OmegaConf
+
+    from peltbench.architectures import architecture
+    from peltbench.packaged import packaged_config
+    from peltbench.saving import peft_kind
+
+    modernbert, bert = architecture("modernbert"), architecture("bert")
+    for name, kind in (("lora", "LORA"), ("lora_fa", "LORA"), ("dora", "LORA"), ("vera", "VERA")):
+        assert peft_kind(packaged_config(f"method/{name}.yaml"), bert) == (kind, None)
+    assert peft_kind(packaged_config("method/lora.yaml"), modernbert) == ("LORA", None)
+    assert peft_kind(packaged_config("method/dora.yaml"), modernbert) == ("LORA", None)  # tests/test_dora.py
+    kind, why = peft_kind(packaged_config("method/vera.yaml"), modernbert)
+    assert kind is None and "Wqkv" in why and "\n" not in why
+    gated = OmegaConf.merge(packaged_config("method/vera.yaml"), {"gated": True})
+    assert peft_kind(gated, bert) == (None, None)

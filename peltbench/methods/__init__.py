@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adapter, bitfit, full, ln, lora, parallel_adapter, prefix, randomness
+from . import adapter, bitfit, dora, full, ln, lora, parallel_adapter, prefix, randomness, vera
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -27,7 +27,11 @@ COMPONENTS = {
     "prefix": prefix,
     "lora": lora,
     "parallel_adapter": parallel_adapter,
+    "dora": dora,  # after lora: in a group with both, DoRA's delta wraps LoRA's on a shared projection
+    "vera": vera,
 }
+# Each component module declares `GATE`: what its gate multiplies in a gated method (`gated: true`), or None where
+# it has no gate (check_gates refuses it in a gated method).
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
 
@@ -102,8 +106,20 @@ def check_method(method: DictConfig) -> None:
         raise ValueError(f"method {method.name}: adapter and parallel_adapter are two FFN adapters; no method uses both")
     if method.get("gate_pooling", "masked") not in GATE_POOLING:
         raise ValueError(f"method {method.name}: gate_pooling must be one of {list(GATE_POOLING)}, not {method.gate_pooling!r}")
-    if "lora" in method.components:
-        lora.check(method)
+    if method.get("gated", False):
+        check_gates(method)
+    for name in method.components:  # a component's own settings (lora_targets ...), where it checks any
+        if hasattr(COMPONENTS[name], "check"):
+            COMPONENTS[name].check(method)
+
+
+def check_gates(method: DictConfig) -> None:
+    """A gated method's components each have a gate: their module says what it multiplies (`GATE`), or `GATE = None`."""
+    for name in method.components:
+        if COMPONENTS[name].GATE is None:
+            raise ValueError(f"method {method.name}: gated: true, but component {name} has no gate (a gate multiplies "
+                             f"what a component adds to the frozen path; {name} declares GATE = None): "
+                             f"set gated: false or leave {name} out")
 
 
 def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
@@ -160,6 +176,16 @@ def member_state(model: PeltModel, slot: int) -> dict[str, torch.Tensor]:
     return state
 
 
+def member_frozen(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
+    """What a copy of member `slot` needs beside what it trains: tensors drawn from its model seed and never trained
+    (LoRA-FA's A, VeRA's shared A and B), from each component that has such (`frozen_state`), at the member's size."""
+    state = {}
+    for name in method.components:
+        if hasattr(COMPONENTS[name], "frozen_state"):
+            state.update(COMPONENTS[name].frozen_state(model, slot, method))
+    return {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
+
+
 @torch.no_grad()
 def load_member_state(model: PeltModel, slot: int, state: dict[str, torch.Tensor]) -> None:
     """Put a `member_state` back into `slot`."""
@@ -182,4 +208,4 @@ def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]
 
 
 __all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "build_pelt_model", "check_method", "count_method",
-           "load_member_head", "load_member_state", "member_head", "member_shapes", "member_state", "parameter_counts"]
+           "load_member_head", "load_member_state", "member_frozen", "member_head", "member_shapes", "member_state", "parameter_counts"]

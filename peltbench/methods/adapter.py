@@ -15,6 +15,8 @@ from torch import nn
 
 from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, ffn_output, mark, scale_rows
 
+GATE = "the adapter's output Up(ReLU(Down(x))), added to its FFN block: one gate per layer (§3.2)"
+
 
 class Adapter(nn.Module):
     """Down (H → bottleneck), ReLU, Up (bottleneck → H), both with bias; optionally gated. Members with a smaller

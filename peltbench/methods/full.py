@@ -10,6 +10,8 @@ from omegaconf import DictConfig
 
 from .base import PeltModel, mark
 
+GATE = None  # it trains the backbone itself: no contribution of its own that a gate could scale
+
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     if model.members.count != 1:

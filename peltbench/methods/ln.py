@@ -8,6 +8,8 @@ from omegaconf import DictConfig
 
 from .base import MemberLayerNorm, PeltModel, mark, member_affine
 
+GATE = None  # it trains the backbone's own LayerNorms: no contribution of its own that a gate could scale
+
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     member_affine(model)

@@ -4,7 +4,11 @@
 A: H → r, kaiming-uniform (a = √5); B: r → H, zeros; no dropout. Where the projections are (a row block of
 ModernBERT's fused Wqkv) is the architecture map's business (architectures.py). Ungated, s is the constant
 `lora_scale` (the paper's α = 2). Gated (UniPELT), each adapted projection gets its own gate from its
-input, and the gate replaces s (official code; docs/protocol.md).
+input, and the gate replaces s (official code; docs/protocol.md). LoRA-FA (`lora_freeze_a`): A stays at its draw and
+only B trains.
+
+`ProjectionDelta` and `install_deltas` are where any delta on a projection goes (LoRA's here, DoRA's, VeRA's), on
+every architecture and for every member of a group; a method on the projections subclasses it and says its delta.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import Coefficient, MemberLinear, Members, PeltModel, draw, mark, scale_rows
+from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, draw, mark, scale_rows
+
+GATE = "the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s"
 
 TARGETS = ("query", "key", "value")  # the attention projections LoRA may adapt (where each sits: architectures.py)
 
@@ -25,40 +31,70 @@ def kaiming(tensor: torch.Tensor) -> torch.Tensor:
     return nn.init.kaiming_uniform_(tensor, a=math.sqrt(5))
 
 
-class LoRALinear(nn.Module):
-    """Wraps one projection W (`base`) and adds s · B(A x) to its output. Members with a smaller rank than the group's
-    largest hold zeros in the rest of A and B, and members without LoRA on this projection hold zeros everywhere.
+class ProjectionDelta(nn.Module):
+    """One component's delta on one projection W, added on the rows of the members that use it there:
+        y = W x + c · delta(x)
+    with c each member's Coefficient (its gate when gated, else a constant). A subclass says what `delta` is
+    (LoRA's B(A x), VeRA's, DoRA's); this class says where it goes, once for every such method.
 
-    Inside a fused projection (ModernBERT's Wqkv, `FusedLoRA`) it has no `base` and adds to its own row `block` of
-    the fused output: LoRA on q and v of Wqkv is then exactly LoRA on separate q and v projections."""
+    `base`: the module it wraps — the projection (a Linear, or another component's delta on it in a fused group), or,
+    inside a fused projection (ModernBERT's Wqkv, `FusedProjection`), the previous delta on its row `block` or None:
+    the delta then adds to its own rows of the fused output, so a delta on q and v of Wqkv is exactly the delta on
+    separate q and v projections."""
 
-    def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
-                 layer: int, in_features: int, out_features: int, block: slice | None = None) -> None:
+    def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig],
+                 block: slice | None) -> None:
         super().__init__()
         self.base = base
         self.block = block
         self.members = members
         self.users = tuple(sorted(users))
-        rank = max(method.lora_rank for method in users.values())
-        self.lora_a = MemberLinear(members, in_features, rank, bias=False)
-        self.lora_b = MemberLinear(members, rank, out_features, bias=False)
-        gated = [bool(users[m].gated) if m in users else False for m in range(members.count)]
-        scales = [float(users[m].lora_scale) if m in users else 1.0 for m in range(members.count)]
-        self.coefficient = Coefficient(members, in_features, submodule, layer, gated, scales)
+
+    def set_coefficient(self, users: dict[int, DictConfig], submodule: str, layer: int, in_features: int,
+                        scales: list[float]) -> None:
+        """Called by a subclass after its own weights (the order the parameters have always been registered in)."""
+        gated = [bool(users[m].get("gated", False)) if m in users else False for m in range(self.members.count)]
+        self.coefficient = Coefficient(self.members, in_features, submodule, layer, gated, scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.add(x, self.base(x))
 
     def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """out (the projection's output for x) plus this LoRA's delta, on the rows of the members that have it."""
+        """out (the projection's output for x) plus this delta, on the rows of the members that have it."""
+        if self.block is not None and self.base is not None:  # another component's delta on the same block
+            out = self.base.add(x, out)
         selection = self.members.select(self.users, x.device)
         if not selection.count:
             return out
-        rows = self.members.gather(selection, x)  # only the members with LoRA here
-        delta = scale_rows(self.lora_b(self.lora_a(rows, selection), selection), self.coefficient(rows, selection))
+        rows = self.members.gather(selection, x)  # only the members with this delta here
+        delta = scale_rows(self.delta(rows, selection, out), self.coefficient(rows, selection))
         if self.block is not None:  # its rows of a fused projection's output, zeros elsewhere
             delta = F.pad(delta, (self.block.start, out.shape[-1] - self.block.stop))
         return self.members.add_rows(selection, out, delta)
+
+    def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
+        """The selected members' delta for their rows of x (`out`: the whole projection output, all rows)."""
+        raise NotImplementedError
+
+
+class LoRALinear(ProjectionDelta):
+    """LoRA's delta B(A x). Members with a smaller rank than the group's largest hold zeros in the rest of A and B,
+    and members without LoRA on this projection hold zeros everywhere."""
+
+    def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
+                 layer: int, in_features: int, out_features: int, block: slice | None = None) -> None:
+        super().__init__(base, members, users, block)
+        rank = max(method.lora_rank for method in users.values())
+        self.lora_a = MemberLinear(members, in_features, rank, bias=False)
+        self.lora_b = MemberLinear(members, rank, out_features, bias=False)
+        self.set_coefficient(users, submodule, layer, in_features, self.scales(users))
+
+    def scales(self, users: dict[int, DictConfig]) -> list[float]:
+        """The constant that multiplies each member's delta when it is not gated: s."""
+        return [float(users[m].lora_scale) if m in users else 1.0 for m in range(self.members.count)]
+
+    def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
+        return self.lora_b(self.lora_a(rows, selection), selection)
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         """A kaiming-uniform, B zeros (already), then the gate: the order a separate run draws them in."""
@@ -66,18 +102,21 @@ class LoRALinear(nn.Module):
         self.coefficient.init_member(slot)
 
 
-class FusedLoRA(nn.Module):
-    """A fused projection (ModernBERT's Wqkv = [W_q; W_k; W_v]) with LoRA on some of its blocks: the fused output is
-    computed once, and each block's LoRA (a LoRALinear named after its target) adds to its own rows."""
+class FusedProjection(nn.Module):
+    """A fused projection (ModernBERT's Wqkv = [W_q; W_k; W_v]) with deltas on some of its blocks: the fused output is
+    computed once, and each block's delta (registered under its target's name: query, value ...) adds to its own
+    rows."""
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
         self.base = base
-        self.targets: list[str] = []  # each its LoRALinear, registered under the target's name (query, value ...)
+        self.targets: list[str] = []
 
-    def add_target(self, target: str, lora: LoRALinear) -> None:
-        self.add_module(target, lora)
-        self.targets.append(target)
+    def add_target(self, target: str, delta: ProjectionDelta) -> None:
+        """Put `delta` on a block (it wraps the delta already there, its `base`)."""
+        self.add_module(target, delta)
+        if target not in self.targets:
+            self.targets.append(target)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -86,47 +125,90 @@ class FusedLoRA(nn.Module):
         return out
 
 
-def lora_module(model: PeltModel, layer: nn.Module, target: str) -> LoRALinear:
-    """The LoRALinear on `target` (query, key or value) of a layer."""
+def frozen_linear(module: nn.Module) -> nn.Module:
+    """The pretrained projection under the deltas wrapping it (a Linear, or BitFit's MemberBias with its weight)."""
+    while not hasattr(module, "weight"):
+        module = module.base
+    return module
+
+
+def delta_module(model: PeltModel, layer: nn.Module, target: str, kind: type) -> ProjectionDelta:
+    """The `kind` delta (LoRALinear ...) on `target` (query, key or value) of a layer, among the deltas there."""
     name, block = model.arch.projections[target]
     module = getattr(model.attention(layer), name)
-    return module if block is None else getattr(module, target)
+    module = module if block is None else getattr(module, target)
+    while type(module) is not kind:
+        module = module.base
+    return module
 
 
-def _targets(users: dict[int, DictConfig]) -> list[str]:
-    return [t for t in TARGETS if any(t in method.lora_targets for method in users.values())]
+def frozen_projection(model: PeltModel, layer: nn.Module, target: str) -> nn.Module:
+    """The pretrained Linear that computes `target` in a layer (ModernBERT: the whole fused Wqkv), under any deltas."""
+    module = getattr(model.attention(layer), model.arch.projections[target][0])
+    return frozen_linear(module.base if isinstance(module, FusedProjection) else module)
 
 
-def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+def projection_shape(model: PeltModel, layer: nn.Module, target: str) -> tuple[int, int]:
+    """(out, in) of `target` in a layer: its row block's, in a fused projection."""
+    out_features, in_features = frozen_projection(model, layer, target).weight.shape
+    fused = model.arch.projections[target][1] is not None
+    return (out_features // len(TARGETS) if fused else out_features), in_features
+
+
+def install_deltas(model: PeltModel, users: dict[int, DictConfig], targets_key: str, make) -> list:
+    """Put a delta on each targeted projection of every layer, for the members whose method lists it in
+    `method[targets_key]`: `make(base, on_target, target, layer, in_features, out_features, block)` builds it.
+    Returns (delta, on_target) per delta, in layer order."""
+    made = []
     for index, layer in enumerate(model.layers):
         attention = model.attention(layer)
-        for target in _targets(users):
-            on_target = {m: method for m, method in users.items() if target in method.lora_targets}
+        for target in TARGETS:
+            on_target = {m: method for m, method in users.items() if target in method[targets_key]}
+            if not on_target:
+                continue
             name, block = model.arch.projections[target]
             projection = getattr(attention, name)
             if block is None:
-                out_features, in_features = projection.weight.shape
-                lora = LoRALinear(projection, model.members, on_target, f"lora_{target}", index, in_features,
-                                  out_features)
-                setattr(attention, name, lora)
+                out_features, in_features = frozen_linear(projection).weight.shape
+                delta = make(projection, on_target, target, index, in_features, out_features, None)
+                setattr(attention, name, delta)
             else:
-                if not isinstance(projection, FusedLoRA):
-                    projection = FusedLoRA(projection)
+                if not isinstance(projection, FusedProjection):
+                    projection = FusedProjection(projection)
                     setattr(attention, name, projection)
-                out_features, in_features = projection.base.weight.shape
+                out_features, in_features = frozen_linear(projection.base).weight.shape
                 size = out_features // len(TARGETS)
-                lora = LoRALinear(None, model.members, on_target, f"lora_{target}", index, in_features, size,
-                                  slice(block * size, (block + 1) * size))
-                projection.add_target(target, lora)
-            mark(model, [*lora.lora_a.parameters(), *lora.lora_b.parameters()], on_target)
-            mark(model, lora.coefficient.gate_parameters(), [m for m in on_target if on_target[m].gated])
+                delta = make(getattr(projection, target, None), on_target, target, index, in_features, size,
+                             slice(block * size, (block + 1) * size))
+                projection.add_target(target, delta)
+            made.append((delta, on_target))
+    return made
+
+
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    def make(base, on_target, target, layer, in_features, out_features, block):
+        return LoRALinear(base, model.members, on_target, f"lora_{target}", layer, in_features, out_features, block)
+
+    for lora, on_target in install_deltas(model, users, "lora_targets", make):
+        trains_a = [m for m in on_target if not on_target[m].get("lora_freeze_a", False)]  # LoRA-FA: A stays frozen
+        mark(model, [*lora.lora_a.parameters()], trains_a)
+        mark(model, [*lora.lora_b.parameters()], on_target)
+        mark(model, lora.coefficient.gate_parameters(), [m for m in on_target if on_target[m].get("gated", False)])
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
     for layer in model.layers:
         for target in TARGETS:
             if target in method.lora_targets:
-                lora_module(model, layer, target).init_member(slot, method)
+                delta_module(model, layer, target, LoRALinear).init_member(slot, method)
+
+
+def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
+    """LoRA-FA's A (frozen, so not in what the member trains), which a PEFT copy needs."""
+    if not method.get("lora_freeze_a", False):
+        return {}
+    return {model.stored_name(f"{name}.lora_a.weight"): module.lora_a.weight[slot, : method.lora_rank]
+            for name, module in model.named_modules() if type(module) is LoRALinear and slot in module.users}
 
 
 def check(method: DictConfig) -> None:

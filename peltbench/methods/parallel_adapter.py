@@ -16,6 +16,8 @@ from torch import nn
 from .base import MemberLinear, Members, PeltModel, Selection, draw, ffn_output, mark, scale_rows
 from .lora import kaiming
 
+GATE = None  # its output has the constant scale adapter_scale (He et al.); no gate was defined for it
+
 
 class ParallelAdapter(nn.Module):
     def __init__(self, members: Members, users: dict[int, DictConfig], hidden_size: int) -> None:

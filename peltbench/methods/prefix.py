@@ -23,6 +23,8 @@ from torch import nn
 from ..architectures import get, put
 from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, bert_normal, draw, mark
 
+GATE = "the key and value prefixes of each layer, both by one gate from the attention input (§3.2)"
+
 
 class PrefixEncoder(nn.Module):
     """Each member's P = Embedding(L, H) and its MLP; forward gives every active member's prefixes at once."""

@@ -1,0 +1,115 @@
+"""DoRA (Liu et al. 2024, Eq. 5): LoRA plus a trained magnitude per output feature of each adapted projection.
+
+    W' = m · (W + s·BA) / ‖W + s·BA‖,   y = W' x + b
+‖·‖ is per output row, over the input dimension; m starts at ‖W‖ (B = 0), A and B as LoRA's. As PEFT does
+(peft/tuners/lora/dora.py, after the paper's §4.3), the norm is a constant in backward, and W'x is computed from
+the projection's own output: y = out + (m/‖·‖ − 1)·(out − b) + (m/‖·‖)·s·B(A x), out = W x + b.
+The norm is the one product this costs beyond LoRA; it is computed without the full W + s·BA (see `row_norms`).
+
+DoRA has no gate: its magnitude rescales the frozen path W x itself, and a gate per example would enter the norm
+(one norm per example). A method listing DoRA with lora, vera or bitfit is refused: DoRA rescales the whole projection.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from . import lora
+from .base import Members, PeltModel, Selection, mark
+
+GATE = None  # DoRA's magnitude rescales W x itself, and the norm would be per example: no gate (module docstring)
+ALONE = ("lora", "vera", "bitfit")  # components that change the same projection: not in one method with DoRA
+
+
+class DoRALinear(lora.LoRALinear):
+    """LoRA's A and B with DoRA's magnitude m (members, out); `linear` is the frozen projection (weight, bias)."""
+
+    def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
+                 layer: int, in_features: int, out_features: int, block: slice | None, linear: nn.Module) -> None:
+        super().__init__(base, members, users, submodule, layer, in_features, out_features, block)
+        self.magnitude = nn.Parameter(torch.zeros(members.count, out_features))
+        self._linear = [linear]  # a reference, not a submodule: the projection belongs to the backbone
+        scales = [float(users[m].lora_scale) if m in users else 0.0 for m in range(members.count)]
+        self.register_buffer("s", torch.tensor(scales), persistent=False)
+
+    def scales(self, users: dict[int, DictConfig]) -> list[float]:
+        return [1.0] * self.members.count  # s is applied inside the delta, to B(A x) only
+
+    def frozen(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """W and b of this delta's rows of the frozen projection."""
+        linear = self._linear[0]
+        bias = getattr(linear, "pretrained", linear.bias)  # BitFit's MemberBias keeps the pretrained bias there
+        rows = self.block or slice(None)
+        return linear.weight[rows], None if bias is None else bias[rows]
+
+    def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.frozen()
+        a = self.members.slots_of(self.lora_a.weight, selection)
+        b = self.members.slots_of(self.lora_b.weight, selection)
+        s = self.members.slots_of(self.s.to(a.device), selection)
+        scale = self.members.slots_of(self.magnitude, selection) / row_norms(weight, a, b, s)  # (members, out)
+        frozen = self.members.gather(selection, out)[..., self.block or slice(None)].clone()  # W x + b: rows, block
+        if bias is not None:
+            frozen = frozen - bias.to(frozen.dtype)
+        low_rank = self.lora_b(self.lora_a(rows, selection), selection)
+        grouped = (selection.count, -1, low_rank.shape[-1])
+        delta = (scale[:, None] - 1) * frozen.reshape(grouped) + (scale * s[:, None])[:, None] * low_rank.reshape(grouped)
+        return delta.to(low_rank.dtype).view(low_rank.shape)
+
+    def init_member(self, slot: int, method: DictConfig) -> None:
+        """A, B as LoRA's (the same draws), then m = ‖W‖ per output row: ‖W + s·BA‖ at B = 0, as PEFT starts it."""
+        super().init_member(slot, method)
+        with torch.no_grad():
+            self.magnitude[slot] = torch.linalg.norm(self.frozen()[0].float(), dim=1)
+
+
+@torch.no_grad()
+def row_norms(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """‖W + s_m·B_m A_m‖ per output row for each member m (members, out), a constant in backward (§4.3), from
+        ‖w_i + s·(BA)_i‖² = ‖w_i‖² + 2s·b_i·(W Aᵀ)_i + s²·b_i (A Aᵀ) b_iᵀ
+    in fp32: one product W·[A_1; ...; A_M]ᵀ (out × in × M·r) for all members, and no out × in matrix per member."""
+    weight, a, b = weight.float(), a.float(), b.float()
+    s = s.float()[:, None]
+    cross = (b * torch.matmul(weight, a.transpose(1, 2))).sum(-1)           # (members, out)
+    square = (torch.bmm(b, torch.bmm(a, a.transpose(1, 2))) * b).sum(-1)    # (members, out)
+    norms = weight.square().sum(-1)[None] + 2 * s * cross + s.square() * square
+    return norms.clamp(min=0).sqrt()
+
+
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    def make(base, on_target, target, layer, in_features, out_features, block):
+        linear = lora.frozen_projection(model, model.layers[layer], target)
+        return DoRALinear(base, model.members, on_target, f"dora_{target}", layer, in_features, out_features, block,
+                          linear)
+
+    for dora, on_target in lora.install_deltas(model, users, "lora_targets", make):
+        mark(model, [*dora.lora_a.parameters(), *dora.lora_b.parameters(), dora.magnitude], on_target)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    for layer in model.layers:
+        for target in lora.TARGETS:
+            if target in method.lora_targets:
+                lora.delta_module(model, layer, target, DoRALinear).init_member(slot, method)
+
+
+def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
+    """On a fused projection (ModernBERT's Wqkv) a PEFT copy is one DoRA on the whole Linear, whose rows outside our
+    blocks keep PEFT's initial m = ‖W‖ (B is zero there): that vector, under `<Wqkv>.lora_magnitude_vector`."""
+    state = {}
+    for name, module in model.named_modules():
+        if isinstance(module, lora.FusedProjection) and any(
+                type(delta) is DoRALinear and slot in delta.users for delta in module.modules()):
+            norms = torch.linalg.norm(lora.frozen_linear(module.base).weight.float(), dim=1)
+            state[model.stored_name(f"{name}.lora_magnitude_vector")] = norms
+    return state
+
+
+def check(method: DictConfig) -> None:
+    lora.check(method)
+    together = [name for name in ALONE if name in method.components]
+    if together:
+        raise ValueError(f"method {method.name}: dora rescales the whole projection W, so it cannot be combined with "
+                         f"{', '.join(together)} (which change the same projection) in one method")

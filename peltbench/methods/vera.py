@@ -1,0 +1,115 @@
+"""VeRA (Kopiczko et al. 2024, Eq. 3): frozen random A and B shared by every layer, and two trained vectors per
+adapted projection:
+    y = W x + λ_b ⊙ B(λ_d ⊙ A x)
+A: r × in, B: out × r, both kaiming-uniform from a generator seeded with the model seed, exactly as PEFT draws them
+from `projection_prng_key` (peft/tuners/vera/model.py: A first, then B, each sized for the largest adapted in / out
+and sliced per projection); λ_d = d_initial (r), λ_b = 0 (out). Only λ_d and λ_b train (and count); A and B are
+redrawn from the seed. In a fused group each member has its own A and B, drawn from its own model seed.
+
+Gated, the gate multiplies the delta, as UniPELT's gate does LoRA's (VeRA has no constant scale to replace).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from . import lora
+from .base import Members, PeltModel, Selection, mark
+
+GATE = "the delta λ_b ⊙ B(λ_d ⊙ A x) of each adapted projection: one gate per projection and layer, as LoRA's"
+
+
+class SharedProjections(nn.Module):
+    """Each member's frozen A (r × in) and B (out × r), shared by all its layers: buffers with a member dimension
+    (a member with a smaller rank holds zeros past it). Not saved: they are drawn again from the model seed."""
+
+    def __init__(self, members: Members, rank: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.zeros(members.count, rank, in_features), persistent=False)
+        self.register_buffer("b", torch.zeros(members.count, out_features, rank), persistent=False)
+
+    @torch.no_grad()
+    def draw(self, slot: int, rank: int, seed: int) -> None:
+        """PEFT's `_init_vera_A_vera_B`: one CPU generator seeded with the key, A then B, kaiming-uniform (gain √2)."""
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        for target, shape in ((self.a[slot, :rank], (rank, self.a.shape[2])), (self.b[slot, :, :rank], (self.b.shape[1], rank))):
+            bound = math.sqrt(3.0) * math.sqrt(2.0) / math.sqrt(shape[1])
+            target.copy_(torch.empty(shape, device="cpu").uniform_(-bound, bound, generator=generator))
+
+
+class VeRALinear(lora.ProjectionDelta):
+    """VeRA's delta on one projection, with the model's `shared` A and B (sliced to this projection's in / out)."""
+
+    def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
+                 layer: int, in_features: int, out_features: int, block: slice | None,
+                 shared: SharedProjections) -> None:
+        super().__init__(base, members, users, block)
+        rank = max(method.vera_rank for method in users.values())
+        self.vera_lambda_d = nn.Parameter(torch.zeros(members.count, rank))
+        self.vera_lambda_b = nn.Parameter(torch.zeros(members.count, out_features))
+        self.shared = shared
+        self.in_features = in_features
+        self.set_coefficient(users, submodule, layer, in_features, [1.0] * members.count)
+
+    def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
+        slots = self.members.slots_of
+        rank, size = self.vera_lambda_d.shape[1], self.vera_lambda_b.shape[1]
+        a = slots(self.shared.a, selection)[:, :rank, : self.in_features].to(rows.dtype)
+        b = slots(self.shared.b, selection)[:, :size, :rank].to(rows.dtype)
+        grouped = rows.reshape(selection.count, -1, rows.shape[-1])
+        hidden = torch.bmm(grouped, a.transpose(1, 2)) * slots(self.vera_lambda_d, selection)[:, None].to(rows.dtype)
+        delta = torch.bmm(hidden, b.transpose(1, 2)) * slots(self.vera_lambda_b, selection)[:, None].to(rows.dtype)
+        return delta.view(*rows.shape[:-1], size)
+
+    def init_member(self, slot: int, method: DictConfig) -> None:
+        """λ_d = d_initial, λ_b = 0 (already), then the gate: PEFT's `reset_vera_parameters`."""
+        with torch.no_grad():
+            self.vera_lambda_d[slot, : method.vera_rank] = float(method.vera_d_initial)
+        self.coefficient.init_member(slot)
+
+
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    shapes = [lora.projection_shape(model, layer, target) for layer in model.layers for target in lora.TARGETS
+              if any(target in method.vera_targets for method in users.values())]
+    rank = max(method.vera_rank for method in users.values())
+    shared = SharedProjections(model.members, rank, max(i for _, i in shapes), max(o for o, _ in shapes))
+
+    def make(base, on_target, target, layer, in_features, out_features, block):
+        return VeRALinear(base, model.members, on_target, f"vera_{target}", layer, in_features, out_features, block,
+                          shared)
+
+    for vera, on_target in lora.install_deltas(model, users, "vera_targets", make):
+        mark(model, [vera.vera_lambda_d, vera.vera_lambda_b], on_target)
+        mark(model, vera.coefficient.gate_parameters(), [m for m in on_target if on_target[m].get("gated", False)])
+
+
+def modules(model: PeltModel, method: DictConfig):
+    for layer in model.layers:
+        for target in lora.TARGETS:
+            if target in method.vera_targets:
+                yield lora.delta_module(model, layer, target, VeRALinear)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    """A and B from the model seed, which build_pelt_model has just set (torch.initial_seed() returns it), on their
+    own generator: the global stream is untouched, so the gates draw as they would without VeRA."""
+    deltas = list(modules(model, method))
+    deltas[0].shared.draw(slot, method.vera_rank, torch.initial_seed())
+    for vera in deltas:
+        vera.init_member(slot, method)
+
+
+def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
+    """What a copy needs beside the trained vectors: the member's A and B at its rank (PEFT's vera_A, vera_B)."""
+    shared = next(modules(model, method)).shared
+    return {"vera_A": shared.a[slot, : method.vera_rank].clone(), "vera_B": shared.b[slot, :, : method.vera_rank].clone()}
+
+
+def check(method: DictConfig) -> None:
+    unknown = sorted(set(method.vera_targets) - set(lora.TARGETS))
+    if unknown:
+        raise ValueError(f"vera_targets: unknown projection(s) {unknown}; choose from {list(lora.TARGETS)}")
