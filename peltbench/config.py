@@ -91,8 +91,8 @@ SETTINGS: dict[str, Rule] = {
     "dev_size": POSITIVE_INT,
     "model.name": (_text, "must be a Hub id or a local checkpoint directory"),
     "data.dir": (lambda v: v is None or _text(v), "must be a local GLUE directory, or null for the Hub"),
-    "train.epochs": (_optional_positive_int, "must be a positive integer, or null with train.steps set"),
-    "train.steps": OPTIONAL_INT,
+    "train.epochs": (_optional_positive_int, "must be a positive integer, or null with train.max_steps set"),
+    "train.max_steps": OPTIONAL_INT,
     "train.eval_every": OPTIONAL_INT,
     "train.patience": (_optional_positive_int, "must be a positive integer, or null: no early stopping"),
     "train.batch_size": POSITIVE_INT,
@@ -168,15 +168,15 @@ def check_method(method: DictConfig) -> None:
 
 def check_schedule(train: DictConfig) -> None:
     """Training is bounded by epochs (dev after each) or by steps (dev every `eval_every` steps), never both."""
-    epochs, steps, every = train.get("epochs"), train.get("steps"), train.get("eval_every")
+    epochs, steps, every = train.get("epochs"), train.get("max_steps"), train.get("eval_every")
     if (epochs is None) == (steps is None):
-        raise UserError(f"train.epochs={_show(epochs)} train.steps={_show(steps)}: give exactly one (a protocol in "
+        raise UserError(f"train.epochs={_show(epochs)} train.max_steps={_show(steps)}: give exactly one (a protocol in "
                         f"steps sets train.epochs=null)")
     if (steps is None) != (every is None):
-        raise UserError(f"train.steps={_show(steps)} train.eval_every={_show(every)}: dev evaluation every N steps "
+        raise UserError(f"train.max_steps={_show(steps)} train.eval_every={_show(every)}: dev evaluation every N steps "
                         f"goes with training for a number of steps; set both or neither")
     if steps is not None and steps % every:
-        raise UserError(f"train.steps={steps} must be a multiple of train.eval_every={every} (the last evaluation "
+        raise UserError(f"train.max_steps={steps} must be a multiple of train.eval_every={every} (the last evaluation "
                         f"is at the last step)")
 
 

@@ -23,7 +23,7 @@ def group_key(cfg: DictConfig) -> tuple | None:
     if not cfg.get("fuse", False) or "full" in cfg.method.components:
         return None
     padded = bool(cfg.method.get("gated", False)) and cfg.method.get("gate_pooling", "masked") == "padded"
-    schedule = (protocol_name(cfg), cfg.train.get("steps"), cfg.train.get("eval_every"))  # K's meaning, dev periods
+    schedule = (protocol_name(cfg), cfg.train.get("max_steps"), cfg.train.get("eval_every"))  # K's meaning, dev periods
     return (model_identity(str(cfg.model.name)), cfg.task.name, str(cfg.k), cfg.train.max_length,
             cfg.train.batch_size, str(cfg.data.dir), str(cfg.device), str(cfg.precision), padded, schedule)
 

@@ -64,7 +64,7 @@ def data_location(data_dir: str | None) -> str | None:
 # existed: at that value they are left out of the identity, so earlier records keep their hash.
 LATER_METHOD_KEYS = {"gate_pooling": "masked"}
 # The same for top-level settings (protocols, issue 20): training bounded by steps, dev every N steps.
-LATER_KEYS = {"train.steps": None, "train.eval_every": None}
+LATER_KEYS = {"train.max_steps": None, "train.eval_every": None}
 
 
 def semantic_config(cfg: DictConfig) -> dict:

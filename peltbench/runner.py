@@ -209,7 +209,7 @@ def prepare_member(cfg: DictConfig, task: TaskSpec, tokenizer, name: str) -> tup
         test=encode(test_split, test_rows, tokenizer, length),
         settings=TrainSettings(lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience,
                                grad_clip=cfg.train.grad_clip, seed=cfg.model_seed, data_seed=cfg.seed,
-                               steps=cfg.train.get("steps"), eval_every=cfg.train.get("eval_every")),
+                               steps=cfg.train.get("max_steps"), eval_every=cfg.train.get("eval_every")),
         test_rows=None if len(test_rows) == len(test_split) else test_rows,
     )
     data = {

@@ -43,7 +43,7 @@ class TrainSettings:
     grad_clip: float = 1.0
     seed: int = 42       # the model seed: the member's data order and, with the data seed, its dropout masks
     data_seed: int = 0   # the data seed (its dropout masks: methods/randomness.py)
-    steps: int | None = None       # train exactly this many steps instead of `epochs` (then eval_every is set)
+    steps: int | None = None       # train exactly this many steps instead of `epochs` (train.max_steps; then eval_every is set)
     eval_every: int | None = None  # dev every this many steps; None: after every epoch
 
     def total_steps(self, steps_per_epoch: int) -> int:
