@@ -271,4 +271,6 @@ def _show(value) -> str:
         return "[" + ",".join(str(v) for v in value) + "]"
     if isinstance(value, DictConfig):
         return str(OmegaConf.to_container(value))
+    if value is None:
+        return "null"
     return str(value).lower() if isinstance(value, bool) else str(value)
