@@ -58,6 +58,9 @@ settings (KEY=VALUE; the default shown):
 method settings (method.KEY=VALUE; each method's values: conf/method/<method>.yaml, or --cfg job):
 {method_settings}
 
+protocol settings (set by protocol=NAME; the default unipelt's shown; each protocol's: conf/protocol/<name>.yaml):
+{protocol_settings}
+
 logger settings (with that logger chosen):
 {logger_settings}
 
@@ -226,6 +229,7 @@ def help_text() -> str:
         settings=_rows(documented_keys("config.yaml")),
         method_settings=_rows([(f"method.{key}", "", METHOD_HELP[key]) for key in ("components", *METHOD_SETTINGS)
                                if key != "name"]),
+        protocol_settings=_rows(documented_keys("protocol/unipelt.yaml")),
         logger_settings=_rows([row for name in options("logger") for row in documented_keys(f"logger/{name}.yaml", "logger.")]),
     )
 

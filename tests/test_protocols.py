@@ -214,11 +214,11 @@ def _run(tiny_checkpoint, glue_dir, tmp_path, *overrides):
 
 
 def test_an_lmbff_run_trains_in_steps_and_evaluates_every_n_steps(tiny_checkpoint, glue_dir, tmp_path):
-    record = _run(tiny_checkpoint, glue_dir, tmp_path, "protocol=lmbff", "k=8", "train.max_steps=6",
-                  "train.eval_every=2", "seed=21")
+    record = _run(tiny_checkpoint, glue_dir, tmp_path, "protocol=lmbff", "k=8", "train.max_steps=9",
+                  "train.eval_every=3", "seed=21")  # 16 rows, batch 8: 2 steps an epoch, so periods cross epochs
     assert record["protocol"] == "lmbff" and record["config"]["protocol"]["name"] == "lmbff"
-    assert [entry["step"] for entry in record["history"]] == [2, 4, 6]  # dev every 2 steps, no early stopping
-    assert record["train_steps"] == 6 and record["best_step"] in (2, 4, 6) and record["best_epoch"] is None
+    assert [entry["step"] for entry in record["history"]] == [3, 6, 9]  # dev every 3 steps, no early stopping
+    assert record["train_steps"] == 9 and record["best_step"] in (3, 6, 9) and record["best_epoch"] is None
     best = max(range(3), key=lambda i: (record["history"][i]["dev_main"], -i))  # the first of equal best scores
     assert record["best_step"] == record["history"][best]["step"]
     train, dev = record["split"]["train_indices"], record["split"]["dev_indices"]
@@ -230,7 +230,20 @@ def test_an_lmbff_run_trains_in_steps_and_evaluates_every_n_steps(tiny_checkpoin
     assert np.bincount(labels[train]).tolist() == np.bincount(labels[dev]).tolist() == [8, 8] and not set(train) & set(dev)
     assert record["config"]["model_seed"] == 21 and record["config"]["method"]["head"] == "train"
     assert record["variant"] == ("lora,dev_size=20,model.name=" + record["variant"].split("model.name=")[1].split(",")[0]
-                                 + ",train.max_steps=6,train.eval_every=2,protocol=lmbff")  # what departs from lmbff
+                                 + ",train.max_steps=9,train.eval_every=3,protocol=lmbff")  # what departs from lmbff
+
+
+def test_step_periods_see_each_epoch_as_one_permutation_in_the_order_epochs_draw():
+    import torch
+
+    from peltbench.train import Member, TrainSettings, _DataOrder
+
+    member = Member("m", train=list(range(10)), dev=None, test=None, settings=TrainSettings(lr=1.0, seed=7))
+    order = _DataOrder([member], steps_per_epoch=3)  # 10 rows, batch 4: 4 + 4 + 2
+    seen = [order.rows(0, step, 4) for step in range(6)]  # read in periods of any length: steps are what count
+    generator = torch.Generator().manual_seed(7)  # what the epoch loop drew before steps existed
+    first, second = (torch.randperm(10, generator=generator).tolist() for _ in range(2))
+    assert seen == [first[:4], first[4:8], first[8:], second[:4], second[4:8], second[8:]]
 
 
 @pytest.mark.parametrize("name", ["full_median", "full_mean", "full_halves"])
