@@ -138,7 +138,8 @@ def write_table3(out, runs, render):
         return write_missing(out, "table3", "Table 3", "table3", _no_runs(render), below)
     table = score_table(runs, render.ddof, TABLE3_METHODS, reported(render))
     caption = ("Results on GLUE when all training examples are used (K = all): best performance on the GLUE dev "
-               f"split, main metric x100, over {_seeds(table)}; Avg. over the {_count(len(table.tasks), 'task')}. "
+               f"split, main metric x100, {'median' if reported(render) == 'median' else 'mean'} over {_seeds(table)}; "
+               f"Avg. over the {_count(len(table.tasks), 'task')}. "
                "Best and 2nd best per column are bold and underlined. " + render.selection.caption())
     out.text("table3.md", markdown.score_table_markdown(
         table, "Table 3: results with all training examples (dev)", caption, 1, "Table 3") + below)
@@ -259,7 +260,8 @@ def table1_caption(table, render):
             + (f"Median over {_seeds(table)} ({render.expected} seeds expected per cell; the protocol's statistic). "
                if reported(render) == "median" else
                f"Mean and standard deviation over {_seeds(table)} (std with ddof = {render.ddof}; {render.expected} seeds expected per cell). ")
-            + f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then mean and std over the seeds that have "
+            + f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then "
+            f"{'the median' if reported(render) == 'median' else 'mean and std'} over the seeds that have "
             "every task. Best and 2nd best per column and K are bold and underlined. " + render.selection.caption())
 
 
