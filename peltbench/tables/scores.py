@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..protocols import statistic  # what a table reports for a protocol: "mean" (± std) or "median"
+from ..protocols import statistic  # noqa: F401 (re-exported: what a table reports for a protocol, "mean" or "median")
 from .formatting import center, printed
 from .names import AVG, METHODS, TASKS, UNIPELT_SUBMODULES, k_order, order_of
 
