@@ -26,6 +26,7 @@ from .config import METHOD_SETTINGS, check_config
 from .launchers import register_launchers
 from .loggers import check_can_start
 from .packaged import options
+from .protocols import protocol_name, sweep_seeds
 
 log = logging.getLogger("peltbench")
 
@@ -46,6 +47,7 @@ and the command that runs only that: peltbench-missing SWEEP_ARGUMENTS.
 config groups:
   method=         {methods}
   task=           {tasks}
+  protocol=       {protocols}  (default unipelt; docs/protocol.md §10)
   logger=         {loggers}  (default csv; several: logger=[csv,tensorboard]; none: logger=[])
   +experiment=    {experiments}  (with -m)
   hydra/launcher=slurm   (with -m; hydra.launcher.partition=..., timeout_min=..., runs_per_job=...: docs/slurm.md)
@@ -56,13 +58,16 @@ settings (KEY=VALUE; the default shown):
 method settings (method.KEY=VALUE; each method's values: conf/method/<method>.yaml, or --cfg job):
 {method_settings}
 
+protocol settings (set by protocol=NAME; the default unipelt's shown; each protocol's: conf/protocol/<name>.yaml):
+{protocol_settings}
+
 logger settings (with that logger chosen):
 {logger_settings}
 
 Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not done; 2 bad input, nothing ran.
 """
 
-GROUPS = ("method", "task", "logger", "experiment")  # the config groups a user chooses from (conf/)
+GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config groups a user chooses from (conf/)
 
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
@@ -162,7 +167,10 @@ def preflight(arguments: list[str]) -> None:
 def _jobs(loader, config: DictConfig, mode: RunMode):
     """The config of each run: the one config, or every job of the sweep (composed as peltbench-missing does)."""
     if mode == RunMode.RUN:
-        if config.hydra.sweeper.params:
+        params = dict(config.hydra.sweeper.params or {})
+        if params.get("seed") is not None and str(params["seed"]) == sweep_seeds(protocol_name(config)):
+            del params["seed"]  # the protocol's seeds are what -m sweeps by default; one run takes `seed`
+        if params:
             raise UserError("this is a sweep (hydra.sweeper.params, e.g. from +experiment=...): run it with -m")
         with open_dict(config):
             del config["hydra"]
@@ -219,11 +227,13 @@ def _bad_override(arguments: list[str], error: OverrideParseException) -> str:
 def help_text() -> str:
     methods = " ".join(options("method"))
     return HELP.format(
-        methods=methods, tasks=" ".join(options("task")), loggers=" ".join(options("logger")),
+        methods=methods, tasks=" ".join(options("task")), protocols=" ".join(options("protocol")),
+        loggers=" ".join(options("logger")),
         experiments=" ".join(options("experiment")),
         settings=_rows(documented_keys("config.yaml")),
         method_settings=_rows([(f"method.{key}", "", METHOD_HELP[key]) for key in ("components", *METHOD_SETTINGS)
                                if key != "name"]),
+        protocol_settings=_rows(documented_keys("protocol/unipelt.yaml")),
         logger_settings=_rows([row for name in options("logger") for row in documented_keys(f"logger/{name}.yaml", "logger.")]),
     )
 

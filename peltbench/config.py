@@ -15,6 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import UserError
 from .packaged import options, packaged_config
+from .protocols import DEV_SOURCES, K_COUNTS, STATISTICS
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
@@ -73,8 +74,13 @@ def _bool(value) -> bool:
     return isinstance(value, bool)
 
 
+def _optional_positive_int(value) -> bool:
+    return value is None or _positive_int(value)
+
+
 Rule = tuple[Callable[[object], bool], str]  # (is the value valid, what it must be)
 POSITIVE_INT: Rule = (_positive_int, "must be a positive integer")
+OPTIONAL_INT: Rule = (_optional_positive_int, "must be a positive integer or null")
 BOOL: Rule = (_bool, "must be true or false")
 
 # Every value outside `method`, `task` and `logger` that a run reads. Keys the packaged conf/config.yaml lacks
@@ -87,8 +93,10 @@ SETTINGS: dict[str, Rule] = {
     "dev_size": POSITIVE_INT,
     "model.name": (_text, "must be a Hub id or a local checkpoint directory"),
     "data.dir": (lambda v: v is None or _text(v), "must be a local GLUE directory, or null for the Hub"),
-    "train.epochs": POSITIVE_INT,
-    "train.patience": POSITIVE_INT,
+    "train.epochs": (_optional_positive_int, "must be a positive integer, or null with train.max_steps set"),
+    "train.max_steps": OPTIONAL_INT,
+    "train.eval_every": OPTIONAL_INT,
+    "train.patience": (_optional_positive_int, "must be a positive integer, or null: no early stopping"),
     "train.batch_size": POSITIVE_INT,
     "train.max_length": POSITIVE_INT,
     "train.grad_clip": (_positive_number, "must be a positive number (the gradient-norm limit)"),
@@ -130,13 +138,15 @@ _ABSENT = object()
 def check_config(cfg: DictConfig) -> None:
     """Raise UserError, in one line naming the key, for a value or key that a run cannot have."""
     for key in ("method", "task"):
-        if cfg.get(key) is None:
+        if cfg.get(key) is None or cfg[key].get("name") is None:  # a protocol may set method.head without a method
             raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
     check_known_keys(cfg)
     for key, (valid, must) in SETTINGS.items():
         value = _select(cfg, key)
         if value is not _ABSENT and not valid(value):
             raise UserError(f"{key}={_show(value)}: {must}")
+    check_schedule(cfg.train)
+    check_protocol(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
     check_method(cfg.method)
@@ -163,6 +173,40 @@ def check_method(method: DictConfig) -> None:
             raise UserError(f"method.{key}={_show(method[key])}: {must}")
 
 
+def check_schedule(train: DictConfig) -> None:
+    """Training is bounded by epochs (dev after each) or by steps (dev every `eval_every` steps), never both."""
+    epochs, steps, every = train.get("epochs"), train.get("max_steps"), train.get("eval_every")
+    if (epochs is None) == (steps is None):
+        raise UserError(f"train.epochs={_show(epochs)} train.max_steps={_show(steps)}: give exactly one (a protocol in "
+                        f"steps sets train.epochs=null)")
+    if (steps is None) != (every is None):
+        raise UserError(f"train.max_steps={_show(steps)} train.eval_every={_show(every)}: dev evaluation every N steps "
+                        f"goes with training for a number of steps; set both or neither")
+    if steps is not None and steps % every:
+        raise UserError(f"train.max_steps={steps} must be a multiple of train.eval_every={every} (the last evaluation "
+                        f"is at the last step)")
+
+
+def check_protocol(cfg: DictConfig) -> None:
+    """The protocol's fields are valid and the run's k fits its split (docs/protocol.md §10)."""
+    node = cfg.get("protocol")
+    if node is None:  # a config from before protocols (a record's): unipelt
+        return
+    for key, allowed in (("k", K_COUNTS), ("dev", DEV_SOURCES), ("statistic", STATISTICS)):
+        if node.get(key) not in allowed:
+            raise UserError(f"protocol.{key}={_show(node.get(key))}: must be one of {', '.join(allowed)}")
+    name, k = node.get("name"), cfg.get("k")
+    if node.k == "all" and k != "all":
+        raise UserError(f"k={k}: protocol={name} trains on the whole train split (k=all)")
+    if node.k == "per_class" and k == "all":
+        raise UserError(f"k=all: protocol={name} samples K train rows per class; give k=NUMBER (its own: 16)")
+    if node.dev in ("glue_dev", "glue_dev_halves") and node.k != "all":
+        raise UserError(f"protocol.dev={node.dev} selects on GLUE dev, which only full-data protocols (protocol.k=all) do")
+    if (node.dev == "per_class") != (node.k == "per_class"):
+        raise UserError(f"protocol.dev={node.dev} with protocol.k={node.k}: a dev set of K rows per class goes with "
+                        f"K train rows per class")
+
+
 def check_logger(logger: DictConfig | None) -> None:
     """Each logger chosen (logger=csv, logger=[csv,tensorboard], or none with logger=[]) exists, has only its own
     settings, and its optional dependency is installed: found now, not after training."""
@@ -187,7 +231,7 @@ def check_known_keys(cfg: DictConfig) -> None:
     packaged = packaged_config("config.yaml")
     defaults = set(_leaves(packaged, skip=("hydra",)))
     known = defaults | set(SETTINGS)
-    present = set(_leaves(cfg, skip=("hydra", "method", "task", "logger")))
+    present = set(_leaves(cfg, skip=("hydra", "method", "task", "logger", "protocol")))
     unknown = sorted(present - known)
     if unknown:
         parent = unknown[0].rpartition(".")[0]
@@ -201,6 +245,11 @@ def check_known_keys(cfg: DictConfig) -> None:
     unknown = sorted(set(cfg.task.keys()) - set(task_file.keys())) if task_file is not None else []
     if unknown:
         raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}")
+    if cfg.get("protocol") is not None:
+        known = set(packaged_config("protocol/unipelt.yaml").protocol.keys()) | {"head"}
+        unknown = sorted(set(cfg.protocol.keys()) - known)
+        if unknown:
+            raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(known))}")
 
 
 def _leaves(node: DictConfig, prefix: str = "", skip: tuple[str, ...] = ()) -> Iterator[str]:
@@ -229,4 +278,6 @@ def _show(value) -> str:
         return "[" + ",".join(str(v) for v in value) + "]"
     if isinstance(value, DictConfig):
         return str(OmegaConf.to_container(value))
+    if value is None:
+        return "null"
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,7 +1,8 @@
 """GLUE data: load a split (Hub, glue_data TSV or parquet), the seeded few-shot split, tokenisation, batches.
 
 The few-shot protocol (UniPELT App. B, docs/protocol.md): perm = numpy.random.default_rng(seed).permutation(n),
-train = perm[:K], dev = perm[K:K + 1000], test = the official GLUE dev split (MNLI: matched).
+train = perm[:K], dev = perm[K:K + 1000], test = the official GLUE dev split (MNLI: matched). Other protocols
+(docs/protocol.md §10): LM-BFF's K per class (`lmbff_split`) and GLUE dev in two parts (`dev_halves`).
 """
 
 from __future__ import annotations
@@ -219,6 +220,50 @@ def few_shot_split(num_train: int, k: int, seed: int, dev_size: int) -> tuple[np
         )
     permutation = np.random.default_rng(seed).permutation(num_train)
     return permutation[:k], permutation[k : k + dev_size]
+
+
+# LM-BFF's tools/generate_k_shot_data.py groups STS-B by `0 if float(line[-1]) < 2.5 else 1` (for sampling only).
+STSB_CLASS_THRESHOLD = 2.5
+
+
+def lmbff_split(labels: np.ndarray, k: int, seed: int, regression: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Train and dev row indices of LM-BFF's split (Gao et al. 2021; princeton-nlp/LM-BFF
+    tools/generate_k_shot_data.py), the rows that script writes for the same seed:
+
+        np.random.seed(seed)                            # once per task and seed
+        train_header, train_lines = split_header(task, dataset["train"])   # CoLA has no header
+        np.random.shuffle(train_lines)
+        label_list[label].append(line)                  # labels in order of first appearance
+        for line in label_list[label][:k]: ...          # train.tsv
+        for line in label_list[label][k:k*dev_rate]:    # dev.tsv, dev_rate = 2
+
+    Shuffling row indices consumes numpy's legacy stream exactly as shuffling the lines does. `labels` are the train
+    rows' labels in file order (STS-B: scores, classed at 2.5). A class with fewer than 2K rows is refused: the
+    script would silently write a smaller dev set.
+    """
+    order = list(range(len(labels)))
+    np.random.RandomState(seed).shuffle(order)  # = np.random.seed(seed); np.random.shuffle(train_lines)
+    classes = (labels >= STSB_CLASS_THRESHOLD).astype(np.int64) if regression else labels
+    groups: dict = {}
+    for row in order:
+        groups.setdefault(classes[row].item(), []).append(row)
+    short = [label for label, rows in groups.items() if len(rows) < 2 * k]
+    if short:
+        raise UserError(f"k={k}: LM-BFF's split takes 2K = {2 * k} train rows of each class (K train, K dev), and "
+                        f"class {short[0]} has {len(groups[short[0]])}")
+    train = [row for rows in groups.values() for row in rows[:k]]
+    dev = [row for rows in groups.values() for row in rows[k : 2 * k]]
+    return np.array(train, dtype=np.int64), np.array(dev, dtype=np.int64)
+
+
+def dev_halves(num_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """GLUE dev in two parts, (selection rows, test rows), as ReFT's pyreft examples/loreft/train.py sizes them:
+    1,000 rows select when GLUE dev has over 5,000, else n // 2; the rest is reported. The rows are a permutation
+    of GLUE dev from the data seed (pyreft's torch.utils.data.random_split draws from torch's global generator
+    after its model is built: not reproducible outside it). Each part sorted, in the official dev order."""
+    selection = 1000 if num_rows > 5000 else num_rows // 2
+    permutation = np.random.default_rng(seed).permutation(num_rows)
+    return np.sort(permutation[num_rows - selection :]), np.sort(permutation[: num_rows - selection])
 
 
 # ---------------------------------------------------------------- tokenisation and batches

@@ -1,7 +1,7 @@
 """Which runs of a sweep train together (`fuse=true`): compatible runs share one frozen backbone.
 
-Compatible = the same backbone, task, K, max length and batch size, read from the same data, on the same
-device and precision, with the same gate pooling (padded pooling pads every batch to max length). Anything
+Compatible = the same backbone, task, K, protocol (its split and its evaluation schedule), max length and batch size,
+read from the same data, on the same device and precision, with the same gate pooling (padded pooling pads every batch to max length). Anything
 else forms a group of its own. Fine-tuning changes the backbone, so it always trains alone. A group holds at
 most `fuse_members` runs (on CUDA the runner may split it further to fit the GPU's memory: runner.memory_cap).
 
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
+from .protocols import protocol_name
 from .record import model_identity
 
 
@@ -22,8 +23,9 @@ def group_key(cfg: DictConfig) -> tuple | None:
     if not cfg.get("fuse", False) or "full" in cfg.method.components:
         return None
     padded = bool(cfg.method.get("gated", False)) and cfg.method.get("gate_pooling", "masked") == "padded"
+    schedule = (protocol_name(cfg), cfg.train.get("max_steps"), cfg.train.get("eval_every"))  # K's meaning, dev periods
     return (model_identity(str(cfg.model.name)), cfg.task.name, str(cfg.k), cfg.train.max_length,
-            cfg.train.batch_size, str(cfg.data.dir), str(cfg.device), str(cfg.precision), padded)
+            cfg.train.batch_size, str(cfg.data.dir), str(cfg.device), str(cfg.precision), padded, schedule)
 
 
 def plan_groups(cfgs: Sequence[DictConfig]) -> list[list[int]]:

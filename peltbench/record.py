@@ -26,6 +26,7 @@ from . import UserError, __version__
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
 from .packaged import packaged_config
+from .protocols import DEFAULT as DEFAULT_PROTOCOL, identity as protocol_identity, method_overrides, protocol_name, run_defaults
 
 log = logging.getLogger("peltbench")
 
@@ -62,6 +63,8 @@ def data_location(data_dir: str | None) -> str | None:
 # Method settings added after records existed, with the value that reproduces the behaviour from before they
 # existed: at that value they are left out of the identity, so earlier records keep their hash.
 LATER_METHOD_KEYS = {"gate_pooling": "masked", "lora_freeze_a": False}
+# The same for top-level settings (protocols, issue 20): training bounded by steps, dev every N steps.
+LATER_KEYS = {"train.max_steps": None, "train.eval_every": None}
 
 
 def semantic_config(cfg: DictConfig) -> dict:
@@ -74,6 +77,13 @@ def semantic_config(cfg: DictConfig) -> dict:
     for key in SEMANTIC_KEYS:
         identity[key] = OmegaConf.select(cfg, key)
     identity["model.name"] = model_identity(str(identity["model.name"]))
+    for key, before in LATER_KEYS.items():
+        value = OmegaConf.select(cfg, key, default=before)
+        if value != before:
+            identity[key] = value
+    protocol = protocol_identity(cfg)  # None at unipelt: records from before protocols keep their hash
+    if protocol is not None:
+        identity["protocol"] = protocol
     return identity
 
 
@@ -105,18 +115,23 @@ def _flat(identity: dict) -> dict:
 def non_default_settings(cfg: DictConfig) -> list[tuple[str, object]]:
     """(key, value) pairs where the run departs from the packaged method file and top-level defaults."""
     changes: list[tuple[str, object]] = []
+    protocol = protocol_name(cfg)
     method_defaults = packaged_config(f"method/{cfg.method.name}.yaml")
+    if method_defaults is not None:  # the protocol's own method settings (lmbff: head=train) are its defaults
+        method_defaults = OmegaConf.merge(method_defaults, method_overrides(protocol))
     for key, value in OmegaConf.to_container(cfg.method, resolve=True).items():
         if method_defaults is None or key not in method_defaults or method_defaults[key] != value:
             if key != "name":
                 changes.append((key, value))
-    defaults = packaged_config("config.yaml")
-    for key in FOLDER_KEYS:
+    defaults = run_defaults(protocol, cfg.seed)  # the protocol's k, seeds and train.* are not departures
+    for key in (*FOLDER_KEYS, *LATER_KEYS):
         value = OmegaConf.select(cfg, key)
         if key == "model.name":
             value = model_identity(str(value))
-        if defaults is None or OmegaConf.select(defaults, key) != value:
+        if OmegaConf.select(defaults, key) != value:
             changes.append((key, value))
+    if protocol != DEFAULT_PROTOCOL:
+        changes.append(("protocol", protocol))
     return changes
 
 
@@ -246,7 +261,8 @@ def _kept(existing: dict | None, record: dict) -> str | None:
 # ---------------------------------------------------------------- the format: readable, no NaN
 
 # Scores first, then what the run was, its size and cost, then the long parts. Other fields go before the long ones.
-HEAD = ("status", "error", "test", "dev_best", "best_epoch", "epochs_run", "method", "variant", "task", "k", "seed",
+HEAD = ("status", "error", "test", "dev_best", "best_epoch", "best_step", "epochs_run", "method", "variant", "protocol",
+        "task", "k", "seed",
         "model_seed", "model", "architecture", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
         "train_seconds", "train_steps", "eval_seconds", "test_seconds", "test_examples", "machine", "device",
         "precision", "fused", "dropout")

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
 from .config import CPU_BF16, check_config
-from .data import encode, few_shot_split, load_split
+from .data import dev_halves, encode, few_shot_split, lmbff_split, load_split
 from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
                       member_state)
 from .loggers import RunLogger, check_can_start, open_logger
@@ -31,6 +31,7 @@ from .saving import (PREDICTIONS, WEIGHTS, check_owner, check_shapes, member_wei
 from .claim import claim_run, describe, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
                      probe_writable, record_path, utc_now, variant_name, versions, write_record)
+from .protocols import protocol_name
 from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
 
@@ -200,26 +201,43 @@ def prepare_member(cfg: DictConfig, task: TaskSpec, tokenizer, name: str) -> tup
     data_dir = None if cfg.data.dir is None else str(cfg.data.dir)
     train_split = load_split(task, data_dir, "train")
     test_split = load_split(task, data_dir, "test")
-    if cfg.k == "all":  # Table 3: all of train; select and report on the official dev split
-        train_rows, dev_rows, dev_split = np.arange(len(train_split)), np.arange(len(test_split)), test_split
-    else:
-        train_rows, dev_rows = few_shot_split(len(train_split), cfg.k, cfg.seed, cfg.dev_size)
-        dev_split = train_split
+    train_rows, dev_rows, test_rows, dev_split = split_rows(cfg, task, train_split, test_split)
     length = cfg.train.max_length
     member = Member(
         name=name,
         train=encode(train_split, train_rows, tokenizer, length),
         dev=encode(dev_split, dev_rows, tokenizer, length),
-        test=encode(test_split, np.arange(len(test_split)), tokenizer, length),
+        test=encode(test_split, test_rows, tokenizer, length),
         settings=TrainSettings(lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience,
-                               grad_clip=cfg.train.grad_clip, seed=cfg.model_seed, data_seed=cfg.seed),
+                               grad_clip=cfg.train.grad_clip, seed=cfg.model_seed, data_seed=cfg.seed,
+                               steps=cfg.train.get("max_steps"), eval_every=cfg.train.get("eval_every")),
+        test_rows=None if len(test_rows) == len(test_split) else test_rows,
     )
     data = {
-        "test_examples": len(test_split), "data_source": train_split.source,
+        "test_examples": len(test_rows), "data_source": train_split.source,
         "split": {"train_indices": None if cfg.k == "all" else train_rows.tolist(),
-                  "dev_indices": None if cfg.k == "all" else dev_rows.tolist()},
+                  "dev_indices": None if dev_split is test_split else dev_rows.tolist()},
     }
+    if member.test_rows is not None:  # GLUE dev in two parts (full_halves): its rows that select, and those reported
+        data["split"].update(glue_dev_selection=dev_rows.tolist(), glue_dev_test=test_rows.tolist())
     return member, data
+
+
+def split_rows(cfg: DictConfig, task: TaskSpec, train_split, test_split) -> tuple:
+    """(train rows, dev rows, test rows, the split the dev rows index) under the run's protocol (`protocol.dev`)."""
+    dev = cfg.protocol.dev if cfg.get("protocol") is not None else "train"
+    everything = np.arange(len(test_split))
+    if dev == "per_class":  # LM-BFF: K train and K dev rows per class
+        train_rows, dev_rows = lmbff_split(train_split.labels, cfg.k, cfg.seed, task.is_regression)
+        return train_rows, dev_rows, everything, train_split
+    if cfg.k != "all":  # UniPELT §4.1: K rows, then dev_size rows, of one seeded permutation
+        train_rows, dev_rows = few_shot_split(len(train_split), cfg.k, cfg.seed, cfg.dev_size)
+        return train_rows, dev_rows, everything, train_split
+    train_rows = np.arange(len(train_split))
+    if dev == "glue_dev_halves":  # ReFT: one part of GLUE dev selects, the other is reported
+        dev_rows, test_rows = dev_halves(len(test_split), cfg.seed)
+        return train_rows, dev_rows, test_rows, test_split
+    return train_rows, everything, everything, test_split  # Table 3, full_median, full_mean: GLUE dev for both
 
 
 def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf16: bool) -> int:
@@ -296,8 +314,9 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
             log.info("  %s", run.label)
     else:
         record = runs[0].record
-        log.info("%s on %s, %s (%s): %s trainable parameters stored per task (%s in the optimiser), %s, %s",
-                 first.method.name, task.name, first.model.name, model.arch.name, f"{record['trainable_params']:,}",
+        log.info("%s on %s, %s (%s), protocol %s: %s trainable parameters stored per task (%s in the optimiser), %s, %s",
+                 first.method.name, task.name, first.model.name, model.arch.name, record["protocol"],
+                 f"{record['trainable_params']:,}",
                  f"{record['optimizer_params']:,}", device, record["precision"])
     group = group_settings(first, model, pad_id, device, bf16)
     for run in runs:
@@ -326,7 +345,8 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
                 saved += save_weights(run.path.parent, weights, run.cfg, model.arch,
                                       member_frozen(model, slot, run.cfg.method))
             if run.cfg.save.predictions:
-                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task))
+                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task,
+                                              run.member.test_rows))
             run.record["saved"] = saved
         except OSError as error:
             result.error = f"could not save the run's {'weights' if run.cfg.save.weights else 'predictions'}: {error}"
@@ -346,13 +366,16 @@ def _record(run: _Run, result: MemberResult) -> Outcome:
         eval_seconds=round(result.eval_seconds, 3), test_seconds=round(result.test_seconds, 3), gates=result.gates,
         status="ok",
     )
+    if result.best_step is not None:  # dev every train.eval_every steps (LM-BFF): the step restored, not an epoch
+        record["best_step"] = result.best_step
     try:
         write_record(run.path, {**record, "finished_at": utc_now()})
     except RecordWriteError as error:  # logged; the others go on, and the sweep summary reports this run
         return Outcome("failed", record, error)
     scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
-    log.info("done: %s: test %s (best dev epoch %d of %d), record %s", run.label, scores, result.best_epoch,
-             result.epochs_run, run.path)
+    best = (f"best dev epoch {result.best_epoch} of {result.epochs_run}" if result.best_step is None
+            else f"best dev step {result.best_step} of {result.train_steps}")
+    log.info("done: %s [protocol %s]: test %s (%s), record %s", run.label, record["protocol"], scores, best, run.path)
     return Outcome("ok", record)
 
 
@@ -387,7 +410,8 @@ def _fused(runs: list[_Run]) -> dict | None:
 
 def _identity(cfg: DictConfig, digest: str) -> dict:
     return {
-        "schema": SCHEMA, "method": cfg.method.name, "variant": variant_name(cfg), "task": cfg.task.name,
+        "schema": SCHEMA, "method": cfg.method.name, "variant": variant_name(cfg), "protocol": protocol_name(cfg),
+        "task": cfg.task.name,
         "k": cfg.k, "seed": cfg.seed, "model_seed": cfg.model_seed, "model": model_identity(cfg.model.name),
         "status": None, "error": None, "data_dir": data_location(cfg.data.dir),
         "config": OmegaConf.to_container(cfg, resolve=True), "config_hash": digest,

@@ -170,13 +170,16 @@ def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, to
     return a.contiguous(), b
 
 
-def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task) -> str:
-    """predictions.csv: index (row of the official dev split), label, prediction (a class id, or the STS-B score)."""
+def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task, rows=None) -> str:
+    """predictions.csv: index (row of the official dev split), label, prediction (a class id, or the STS-B score).
+    `rows`: the official dev rows scored, when the test set is a part of it (protocol full_halves); default all."""
+    rows = range(len(labels)) if rows is None else [int(row) for row in rows]
+
     def write(path: Path) -> None:
         with open(path, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["index", "label", "prediction"])
-            for index, (label, predicted) in enumerate(zip(labels.tolist(), predictions.tolist())):
+            for index, label, predicted in zip(rows, labels.tolist(), predictions.tolist()):
                 if task.is_regression:
                     writer.writerow([index, f"{label:.6g}", f"{predicted:.6g}"])
                 else:

@@ -1,4 +1,5 @@
-"""The training loop: AdamW, linear decay, dev evaluation every epoch, early stopping (App. B, docs/protocol.md).
+"""The training loop: AdamW, linear decay, dev evaluation every epoch (or every N steps), early stopping (App. B,
+docs/protocol.md; a protocol in steps, e.g. LM-BFF's 1,000 steps with dev every 100: §10).
 
 One loop trains a *group* of runs ("members") that share one frozen backbone; a separate run is a group of
 one. Every step concatenates the active members' batches (each member its own data order) into one forward
@@ -37,11 +38,20 @@ class TrainSettings:
     """One member's training settings (App. B)."""
 
     lr: float
-    epochs: int = 50
-    patience: int = 10
+    epochs: int | None = 50
+    patience: int | None = 10   # dev evaluations without strict improvement before stopping; None: never early
     grad_clip: float = 1.0
     seed: int = 42       # the model seed: the member's data order and, with the data seed, its dropout masks
     data_seed: int = 0   # the data seed (its dropout masks: methods/randomness.py)
+    steps: int | None = None       # train exactly this many steps instead of `epochs` (train.max_steps; then eval_every is set)
+    eval_every: int | None = None  # dev every this many steps; None: after every epoch
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        return self.steps if self.steps is not None else self.epochs * steps_per_epoch
+
+    def period(self, steps_per_epoch: int) -> int:
+        """Optimiser steps between two dev evaluations."""
+        return self.eval_every if self.eval_every is not None else steps_per_epoch
 
 
 @dataclass
@@ -75,14 +85,15 @@ class Member:
     eval_seconds: float = 0.0
     steps: int = 0
     error: str | None = None  # why it stopped without a result (a non-finite loss)
+    test_rows: np.ndarray | None = None  # the official dev rows of `test` when it is a part of them (full_halves)
 
 
 @dataclass
 class MemberResult:
     test: dict | None
     dev_best: dict
-    best_epoch: int
-    epochs_run: int
+    best_epoch: int | None  # None when evaluations are counted in steps (then best_step)
+    epochs_run: int | None
     history: list[dict]
     train_seconds: float
     train_steps: int
@@ -91,6 +102,7 @@ class MemberResult:
     gates: dict | None
     predictions: np.ndarray | None
     error: str | None = None
+    best_step: int | None = None  # the step of the best dev evaluation (train.eval_every set)
 
 
 Logger = Callable[[int, int, dict], None]  # (member index, epoch, metrics)
@@ -98,26 +110,32 @@ Logger = Callable[[int, int, dict], None]  # (member index, epoch, metrics)
 
 def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
         on_done: Callable[[int, MemberResult], None], on_epoch: Logger | None = None) -> None:
-    """Train the group until every member has stopped; `on_done(index, result)` for each, as it stops."""
+    """Train the group until every member has stopped; `on_done(index, result)` for each, as it stops.
+
+    The loop runs in evaluation periods: an epoch, or `eval_every` steps (members of a group share it: fusion.py).
+    """
     steps_per_epoch = math.ceil(len(members[0].train) / group.batch_size)
+    period = members[0].settings.period(steps_per_epoch)
     optimizer = MemberAdamW(model)
     for m, member in enumerate(members):
-        optimizer.schedule(m, member.settings.lr, member.settings.epochs * steps_per_epoch)
+        optimizer.schedule(m, member.settings.lr, member.settings.total_steps(steps_per_epoch))
     clip = torch.tensor([m.settings.grad_clip for m in members], device=group.device)
-    shufflers = [torch.Generator().manual_seed(m.settings.seed) for m in members]
+    data = _DataOrder(members, steps_per_epoch)
     dev = [EvaluationSet(m.dev, group) for m in members]
     test = [EvaluationSet(m.test, group) for m in members]
 
     active = list(range(len(members)))
-    epoch, step = 0, 0
-    bar = progress(total=max(m.settings.epochs for m in members), desc="epoch", unit="epoch", lines=False, outermost=True)
+    evaluation, step = 0, 0
+    total = max(-(-m.settings.total_steps(steps_per_epoch) // period) for m in members)
+    bar = progress(total=total, desc="epoch" if members[0].settings.eval_every is None else "evaluation",
+                   unit="epoch" if members[0].settings.eval_every is None else "eval", lines=False, outermost=True)
     while active:
-        epoch += 1
+        evaluation += 1
         model.members.set_active(active, group.device)
         start = _now(group.device)
-        losses, first_bad = _train_epoch(model, members, active, task, group, optimizer, clip, shufflers, step)
+        losses, first_bad = _train_steps(model, members, active, task, group, optimizer, clip, data, step, period)
         seconds = _now(group.device) - start
-        step += steps_per_epoch
+        step += period
         model.members.start_gate_recording()
         scores, eval_seconds = evaluate(model, [dev[m] for m in active], task, group, "dev")
         gates = model.members.stop_gate_recording()
@@ -126,45 +144,76 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
             member = members[m]
             member.train_seconds += seconds
             member.eval_seconds += eval_seconds
-            member.steps += steps_per_epoch
+            member.steps += period
             if first_bad[position] >= 0:  # the loss went non-finite: stop at once, with the reason
-                member.error = (f"the training loss became {losses[position]} at epoch {epoch}, step "
-                                f"{first_bad[position] + 1} of {steps_per_epoch}: lower method.lr or check the data")
+                member.error = _diverged(member, losses[position], evaluation, first_bad[position], period, step)
                 stopping.append(m)
                 continue
             score = scores[position]["main"]
-            member.history.append({"epoch": epoch, "train_loss": losses[position], "dev_main": score})
+            member.history.append({_unit(member): evaluation if member.settings.eval_every is None else step,
+                                   "train_loss": losses[position], "dev_main": score})
             score = -math.inf if score is None else score
             if member.best_state is None or score > member.best_score:  # strict improvement only (HF)
-                member.best_score, member.best_epoch, member.dev_best = score, epoch, scores[position]
+                member.best_score, member.best_epoch, member.dev_best = score, evaluation, scores[position]
                 member.best_state = member_state(model, m)
             if on_epoch is not None:
-                on_epoch(m, epoch, _epoch_metrics(losses[position], scores[position], optimizer.lr_at(m, step - 1),
-                                                  seconds + eval_seconds, gates[m]))
-            if epoch - member.best_epoch >= member.settings.patience or epoch >= member.settings.epochs:
+                on_epoch(m, evaluation, _epoch_metrics(losses[position], scores[position], optimizer.lr_at(m, step - 1),
+                                                       seconds + eval_seconds, gates[m]))
+            patience = member.settings.patience
+            if (patience is not None and evaluation - member.best_epoch >= patience) or \
+                    step >= member.settings.total_steps(steps_per_epoch):
                 stopping.append(m)
-        _log_epoch(members, active, epoch, losses, scores, seconds + eval_seconds, task)
+        _log_epoch(members, active, evaluation, losses, scores, seconds + eval_seconds, task)
         for m in stopping:
             optimizer.leave(m)
         if stopping:
-            _finish(model, members, stopping, test, task, group, epoch, on_done)
+            _finish(model, members, stopping, test, task, group, evaluation, period, on_done)
             active = [m for m in active if m not in stopping]
         bar.update(1)  # after the test pass of the members that stop: its progress lines name this epoch
     bar.close()
     model.members.set_active(None)
 
 
-def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers, first_step):
-    """One epoch of the active members; per member its mean loss, and the first step whose loss was not finite (-1)."""
+def _unit(member: Member) -> str:
+    """What a history entry counts: `epoch` (dev after every epoch) or `step` (dev every eval_every steps)."""
+    return "epoch" if member.settings.eval_every is None else "step"
+
+
+def _diverged(member: Member, loss: float, evaluation: int, bad: int, period: int, step: int) -> str:
+    if member.settings.eval_every is None:
+        where = f"epoch {evaluation}, step {bad + 1} of {period}"
+    else:
+        where = f"step {step - period + bad + 1}"
+    return f"the training loss became {loss} at {where}: lower method.lr or check the data"
+
+
+class _DataOrder:
+    """Each member's order of its training rows: a fresh permutation per epoch from its own generator (the model
+    seed), drawn when the member's first step of that epoch comes, so a period may end inside an epoch."""
+
+    def __init__(self, members: list[Member], steps_per_epoch: int) -> None:
+        self.shufflers = [torch.Generator().manual_seed(m.settings.seed) for m in members]
+        self.sizes = [len(m.train) for m in members]
+        self.orders: dict[int, list[int]] = {}
+        self.steps_per_epoch = steps_per_epoch
+
+    def rows(self, m: int, step: int, batch_size: int) -> list[int]:
+        position = step % self.steps_per_epoch
+        if position == 0:
+            self.orders[m] = torch.randperm(self.sizes[m], generator=self.shufflers[m]).tolist()
+        return self.orders[m][position * batch_size : (position + 1) * batch_size]
+
+
+def _train_steps(model, members, active, task, group, optimizer, clip, data, first_step, count):
+    """`count` steps of the active members from global step `first_step`; per member its mean loss over the rows it
+    saw, and the first step (counted from `first_step`) whose loss was not finite (-1)."""
     model.train()
-    orders = [torch.randperm(len(members[m].train), generator=shufflers[m]).tolist() for m in active]
     settings = [member.settings for member in members]
-    size = len(orders[0])
     total = torch.zeros(len(active), device=group.device)
     first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
-    starts = range(0, size, group.batch_size)
-    for step, start in enumerate(progress(starts, "train", unit="step")):
-        rows = [order[start : start + group.batch_size] for order in orders]
+    seen = 0
+    for step in progress(range(count), "train", unit="step"):
+        rows = [data.rows(m, first_step + step, group.batch_size) for m in active]
         sets = [members[m].train for m in active]
         losses = 0.0
         for piece in pieces(sets, rows, group):  # one forward and backward per piece (one piece: the whole batch)
@@ -183,7 +232,8 @@ def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers
             bad = ~torch.isfinite(losses)
             first_bad = torch.where(bad & (first_bad < 0), step, first_bad)
             total += losses.detach() * len(rows[0])
-    total = (total / size).tolist()
+        seen += len(rows[0])
+    total = (total / seen).tolist()
     return total, first_bad.tolist()
 
 
@@ -331,7 +381,7 @@ class MemberAdamW:
             parameter.grad = None
 
 
-def _finish(model, members, stopping, test, task, group, epoch, on_done) -> None:
+def _finish(model, members, stopping, test, task, group, evaluation, period, on_done) -> None:
     """The members that stop at this epoch: restore each one's best state, score their test sets together."""
     scored = [m for m in stopping if members[m].error is None]
     for m in scored:
@@ -347,11 +397,13 @@ def _finish(model, members, stopping, test, task, group, epoch, on_done) -> None
         member = members[m]
         test_scores, seconds, predicted, gate_means = results.get(m, (None, 0.0, None, None))
         member.best_state = None  # free it: the record is about to be written
+        in_steps = member.settings.eval_every is not None
         on_done(m, MemberResult(
-            test=test_scores, dev_best=member.dev_best, best_epoch=member.best_epoch, epochs_run=epoch,
-            history=member.history, train_seconds=member.train_seconds, train_steps=member.steps,
-            eval_seconds=member.eval_seconds + seconds, test_seconds=seconds, gates=gate_means,
-            predictions=predicted, error=member.error,
+            test=test_scores, dev_best=member.dev_best, best_epoch=None if in_steps else member.best_epoch,
+            epochs_run=None if in_steps else evaluation, history=member.history, train_seconds=member.train_seconds,
+            train_steps=member.steps, eval_seconds=member.eval_seconds + seconds, test_seconds=seconds,
+            gates=gate_means, predictions=predicted, error=member.error,
+            best_step=member.best_epoch * period if in_steps else None,
         ))
 
 
@@ -453,6 +505,12 @@ def _epoch_metrics(loss: float, scores: dict, lr: float, seconds: float, gates: 
 def _log_epoch(members, active, epoch, losses, scores, seconds, task) -> None:
     if len(members) == 1:
         member = members[0]
+        if member.settings.eval_every is not None:
+            every = member.settings.eval_every
+            log.info("step %d/%d  loss %.4f  dev %s %s  (best %s at step %d)  %.1fs", epoch * every,
+                     member.settings.steps, losses[0], task.main_metric, _fmt(scores[0]["main"]),
+                     _fmt(member.dev_best.get("main")), member.best_epoch * every, seconds)
+            return
         log.info("epoch %d/%d  loss %.4f  dev %s %s  (best %s at epoch %d)  %.1fs", epoch, member.settings.epochs,
                  losses[0], task.main_metric, _fmt(scores[0]["main"]), _fmt(member.dev_best.get("main")),
                  member.best_epoch, seconds)

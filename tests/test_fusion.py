@@ -188,7 +188,7 @@ def test_members_stop_on_their_own_and_a_crash_fails_only_the_unfinished(quiet_c
     short = sweep_configs(quiet_checkpoint, glue_dir, tmp_path, [("adapter", 1e-2)], seeds=(111,))[0]
     long = sweep_configs(quiet_checkpoint, glue_dir, tmp_path, [("lora", 3e-2)], seeds=(111,))[0]
     short.train.epochs = 1  # leaves the group after epoch 1; its record is written then
-    real, calls = peltbench.train._train_epoch, []
+    real, calls = peltbench.train._train_steps, []
 
     def crash_in_epoch_two(*args, **kwargs):
         calls.append(1)
@@ -196,7 +196,7 @@ def test_members_stop_on_their_own_and_a_crash_fails_only_the_unfinished(quiet_c
             raise RuntimeError("CUDA out of memory (simulated)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(peltbench.train, "_train_epoch", crash_in_epoch_two)
+    monkeypatch.setattr(peltbench.train, "_train_steps", crash_in_epoch_two)
     finished, crashed = run_group([short, long])
     assert finished.status == "ok" and finished.record["epochs_run"] == 1
     assert crashed.status == "failed" and crashed.record["error"] == "RuntimeError: CUDA out of memory (simulated)"

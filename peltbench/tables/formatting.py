@@ -28,6 +28,16 @@ def printed(value):
     return float("nan") if is_missing(value) else float(number(value))
 
 
+def center(cell):
+    """What a score cell prints: its median under a median protocol (full_median), else its mean."""
+    return cell.median if getattr(cell, "statistic", "mean") == "median" else cell.mean
+
+
+def spread(cell):
+    """The std a score cell prints beside its mean; none beside a median or for a single seed."""
+    return None if getattr(cell, "statistic", "mean") == "median" or cell.n <= 1 else cell.std
+
+
 def _no_negative_zero(value, decimals):
     return 0.0 if round(value, decimals) == 0 else value
 

@@ -2,7 +2,7 @@
 
 Each file is a `table` / `table*` float to `\\input` into a paper that loads booktabs and graphicx.
 """
-from .formatting import apart_title, blocks, is_missing, larger_of_pair, number, param_count, percent, seeds_note
+from .formatting import apart_title, blocks, center, is_missing, larger_of_pair, number, param_count, percent, seeds_note, spread
 from .names import AVG, EFFICIENCY_METHODS, k_label, method_label, task_label
 
 LATEX_SPECIALS = {"\\": r"\textbackslash{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
@@ -47,10 +47,11 @@ def _comment(text):
 def score_cell(cell, expected, significant=False):
     """`\\textbf{79.61}$_{4.25}^{*}$`: the mean bold or underlined by rank, the std as subscript, `*` when
     significant, and a superscript seed count (`$^{n=3}$`) when seeds are missing; narrow enough for a page."""
-    if cell.n == 0 or is_missing(cell.mean):
+    if cell.n == 0 or is_missing(center(cell)):
         return MISSING
-    mean = {1: rf"\textbf{{{number(cell.mean)}}}", 2: rf"\underline{{{number(cell.mean)}}}"}.get(cell.rank, number(cell.mean))
-    std = number(cell.std) if cell.n > 1 else ""
+    shown = number(center(cell))
+    mean = {1: rf"\textbf{{{shown}}}", 2: rf"\underline{{{shown}}}"}.get(cell.rank, shown)
+    std = number(spread(cell)) if spread(cell) is not None else ""
     marks = ",".join(filter(None, ["*" if significant else "", seeds_note(cell, expected)]))
     if not std and not marks:
         return mean

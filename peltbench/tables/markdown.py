@@ -4,7 +4,7 @@ GitHub drops `<u>`, so the paper's underline (2nd best) is written `<ins>`; bold
 """
 import pandas as pd
 
-from .formatting import MISSING, apart_title, blocks, is_missing, larger_of_pair, number, param_count, percent, seeds_note, signed
+from .formatting import MISSING, apart_title, blocks, center, is_missing, larger_of_pair, number, param_count, percent, seeds_note, signed, spread
 from .names import AVG, EFFICIENCY_METHODS, k_label, method_label, task_label
 
 UPPER_BOUND_HEADER = ["K", "max({A, P})", "UniPELT (AP)", "max({A, P, L})", "UniPELT (APL)"]  # Table 2's columns
@@ -59,9 +59,9 @@ def _row(method, cells, tasks, expected, k, significant):
 
 def score_cell(cell, expected, significant=False):
     """`79.61 ± 4.25`, bold or `<ins>` by rank, ` *` if significant, ` (n=3)` if seeds are missing; `–` if none."""
-    if cell.n == 0 or is_missing(cell.mean):
+    if cell.n == 0 or is_missing(center(cell)):
         return MISSING
-    value = number(cell.mean) + (f" ± {number(cell.std)}" if cell.n > 1 else "")
+    value = number(center(cell)) + (f" ± {number(spread(cell))}" if spread(cell) is not None else "")
     value = {1: f"**{value}**", 2: f"<ins>{value}</ins>"}.get(cell.rank, value)
     note = seeds_note(cell, expected)
     return value + (" *" if significant else "") + (f" ({note})" if note else "")

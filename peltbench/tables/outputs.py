@@ -18,8 +18,8 @@ from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
 from .others import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .protocol import Selection
-from .scores import score_table, upper_bounds
+from .protocol import Selection, label_protocol
+from .scores import score_table, statistic, upper_bounds
 from .significance import significance
 
 CSV_FLOATS = "%.6g"
@@ -91,7 +91,7 @@ def write_table1(out, runs, render):
     if runs.empty:
         return [*write_missing(out, "table1", "Table 1", "table1", _no_runs(render), below),
                 *write_missing(out, "table2", "Table 2", "table2", _no_runs(render), below)]
-    table = score_table(runs, render.ddof, TABLE1_METHODS)
+    table = score_table(runs, render.ddof, TABLE1_METHODS, reported(render))
     results = significance(table)
     flagged = {(row.k, row.method, row.task) for row in results.itertuples() if row.significant}
     caption = table1_caption(table, render)
@@ -136,9 +136,10 @@ def write_table3(out, runs, render):
     below = other_settings_markdown(render.others[render.others["k"] == "all"], render.selection)
     if runs.empty:
         return write_missing(out, "table3", "Table 3", "table3", _no_runs(render), below)
-    table = score_table(runs, render.ddof, TABLE3_METHODS)
+    table = score_table(runs, render.ddof, TABLE3_METHODS, reported(render))
     caption = ("Results on GLUE when all training examples are used (K = all): best performance on the GLUE dev "
-               f"split, main metric x100, over {_seeds(table)}; Avg. over the {_count(len(table.tasks), 'task')}. "
+               f"split, main metric x100, {'median' if reported(render) == 'median' else 'mean'} over {_seeds(table)}; "
+               f"Avg. over the {_count(len(table.tasks), 'task')}. "
                "Best and 2nd best per column are bold and underlined. " + render.selection.caption())
     out.text("table3.md", markdown.score_table_markdown(
         table, "Table 3: results with all training examples (dev)", caption, 1, "Table 3") + below)
@@ -247,12 +248,20 @@ def write_layernorm_figure(out, runs, render):
                                         f"and task ({k_label(k)}; the CSV has every K, layer 0 = embeddings)")]
 
 
+def reported(render):
+    """The statistic the pooled runs' protocol reports: "mean" or "median" (peltbench.protocols.statistic)."""
+    return statistic(label_protocol(render.selection.protocol))
+
+
 def table1_caption(table, render):
     ks = ", ".join(sorted(set(table.cells["k"]), key=int))
     return (f"Results on GLUE with K = {{{ks}}} training examples: test performance (the official dev split), "
             "main metric x100 (CoLA Matthews corr., MRPC and QQP F1, STS-B Spearman, accuracy for the rest; MNLI matched). "
-            f"Mean and standard deviation over {_seeds(table)} (std with ddof = {render.ddof}; {render.expected} seeds expected per cell). "
-            f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then mean and std over the seeds that have "
+            + (f"Median over {_seeds(table)} ({render.expected} seeds expected per cell; the protocol's statistic). "
+               if reported(render) == "median" else
+               f"Mean and standard deviation over {_seeds(table)} (std with ddof = {render.ddof}; {render.expected} seeds expected per cell). ")
+            + f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then "
+            f"{'the median' if reported(render) == 'median' else 'mean and std'} over the seeds that have "
             "every task. Best and 2nd best per column and K are bold and underlined. " + render.selection.caption())
 
 

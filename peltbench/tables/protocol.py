@@ -6,6 +6,10 @@ dev set size, the model seed and the precision it ran in. Settings that do not c
 is written as the settings that differ from the paper's (conf/config.yaml's defaults, App. B) plus the
 precision, e.g. `precision=fp32` (the paper's) or `train.epochs=3,dev_size=200,precision=fp32`: that
 string is the `protocol` column of `load_records` and what `peltbench-tables --protocol` takes.
+
+A run of a named protocol other than UniPELT's (conf/protocol/, docs/protocol.md §10) is labelled
+`protocol=lmbff,...`, its settings compared with that protocol's own defaults (its k, seeds, train.* and model
+seed are not departures): two protocols never share a label, so no render pools them.
 """
 import json
 import posixpath
@@ -19,10 +23,12 @@ from omegaconf import OmegaConf
 from .. import UserError
 from ..architectures import NAMES
 from ..packaged import packaged_config
+from ..protocols import DEFAULT as DEFAULT_PROTOCOL, describe as describe_named, protocol_file, protocol_name, run_defaults
 
 NON_RESULT_TRAIN_KEYS = frozenset({"eval_batch_size"})
 TOP_LEVEL_KEYS = ("dev_size", "model_seed")
 PRECISION = "precision"
+PROTOCOL = "protocol"  # the named protocol (conf/protocol/), in a label only when it is not unipelt
 # The paper's model; the Hub now serves it as google-bert/bert-base-uncased too.
 PAPER_MODEL = "bert-base-uncased"
 PAPER_MODEL_IDS = (PAPER_MODEL, "google-bert/bert-base-uncased")
@@ -44,12 +50,24 @@ def paper_protocol():
 
 
 def run_protocol(config, precision):
-    """A record's protocol settings (dotted keys). A `train` key the record predates counts at its default."""
+    """A record's protocol settings (dotted keys). A `train` key the record predates counts at its default.
+    Under a named protocol other than unipelt: `protocol` and the settings that differ from that protocol's own."""
     settings = paper_protocol()
     settings.update({f"train.{key}": value for key, value in config["train"].items() if key not in NON_RESULT_TRAIN_KEYS})
     settings.update({key: config[key] for key in TOP_LEVEL_KEYS if key in config})
+    name = protocol_name(config)
+    if name != DEFAULT_PROTOCOL:  # only what departs from the protocol's own settings (its seed resolves model_seed)
+        own = run_defaults(name, config.get("seed")) if protocol_file(name) is not None else None
+        settings = {PROTOCOL: name, **{key: value for key, value in settings.items()
+                                       if own is None or canonical(value) != canonical(OmegaConf.select(own, key))}}
     settings[PRECISION] = precision
     return settings
+
+
+def label_protocol(label):
+    """The named protocol of a label (`unipelt` when it names none): what decides the statistic tables report
+    (peltbench.protocols.statistic) and the words of captions."""
+    return parse_protocol(label).get(PROTOCOL, DEFAULT_PROTOCOL)
 
 
 def canonical(value):
@@ -77,8 +95,9 @@ def _plain(value):
 def protocol_label(settings):
     """`train.epochs=3,dev_size=200,precision=fp32`: what differs from the paper's protocol, then the precision."""
     paper = paper_protocol()
+    named = PROTOCOL in settings  # run_protocol kept only what departs from that protocol's own settings
     differing = [f"{key}={canonical(value)}" for key, value in settings.items()
-                 if key != PRECISION and canonical(value) != canonical(paper.get(key))]
+                 if key != PRECISION and (named or canonical(value) != canonical(paper.get(key)))]
     return protocol_label_order(",".join([*differing, f"{PRECISION}={canonical(settings.get(PRECISION))}"]))
 
 
@@ -109,6 +128,11 @@ def describe_protocol(label):
     pairs = parse_protocol(label)
     precision = pairs.pop(PRECISION, "null")
     precision = "precision not recorded" if precision == "null" else precision
+    named = pairs.pop(PROTOCOL, None)
+    if named is not None:
+        words = describe_named(named) if protocol_file(named) is not None else f"protocol {named}"
+        rest = f"; also {', '.join(f'{key}={value}' for key, value in pairs.items())}" if pairs else ""
+        return f"{words}{rest}, {precision}"
     if not pairs:
         paper = paper_protocol()
         return (f"the paper's protocol (App. B: {paper['train.epochs']} epochs, patience {paper['train.patience']}, "
@@ -265,7 +289,8 @@ def choose_protocol(runs, option=None):
     wanted = parse_protocol(option or "")
     paper = {key: canonical(value) for key, value in paper_protocol().items()}
     _check_keys(wanted, runs, paper)
-    wanted = {key: value for key, value in wanted.items() if paper.get(key) != value}  # naming a paper value is no change
+    wanted = {key: value for key, value in wanted.items()  # naming a paper value (or protocol=unipelt) is no change
+              if paper.get(key) != value and (key, value) != (PROTOCOL, DEFAULT_PROTOCOL)}
     precision = wanted.pop(PRECISION, None)
     labels = runs["protocol"].map(parse_protocol)
     same = runs[labels.map(lambda pairs: {key: value for key, value in pairs.items() if key != PRECISION} == wanted)]
@@ -285,7 +310,7 @@ def choose_protocol(runs, option=None):
 def protocol_label_order(label):
     """The same label with its keys in `protocol_label`'s order, so equal protocols are equal strings."""
     pairs = parse_protocol(label)
-    order = [*paper_protocol(), PRECISION]
+    order = [PROTOCOL, *paper_protocol(), PRECISION]
     keys = sorted(pairs, key=lambda key: (order.index(key) if key in order else len(order) - 1, key))
     keys = [key for key in keys if key != PRECISION] + [PRECISION]
     return ",".join(f"{key}={pairs[key]}" for key in keys)

@@ -25,6 +25,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from ..packaged import options, packaged_config
+from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
 from ..record import LATER_METHOD_KEYS
 from .names import METHODS, TASKS
 from .protocol import canonical, config_defaults, normalize_model, protocol_label, run_protocol
@@ -224,7 +225,7 @@ def _flatten(record, path):
     """One record as a flat row; optional fields that are absent become None (a failed run has null scores)."""
     config = record["config"]
     method = record["method"]
-    settings = method_settings(method, config["method"])
+    settings = method_settings(method, config["method"], protocol_name(config))
     precision = _precision(record)
     test, dev = record.get("test") or {}, record.get("dev_best") or {}
     fused, machine = record.get("fused") or {}, record.get("machine") or {}
@@ -242,7 +243,8 @@ def _flatten(record, path):
         "fused_group": fused.get("group"), "fused_size": fused.get("size"), "device": record.get("device"),
         "machine_hostname": machine.get("hostname"), "machine_cpu": machine.get("cpu"), "machine_gpu": machine.get("gpu"),
         "gates": record.get("gates"), "weights": str(weights) if weights.is_file() else None,
-        "settings": settings, "changed": changed_settings(method, settings), "config": config, "path": str(path),
+        "settings": settings, "changed": changed_settings(method, settings, protocol_name(config)), "config": config,
+        "path": str(path),
     }
     row.update({field: record.get(field) for field in EFFICIENCY_FIELDS})
     row.update({f"test_{metric}": _score(score) for metric, score in test.items() if metric != "main"})
@@ -269,29 +271,32 @@ def _score(value):
     return float("nan") if value is None else float(value)
 
 
-def method_settings(method, settings):
+def method_settings(method, settings, protocol=DEFAULT_PROTOCOL):
     """A record's method settings as its run had them: `config.method`, and a setting the record predates at the
     value that reproduces the behaviour from before it (`record.LATER_METHOD_KEYS`, e.g. `gate_pooling: masked`),
-    else at the method file's default. Values are as recorded (compare them with `protocol.canonical`)."""
-    defaults = method_defaults(method)
+    else at the method file's default (under its protocol's settings: lmbff's head=train). Values are as recorded
+    (compare them with `protocol.canonical`)."""
+    defaults = method_defaults(method, protocol)
     later = {key: value for key, value in LATER_METHOD_KEYS.items() if key in defaults}
     return {**defaults, **later, **settings}
 
 
-def changed_settings(method, settings):
-    """Keys of the method settings whose value differs from `conf/method/<method>.yaml` (sorted tuple)."""
-    defaults = method_defaults(method)
+def changed_settings(method, settings, protocol=DEFAULT_PROTOCOL):
+    """Keys of the method settings whose value differs from `conf/method/<method>.yaml` with the run's protocol's
+    method settings over it (a protocol's head=train is no departure) (sorted tuple)."""
+    defaults = method_defaults(method, protocol)
     return tuple(sorted(key for key, value in settings.items()
                         if key in defaults and canonical(value) != canonical(defaults[key])))
 
 
 @lru_cache(maxsize=None)
-def method_defaults(method):
-    """The method's default settings from its packaged config file (`conf/method/<method>.yaml`); {} if none.
-    Read once per method (a results dir holds thousands of records): never change what it returns."""
+def method_defaults(method, protocol=DEFAULT_PROTOCOL):
+    """The method's default settings from its packaged config file (`conf/method/<method>.yaml`), with the method
+    settings protocol `protocol` sets over them; {} if none. Read once per method and protocol (a results dir holds
+    thousands of records): never change what it returns."""
     if method not in _packaged("method"):
         return {}
-    return OmegaConf.to_container(packaged_config(f"method/{method}.yaml"), resolve=True)
+    return {**OmegaConf.to_container(packaged_config(f"method/{method}.yaml"), resolve=True), **method_overrides(protocol)}
 
 
 @lru_cache(maxsize=None)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .formatting import printed
+from ..protocols import statistic  # noqa: F401 (re-exported: what a table reports for a protocol, "mean" or "median")
+from .formatting import center, printed
 from .names import AVG, METHODS, TASKS, UNIPELT_SUBMODULES, k_order, order_of
 
 CELL_KEYS = ["k", "method", "task"]
@@ -19,14 +20,17 @@ CELL_KEYS = ["k", "method", "task"]
 class ScoreTable:
     """One table of the paper's kind (Tables 1 and 3): a block per K, method rows × task columns + Avg."""
 
-    cells: pd.DataFrame     # k, method, task, mean, std, n (seeds averaged), failed (runs), paper_row, rank (dense: 1 bold, 2 underlined)
+    cells: pd.DataFrame     # k, method, task, mean, std, median, statistic, n (seeds averaged), failed (runs), paper_row, rank (dense: 1 bold, 2 underlined)
     seeds: pd.DataFrame     # k, method, task, seed, score: what the cells summarise
     problems: pd.DataFrame  # k, method, task, seed, status, reason: failed runs and undefined scores, never averaged in
     tasks: tuple            # the task columns, in the paper's order
 
 
-def score_table(runs, ddof=1, paper_rows=METHODS):
+def score_table(runs, ddof=1, paper_rows=METHODS, reported="mean"):
     """Tables 1 and 3 from runs with default method settings (`records.default_runs`), one record per seed.
+
+    `reported`: the statistic of the runs' protocol (`statistic(protocol)`): "mean" (cells print mean ± std) or
+    "median" (cells print the median over seeds; Avg. the median of the per-seed averages); ranks follow it.
 
     Methods in `paper_rows` (the paper table's own rows) come first and are ranked; any other method is a
     row set apart after them, without a rank, so it never takes the paper methods' bold / underline.
@@ -37,6 +41,7 @@ def score_table(runs, ddof=1, paper_rows=METHODS):
     failed = problems[problems["status"] != "ok"].groupby(CELL_KEYS).size().rename("failed")
     cells = _grid(runs, tasks).join(_summarise(seeds, ddof), on=CELL_KEYS).join(failed, on=CELL_KEYS)
     cells[["n", "failed"]] = cells[["n", "failed"]].fillna(0).astype(int)
+    cells["statistic"] = reported
     cells["paper_row"] = cells["method"].isin(paper_rows)
     cells = paper_order(cells, apart=True).reset_index(drop=True)
     cells["rank"] = _ranks(cells)
@@ -81,12 +86,13 @@ def _grid(runs, tasks):
 def _summarise(seeds, ddof):
     """Mean, std (over data seeds, with `ddof`) and number of seeds per cell."""
     groups = seeds.groupby(CELL_KEYS)["score"]
-    return pd.DataFrame({"mean": groups.mean(), "std": groups.std(ddof=ddof), "n": groups.count()})
+    return pd.DataFrame({"mean": groups.mean(), "std": groups.std(ddof=ddof), "median": groups.median(),
+                         "n": groups.count()})
 
 
 def _ranks(cells):
     """Dense rank per K and column of the paper rows' means as printed: ties share bold, as in Table 3's SST-2."""
-    shown = cells["mean"].map(printed).where(cells["paper_row"])
+    shown = pd.Series([printed(center(cell)) for cell in cells.itertuples()], index=cells.index).where(cells["paper_row"])
     return shown.groupby([cells["k"], cells["task"]]).rank(method="dense", ascending=False)
 
 

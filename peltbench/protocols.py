@@ -1,0 +1,106 @@
+"""Study protocols (conf/protocol/, docs/protocol.md §10): how a study is run and reported, as configuration data.
+
+A protocol file sets the split (`protocol.k`: K in total or per class; `protocol.dev`: where the dev rows come from),
+the seeds a sweep uses by default, training length and evaluation interval (`train.*`), whether every method's head
+trains (`method.head`), and the statistic tables report (`protocol.statistic`). This module reads them for the
+record (identity, folder) and the tables; it imports only omegaconf and the packaged files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+
+from omegaconf import DictConfig, OmegaConf
+
+from .packaged import options, packaged_config
+
+DEFAULT = "unipelt"       # today's protocol: records without a `protocol` field ran it
+K_COUNTS = ("total", "per_class", "all")  # K rows in all, K per class, or the whole train split only
+DEV_SOURCES = ("train", "per_class", "glue_dev", "glue_dev_halves")
+STATISTICS = ("mean", "median")
+RESULT_KEYS = ("name", "k", "dev")  # what of the `protocol` node changes a run's results (its identity)
+# What each dev source means, for captions and docs: which rows select the best epoch (or step).
+SELECTION = {
+    "train": "the best epoch on a dev set drawn from the train split",
+    "per_class": "the best evaluation on a dev set of K train rows per class",
+    "glue_dev": "the best epoch on GLUE dev, which is also the reported set (selection on the reported set)",
+    "glue_dev_halves": "the best epoch on one part of GLUE dev, reported on the other part",
+}
+
+
+def protocol_name(config: Mapping | DictConfig | None) -> str:
+    """The protocol a config (or a record's `config`) ran under: `unipelt` when it names none (earlier records)."""
+    node = (config or {}).get("protocol") if isinstance(config, (Mapping, DictConfig)) else None
+    name = node.get("name") if isinstance(node, (Mapping, DictConfig)) else None
+    return str(name) if name else DEFAULT
+
+
+@lru_cache(maxsize=None)
+def protocol_file(name: str) -> DictConfig | None:
+    """conf/protocol/<name>.yaml (never change what it returns); None for an unknown name."""
+    return packaged_config(f"protocol/{name}.yaml") if name in options("protocol") else None
+
+
+def protocol_settings(name: str) -> dict:
+    """The `protocol` node of a packaged protocol (name, k, dev, statistic, seeds, head)."""
+    packaged = protocol_file(name)
+    if packaged is None:
+        raise ValueError(f"protocol={name}: no such protocol; choose from {', '.join(options('protocol'))}")
+    return OmegaConf.to_container(packaged.protocol)
+
+
+def statistic(name: str | None) -> str:
+    """What tables report for runs of protocol `name`: "mean" (mean ± std over seeds) or "median" (full_median).
+    The one place that decides it; a protocol this version does not know is reported as a mean."""
+    if protocol_file(str(name or DEFAULT)) is None:
+        return "mean"
+    return protocol_settings(str(name or DEFAULT))["statistic"]
+
+
+def method_overrides(name: str) -> dict:
+    """The method settings a protocol sets over every method file's (e.g. lmbff: {"head": "train"})."""
+    packaged = protocol_file(name)
+    method = packaged.get("method") if packaged is not None else None
+    return OmegaConf.to_container(method) if method is not None else {}
+
+
+@lru_cache(maxsize=256)
+def run_defaults(name: str, seed: int | None = None) -> DictConfig:
+    """conf/config.yaml with protocol `name`'s top-level values over it (what a run of that protocol has unless
+    the command line says otherwise), `seed` filled in so that `model_seed: ${seed}` resolves. Cached: never change
+    what it returns."""
+    base = OmegaConf.merge(packaged_config("config.yaml"))
+    packaged = protocol_file(name)
+    if packaged is not None:
+        own = OmegaConf.masked_copy(packaged, [key for key in packaged if key not in ("protocol", "method", "hydra")])
+        base = OmegaConf.merge(base, own)
+    if seed is not None:
+        base.seed = seed
+    return base
+
+
+def identity(cfg: DictConfig) -> dict | None:
+    """What of the protocol enters a run's identity (record.semantic_config): None at `unipelt` with its own split,
+    so every record made before protocols existed keeps its hash."""
+    node = cfg.get("protocol")
+    if node is None:
+        return None
+    values = {key: node.get(key) for key in RESULT_KEYS}
+    unipelt = {key: protocol_settings(DEFAULT).get(key) for key in RESULT_KEYS}
+    return None if values == unipelt else values
+
+
+def sweep_seeds(name: str) -> str | None:
+    """`13,21,42,87,100`: the data seeds a -m sweep of protocol `name` runs by default (its hydra.sweeper.params)."""
+    packaged = protocol_file(name)
+    params = OmegaConf.select(packaged, "hydra.sweeper.params") if packaged is not None else None
+    return None if params is None or "seed" not in params else str(params.seed)
+
+
+def describe(name: str) -> str:
+    """One line for captions: the protocol, its split and what it selects on, and its statistic."""
+    settings = protocol_settings(name)
+    k = {"per_class": "K train rows per class", "total": "K train rows in total", "all": "the whole train split"}[settings["k"]]
+    return (f"protocol {name}: {k}; {SELECTION[settings['dev']]}; "
+            f"{'median' if settings['statistic'] == 'median' else 'mean ± std'} over the seeds")
