@@ -1,0 +1,189 @@
+"""AdaLoRA (methods/adalora.py, adalora_budget.py) against PEFT 0.21's AdaLoraModel on tiny random encoders.
+
+Tiny models have O(1) weights (initializer_range=0.2) and non-zero Λ, P, Q, so every path of the update matters.
+Tolerances: 1e-5 relative / 1e-6 absolute on logits and losses (tests/test_encoders.py); gradients 5e-6 of their largest
+entry absolute (Λ's gradient sums O(1) products over every position and both dimensions).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from test_encoders import batch, build, method, model_inputs
+from peltbench.methods import after_step, member_state, parameter_counts, plan_training, regulariser
+
+O1 = {"initializer_range": 0.2}
+ALL = ["query", "key", "value", "attention_output", "intermediate", "output"]
+DENSE = ["attention_output", "intermediate", "output"]
+# The Linear each target names in PEFT's model, per architecture (a regex over module names: `output.dense` alone
+# would also match the attention output's).
+PEFT_NAMES = {
+    "bert": {"query": r"attention\.self\.query", "key": r"attention\.self\.key", "value": r"attention\.self\.value",
+             "attention_output": r"attention\.output\.dense", "intermediate": r"intermediate\.dense",
+             "output": r"layer\.\d+\.output\.dense"},
+    "deberta-v2": {"query": r"query_proj", "key": r"key_proj", "value": r"value_proj",
+                   "attention_output": r"attention\.output\.dense", "intermediate": r"intermediate\.dense",
+                   "output": r"layer\.\d+\.output\.dense"},
+    "modernbert": {"query": r"attn\.Wqkv", "key": r"attn\.Wqkv", "value": r"attn\.Wqkv", "attention_output": r"attn\.Wo",
+                   "intermediate": r"mlp\.Wi", "output": r"mlp\.Wo"},
+}
+PEFT_NAMES["roberta"] = PEFT_NAMES["bert"]
+CASES = [("bert", ALL, 0.1), ("roberta", ALL, 0.1), ("deberta-v2", ALL, 0.1),
+         ("modernbert", ALL, 0.0),  # Wqkv is one matrix to PEFT: its regulariser would couple the q, k, v blocks
+         ("modernbert", DENSE, 0.1)]
+IDS = [f"{t}-{'all' if targets == ALL else 'dense'}" for t, targets, _ in CASES]
+
+
+def adalora(targets, gamma, **changes):
+    return method("adalora", adalora_targets=targets, adalora_orth_reg=gamma, **changes)
+
+
+def peft_adalora(model_type: str, ours, config, total_step: int, tinit: int = 0, tfinal: int = 0):
+    """PEFT's AdaLoRA on the same model and matrices, with our P, Λ, Q copied in. ModernBERT's Wqkv is one matrix
+    to PEFT: rank 3r₀, Q and Λ stacked [q; k; v], P block-diagonal, and α tripled so that α/rank is ours."""
+    from peft import AdaLoraConfig, get_peft_model
+
+    from conftest import tiny_encoder
+
+    names = PEFT_NAMES[model_type]
+    pattern = r".*\.(" + "|".join(sorted({names[t] for t in config.adalora_targets})) + r")$"
+    peft_config = AdaLoraConfig(
+        task_type="SEQ_CLS", init_r=config.adalora_init_rank, target_r=config.adalora_target_rank,
+        lora_alpha=config.adalora_alpha, target_modules=pattern, lora_dropout=0.0, total_step=total_step,
+        tinit=tinit, tfinal=tfinal, deltaT=config.adalora_delta_t, beta1=config.adalora_beta1,
+        beta2=config.adalora_beta2, orth_reg_weight=config.adalora_orth_reg)
+    peft = get_peft_model(tiny_encoder(model_type, dropout=0.0, **O1), peft_config)
+    for plain, module in peft_modules(peft).items():
+        if plain.endswith("Wqkv"):  # rank 3r₀ (PEFT gives every matrix init_r)
+            module.update_layer("default", 3 * config.adalora_init_rank, config.adalora_alpha, config=peft_config)
+    copy_into_peft(ours, peft, config.adalora_init_rank, config.adalora_alpha)
+    return peft
+
+
+def peft_modules(peft):
+    return {name.removeprefix("base_model.model."): module for name, module in peft.named_modules()
+            if hasattr(module, "lora_E") and "default" in module.lora_E}
+
+
+@torch.no_grad()
+def copy_into_peft(ours, peft, rank: int, alpha: float) -> None:
+    state = member_state(ours, 0)
+    for plain, module in peft_modules(peft).items():
+        if plain.endswith("Wqkv"):
+            blocks = [f"{plain}.adalora_{t}" for t in ("query", "key", "value")]
+            module.lora_A["default"].copy_(torch.cat([state[f"{b}.lora_A"] for b in blocks]))
+            module.lora_E["default"].copy_(torch.cat([state[f"{b}.lora_E"] for b in blocks]))
+            module.lora_B["default"].copy_(torch.block_diag(*[state[f"{b}.lora_B"] for b in blocks]))
+            module.scaling["default"] = 3 * alpha
+        else:
+            for name in ("lora_A", "lora_E", "lora_B"):
+                getattr(module, name)["default"].copy_(state[f"{plain}.{name}"])
+
+
+def peft_grads(peft) -> dict[str, torch.Tensor]:
+    """PEFT's gradients under our names (ModernBERT's Wqkv split into its blocks)."""
+    grads = {}
+    for plain, module in peft_modules(peft).items():
+        a, e, b = (getattr(module, n)["default"].grad for n in ("lora_A", "lora_E", "lora_B"))
+        if plain.endswith("Wqkv"):
+            rank, size = a.shape[0] // 3, b.shape[0] // 3
+            for i, target in enumerate(("query", "key", "value")):
+                rows, block = slice(i * rank, (i + 1) * rank), slice(i * size, (i + 1) * size)
+                grads |= {f"{plain}.adalora_{target}.lora_A": a[rows], f"{plain}.adalora_{target}.lora_E": e[rows],
+                          f"{plain}.adalora_{target}.lora_B": b[block, rows]}
+        else:
+            grads |= {f"{plain}.lora_A": a, f"{plain}.lora_E": e, f"{plain}.lora_B": b}
+    return grads
+
+
+def randomise(model) -> None:
+    """Λ away from zero, and P, Q at O(1), so that the update and the regulariser matter."""
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.rsplit(".", 1)[-1] in ("lora_A", "lora_E", "lora_B"):
+                parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
+
+
+def our_loss(model, model_type: str, labels) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask, types = batch(model_type)
+    logits = model(ids, mask, types)
+    return logits, F.cross_entropy(logits, labels) + regulariser(model)[0]
+
+
+@pytest.mark.parametrize("model_type,targets,gamma", CASES, ids=IDS)
+def test_adalora_equals_peft(model_type, targets, gamma):
+    """Logits, loss (with the orthogonal regulariser), the gradients of P, Λ, Q and the count equal PEFT's."""
+    pytest.importorskip("peft")
+    config = adalora(targets, gamma)
+    ours = build(model_type, config, **O1).train()
+    randomise(ours)
+    peft = peft_adalora(model_type, ours, config, total_step=100).train()
+    labels = torch.tensor([0, 1, 1])
+    logits, loss = our_loss(ours, model_type, labels)
+    output = peft(**model_inputs(model_type, *batch(model_type)), labels=labels)
+    torch.testing.assert_close(logits, output.logits, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, output.loss, rtol=1e-5, atol=1e-6)
+    assert (loss - F.cross_entropy(logits, labels)).item() > 0.1 if gamma else True  # the regulariser counts
+    loss.backward()
+    output.loss.backward()
+    ours_grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters() if ".lora_" in n}
+    theirs = peft_grads(peft)
+    assert sorted(ours_grads) == sorted(theirs)
+    for name, grad in theirs.items():  # atol: 5e-6 of the largest entry (sums of O(1) products)
+        torch.testing.assert_close(ours_grads[name], grad, rtol=1e-5, atol=5e-6 * max(1.0, grad.abs().max().item()),
+                                   msg=lambda m: name + m)
+    # PEFT's count (its trainable AdaLoRA tensors: the initial budget), less Wqkv's off-diagonal blocks of P
+    counted = sum(t.numel() for t in theirs.values())
+    assert parameter_counts(ours)["trainable_params"] == counted == 2 * sum(
+        12 * (32 + 32 + 1) if t in ("query", "key", "value", "attention_output") else
+        12 * (32 + (128 if model_type == "modernbert" and t == "intermediate" else 64) + 1) for t in targets)
+
+
+@pytest.mark.parametrize("model_type,targets", [("bert", ALL), ("deberta-v2", ALL), ("modernbert", DENSE)])
+def test_budget_steps_mask_the_triplets_peft_masks(model_type, targets):
+    """Driven by the same gradients over a whole tiny schedule (T = 10, t_i = 1, t_f = 3, Δt = 1), our allocator
+    masks the triplets PEFT's update_and_allocate masks, step by step, and ends with PEFT's rank pattern."""
+    pytest.importorskip("peft")
+    config = adalora(targets, 0.1, adalora_init_rank=6, adalora_target_rank=2, adalora_tinit=0.1, adalora_tfinal=0.3)
+    ours = build(model_type, config, **O1).train()
+    randomise(ours)
+    peft = peft_adalora(model_type, ours, config, total_step=10, tinit=1, tfinal=3).train()
+    plan_training(ours, [10])
+    ours_params = {ours.stored_name(n): p for n, p, _, _ in ours.member_parameters() if ".lora_" in n}
+    labels = torch.tensor([0, 1, 1])
+    kept = []
+    for step in range(10):
+        output = peft(**model_inputs(model_type, *batch(model_type)), labels=labels)
+        output.loss.backward()
+        with torch.no_grad():  # the same gradients, the same update, on both
+            theirs = peft_grads(peft)
+            for name, parameter in ours_params.items():
+                parameter.grad = theirs[name].unsqueeze(0).clone()
+                parameter[0] -= 0.5 * theirs[name]
+            for module in peft_modules(peft).values():
+                for n in ("lora_A", "lora_E", "lora_B"):
+                    getattr(module, n)["default"].sub_(0.5 * getattr(module, n)["default"].grad)
+        peft.base_model.update_and_allocate(step)
+        after_step(ours, step)
+        peft.zero_grad()
+        for parameter in ours_params.values():
+            parameter.grad = None
+        ours_e = {name: p[0] for name, p in ours_params.items() if name.endswith("lora_E")}
+        theirs_e = {name[: -len(".lora_A")] + ".lora_E": t for name, t in split_e(peft).items()}
+        for name, e in theirs_e.items():
+            torch.testing.assert_close(ours_e[name], e, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
+        kept.append(sum(int((e != 0).sum()) for e in ours_e.values()))
+    matrices = 2 * len(targets)
+    assert kept[0] == 6 * matrices and kept[-1] == 2 * matrices  # from the initial budget to the target
+    pattern = peft.peft_config["default"].rank_pattern
+    ranks = sorted(sum(mask) for mask in pattern.values())
+    assert ranks == sorted(sum(mask) for mask in ours.adalora.rank_pattern(0))
+    assert ranks != [2] * matrices  # the budget moved between matrices: a uniform cut would not pass
+
+
+def split_e(peft) -> dict[str, torch.Tensor]:
+    """PEFT's Λ per adapted matrix, keyed by the matrix's lora_A name (ModernBERT's dense matrices only here)."""
+    return {f"{plain}.lora_A": module.lora_E["default"].detach() for plain, module in peft_modules(peft).items()}
