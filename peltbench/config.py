@@ -18,6 +18,7 @@ from .packaged import options, packaged_config
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
+ADALORA_TARGETS = (*LORA_TARGETS, "attention_output", "intermediate", "output")  # methods/adalora.py
 GATE_POOLINGS = ("masked", "padded")         # gate mean over real tokens, or over all max_length positions
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
@@ -40,6 +41,9 @@ COMPONENT_SETTINGS = {
     "prefix": ("prefix_length", "prefix_hidden", "gated", "gate_pooling"),
     "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
+    "adalora": ("adalora_targets", "adalora_init_rank", "adalora_target_rank", "adalora_alpha", "adalora_tinit",
+                "adalora_tfinal", "adalora_delta_t", "adalora_beta1", "adalora_beta2", "adalora_orth_reg", "gated",
+                "gate_pooling"),
 }
 OPTIONAL_SETTINGS = ("gate_pooling",)  # a method file may leave it out: masked
 
@@ -61,6 +65,14 @@ def _non_negative_int(value) -> bool:
 
 def _positive_number(value) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value) and value > 0
+
+
+def _fraction(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and 0 <= value < 1
+
+
+def _open_unit(value) -> bool:
+    return isinstance(value, float) and 0 < value < 1
 
 
 def _text(value) -> bool:
@@ -115,6 +127,17 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "adapter_scale": (_positive_number, "must be a positive number"),
     "lora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                      f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "adalora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(ADALORA_TARGETS),
+                        f"must be a list of distinct matrices from {', '.join(ADALORA_TARGETS)}"),
+    "adalora_init_rank": POSITIVE_INT,
+    "adalora_target_rank": (_non_negative_int, "must be a non-negative integer (the average final rank)"),
+    "adalora_alpha": (_positive_number, "must be a positive number"),
+    "adalora_tinit": (_fraction, "must be a fraction of the run's steps, at least 0 and below 1"),
+    "adalora_tfinal": (_fraction, "must be a fraction of the run's steps, at least 0 and below 1"),
+    "adalora_delta_t": POSITIVE_INT,
+    "adalora_beta1": (_open_unit, "must lie strictly between 0 and 1"),
+    "adalora_beta2": (_open_unit, "must lie strictly between 0 and 1"),
+    "adalora_orth_reg": (lambda v: _positive_number(v) or v == 0, "must be a number at least 0"),
 }
 
 _ABSENT = object()

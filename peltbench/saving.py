@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,8 @@ WEIGHTS = "weights.safetensors"
 TEMPORARY = ".save."  # files.TEMPORARY_PREFIXES: what a killed run leaves is removed by the next run of the record
 PREDICTIONS = "predictions.csv"
 PEFT_DIR = "peft"
+
+log = logging.getLogger("peltbench")
 
 
 def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
@@ -53,7 +56,47 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> 
     written = [WEIGHTS]
     if list(cfg.method.components) == ["lora"] and not cfg.method.get("gated", False):
         written += export_peft(run_dir / PEFT_DIR, tensors, cfg, arch)
+    if list(cfg.method.components) == ["adalora"] and not cfg.method.get("gated", False):
+        fused = [t for t in cfg.method.adalora_targets if t in arch.projections and arch.projections[t][1] is not None]
+        if fused:
+            log.warning("no peft/ export: PEFT adapts %s's fused %s as one matrix, with one budget and one "
+                        "regulariser for its blocks, which is not this run's AdaLoRA", arch.name, ", ".join(fused))
+        else:
+            written += export_peft_adalora(run_dir / PEFT_DIR, tensors, cfg, arch)
     return written
+
+
+def export_peft_adalora(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """An AdaLoRA run in PEFT's format, its final masks as PEFT's `rank_pattern` (a triplet is kept where Λ ≠ 0; PEFT
+    drops the others on loading). The schedule fields are placeholders: the export is for inference."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    method = cfg.method
+    modules = [name.removesuffix(".lora_E") for name in tensors if name.endswith(".lora_E")]
+    pattern = {f"{module}.lora_E": (tensors[f"{module}.lora_E"].view(-1) != 0).tolist() for module in modules}
+    renamed = {}
+    for name, tensor in tensors.items():
+        module, _, kind = name.rpartition(".")
+        kept = torch.tensor(pattern.get(f"{module}.lora_E", []), dtype=torch.bool)
+        if kind in ("lora_A", "lora_E"):
+            tensor = tensor[kept]
+        elif kind == "lora_B":
+            tensor = tensor[:, kept]
+        renamed[f"base_model.model.{name}"] = tensor.contiguous()
+    config = {
+        "peft_type": "ADALORA", "task_type": "SEQ_CLS", "init_r": int(method.adalora_init_rank),
+        "target_r": int(method.adalora_target_rank), "lora_alpha": float(method.adalora_alpha), "lora_dropout": 0.0,
+        "target_modules": modules, "rank_pattern": pattern, "total_step": 1, "tinit": 0, "tfinal": 0,
+        "deltaT": int(method.adalora_delta_t), "beta1": float(method.adalora_beta1),
+        "beta2": float(method.adalora_beta2), "orth_reg_weight": float(method.adalora_orth_reg), "bias": "none",
+        "modules_to_save": list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path)),
+        "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
+        "base_model_name_or_path": str(cfg.model.name),
+    }
+    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)), TEMPORARY)
+    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:

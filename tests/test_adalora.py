@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from test_encoders import batch, build, method, model_inputs
+from test_fusion import quiet_checkpoint  # noqa: F401  (a fixture: the tiny BERT with dropout off)
 from peltbench.methods import after_step, member_state, parameter_counts, plan_training, regulariser
 
 O1 = {"initializer_range": 0.2}
@@ -187,3 +188,84 @@ def test_budget_steps_mask_the_triplets_peft_masks(model_type, targets):
 def split_e(peft) -> dict[str, torch.Tensor]:
     """PEFT's Λ per adapted matrix, keyed by the matrix's lora_A name (ModernBERT's dense matrices only here)."""
     return {f"{plain}.lora_A": module.lora_E["default"].detach() for plain, module in peft_modules(peft).items()}
+
+
+def runs(checkpoint, glue, results, *members, task: str = "mrpc", **extra):
+    """One config per member (method, its overrides), small enough to train here: 4 steps per epoch."""
+    from conftest import compose_config
+
+    common = [f"model.name={checkpoint}", f"data.dir={glue}", f"results_dir={results}", f"task={task}", "k=32",
+              "dev_size=20", "train.batch_size=8", "train.patience=2", "logger=[]", "device=cpu",
+              *[f"{key}={value}" for key, value in extra.items()]]
+    return [compose_config(f"method={name}", *common, *overrides) for name, *overrides in members]
+
+
+def saved(results) -> dict[str, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    return {str(path.parent.relative_to(results)): load_file(path) for path in sorted(results.rglob("weights.safetensors"))}
+
+
+def test_a_fused_group_trains_each_adalora_member_as_its_separate_run(quiet_checkpoint, glue_dir, tmp_path):
+    """Two AdaLoRA members (other seeds, ranks, lengths: each its own schedule) and a LoRA in one group end as their
+    separate runs: losses, dev curves, stopping, test scores, and the saved P, Λ, Q with their masks."""
+    from peltbench.fusion import plan_groups
+    from peltbench.runner import run_group
+
+    members = [("adalora", "seed=111", "train.epochs=4", "method.lr=1e-2"),
+               ("adalora", "seed=222", "model_seed=7", "train.epochs=3", "method.adalora_init_rank=4",
+                "method.adalora_target_rank=1", "method.adalora_targets=[query,value,output]", "method.lr=2e-2"),
+               ("lora", "seed=111", "train.epochs=3", "method.lr=3e-2")]
+    fused_configs = runs(quiet_checkpoint, glue_dir, tmp_path / "fused", *members, fuse="true", **{"save.weights": "true"})
+    assert len(plan_groups(fused_configs)) == 1
+    fused = run_group(fused_configs)
+    separate = [run_group([cfg])[0] for cfg in runs(quiet_checkpoint, glue_dir, tmp_path / "alone", *members,
+                                                    **{"save.weights": "true"})]
+    for alone, member in zip(separate, fused):
+        assert alone.status == member.status == "ok", (alone.error, member.error)
+        a, b = alone.record, member.record
+        assert b["fused"]["size"] == 3
+        assert (a["best_epoch"], a["epochs_run"]) == (b["best_epoch"], b["epochs_run"])
+        assert [h["train_loss"] for h in a["history"]] == pytest.approx([h["train_loss"] for h in b["history"]], rel=1e-5)
+        assert [h["dev_main"] for h in a["history"]] == pytest.approx([h["dev_main"] for h in b["history"]], abs=1e-6)
+        assert a["test"] == pytest.approx(b["test"], abs=1e-6)
+    alone_weights, fused_weights = saved(tmp_path / "alone"), saved(tmp_path / "fused")
+    assert alone_weights.keys() == fused_weights.keys() and len(alone_weights) == 3
+    for run, tensors in alone_weights.items():
+        for name, tensor in tensors.items():
+            torch.testing.assert_close(fused_weights[run][name], tensor, rtol=1e-5, atol=1e-6)
+        masked = [int((t == 0).sum()) for name, t in tensors.items() if name.endswith("lora_E")]
+        assert not masked or sum(masked) > 0, run  # the budget did shrink
+    assert [o.record["epochs_run"] for o in separate[:2]] != [4, 4]  # the members had their own lengths
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_saved_adalora_run_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    """weights.safetensors (with the final masks in Λ) rebuilds the run; peft/ (the masks as PEFT's rank_pattern)
+    loads in PEFT with the same logits. On ModernBERT, whose q, k, v PEFT cannot adapt apart, the export is refused."""
+    pytest.importorskip("peft")
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    [outcome] = run_group(runs(checkpoint, glue_dir, tmp_path / "runs", ("adalora", "train.epochs=3", "method.lr=1e-2"),
+                               task="rte", **{"save.weights": "true", "train.patience": 3}))
+    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(outcome.record["test"], abs=1e-9)
+    masks = [e for name, e in member_state(loaded.model, 0).items() if name.endswith("lora_E")]
+    assert 0 < sum(int((e == 0).sum()) for e in masks) < sum(e.numel() for e in masks)
+    if model_type == "modernbert":
+        assert not (run_dir / "peft").exists()
+        return
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
+                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)

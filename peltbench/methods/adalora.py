@@ -111,10 +111,21 @@ def _site(model: PeltModel, layer: nn.Module, target: str) -> tuple[nn.Module, s
     return parent, path[-1], None
 
 
+def _weight(linear: nn.Module) -> torch.Tensor:
+    """The frozen weight of a Linear, under the wrappers other components put on it (LoRA's, BitFit's bias)."""
+    while not isinstance(getattr(linear, "weight", None), torch.Tensor):
+        linear = linear.base
+    return linear.weight
+
+
 def adalora_module(model: PeltModel, layer: nn.Module, target: str) -> SVDLinear:
     parent, name, block = _site(model, layer, target)
     module = getattr(parent, name)
-    return module if block is None else getattr(module, f"adalora_{target}")
+    if block is not None:
+        return getattr(module, f"adalora_{target}")
+    while not isinstance(module, SVDLinear):  # it wraps the Linear itself, under any other wrapper
+        module = module.base
+    return module
 
 
 def _targets(users: dict[int, DictConfig]) -> list[str]:
@@ -130,8 +141,10 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
             on_target = {m: method for m, method in users.items() if target in method.adalora_targets}
             parent, name, block = _site(model, layer, target)
             linear = getattr(parent, name)
+            while block is None and isinstance(getattr(linear, "base", None), nn.Module):  # under LoRA's wrapper
+                parent, name, linear = linear, "base", linear.base
             if block is None:
-                out_features, in_features = linear.weight.shape
+                out_features, in_features = _weight(linear).shape
                 module = SVDLinear(linear, model.members, on_target, f"adalora_{target}", index, in_features,
                                    out_features)
                 setattr(parent, name, module)
@@ -139,7 +152,7 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
                 if not isinstance(linear, FusedLoRA):
                     linear = FusedLoRA(linear)
                     setattr(parent, name, linear)
-                out_features, in_features = linear.base.weight.shape
+                out_features, in_features = _weight(linear).shape
                 size = out_features // len(ATTENTION)
                 module = SVDLinear(None, model.members, on_target, f"adalora_{target}", index, in_features, size,
                                    slice(block * size, (block + 1) * size))
