@@ -269,3 +269,25 @@ def test_a_saved_adalora_run_reloads_and_loads_in_peft(model_type, tmp_path, glu
     with torch.no_grad():
         torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
                                    loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)
+
+
+# deberta-v3-base's config.json (AutoConfig.for_model's deberta-v2 defaults are the xlarge model's shapes)
+DEBERTA_V3_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                       relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=256,
+                       max_relative_positions=-1, share_att_key=True, norm_rel_ebd="layer_norm", type_vocab_size=0,
+                       position_biased_input=False, vocab_size=128100)
+
+
+@pytest.mark.parametrize("model_type,changes", [("roberta", {}), ("deberta-v2", DEBERTA_V3_BASE)],
+                         ids=["roberta-base", "deberta-v3-base"])
+def test_counts_the_initial_budget_as_peft(model_type, changes):
+    """The initial budget, as PEFT counts it: 12 layers × r₀ 12 × (4 × (768 + 768 + 1) + 2 × (768 + 3072 + 1)) =
+    1,991,520 on both base models (PEFT's get_peft_model with AdaLoraConfig(init_r=12) on the six matrices counts
+    the same: docs/protocol.md); the head is counted apart."""
+    from transformers import AutoConfig
+
+    from peltbench.methods import count_method
+
+    counts = count_method(method("adalora"), AutoConfig.for_model(model_type, **changes))
+    assert counts["trainable_params"] == 12 * 12 * (4 * (768 + 768 + 1) + 2 * (768 + 3072 + 1)) == 1_991_520
+    assert counts["head_params"] == 768 * 768 + 768 + 2 * 768 + 2  # dense + out_proj (DeBERTa: its pooler's dense)
