@@ -291,3 +291,28 @@ def test_counts_the_initial_budget_as_peft(model_type, changes):
     counts = count_method(method("adalora"), AutoConfig.for_model(model_type, **changes))
     assert counts["trainable_params"] == 12 * 12 * (4 * (768 + 768 + 1) + 2 * (768 + 3072 + 1)) == 1_991_520
     assert counts["head_params"] == 768 * 768 + 768 + 2 * 768 + 2  # dense + out_proj (DeBERTa: its pooler's dense)
+
+
+def test_in_a_gated_mixture_a_gate_replaces_its_scale_and_a_gateless_component_is_refused(monkeypatch):
+    """`gated: true` with [adalora, adapter]: each adapted matrix has its gate (recorded per matrix) and its update
+    reaches the logits. A component that declares GATE = None is refused in one line."""
+    from peltbench.methods import COMPONENTS, check_method
+
+    mixture = method("adalora", gated=True, components=["adalora", "adapter"], bottleneck=8)
+    model = build("bert", mixture, **O1)
+    ids, mask, types = batch("bert")
+    model.members.start_gate_recording()
+    with torch.no_grad():
+        logits = model(ids, mask, types)
+    gates = model.members.stop_gate_recording()[0]
+    assert sorted(gates) == sorted([f"adalora_{t}" for t in ALL] + ["adapter"])
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("lora_E"):
+                parameter.fill_(0.5)
+        changed = model(ids, mask, types)
+    assert not torch.allclose(logits, changed)
+    assert isinstance(COMPONENTS["adalora"].GATE, str)
+    monkeypatch.setattr(COMPONENTS["bitfit"], "GATE", None, raising=False)
+    with pytest.raises(ValueError, match=r"gated, but \['bitfit'\] have no gate"):
+        check_method(method("adalora", gated=True, components=["adalora", "bitfit"]))
