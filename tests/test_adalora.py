@@ -27,8 +27,8 @@ PEFT_NAMES = {
     "deberta-v2": {"query": r"query_proj", "key": r"key_proj", "value": r"value_proj",
                    "attention_output": r"attention\.output\.dense", "intermediate": r"intermediate\.dense",
                    "output": r"layer\.\d+\.output\.dense"},
-    "modernbert": {"query": r"attn\.Wqkv", "key": r"attn\.Wqkv", "value": r"attn\.Wqkv", "attention_output": r"attn\.Wo",
-                   "intermediate": r"mlp\.Wi", "output": r"mlp\.Wo"},
+    "modernbert": {"query": r"attn\.Wqkv", "key": r"attn\.Wqkv", "value": r"attn\.Wqkv",
+                   "attention_output": r"attn\.Wo", "intermediate": r"mlp\.Wi", "output": r"mlp\.Wo"},
 }
 PEFT_NAMES["roberta"] = PEFT_NAMES["bert"]
 CASES = [("bert", ALL, 0.1), ("roberta", ALL, 0.1), ("deberta-v2", ALL, 0.1),
@@ -203,7 +203,8 @@ def runs(checkpoint, glue, results, *members, task: str = "mrpc", **extra):
 def saved(results) -> dict[str, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
-    return {str(path.parent.relative_to(results)): load_file(path) for path in sorted(results.rglob("weights.safetensors"))}
+    paths = sorted(results.rglob("weights.safetensors"))
+    return {str(path.parent.relative_to(results)): load_file(path) for path in paths}
 
 
 def test_a_fused_group_trains_each_adalora_member_as_its_separate_run(quiet_checkpoint, glue_dir, tmp_path):
@@ -216,7 +217,8 @@ def test_a_fused_group_trains_each_adalora_member_as_its_separate_run(quiet_chec
                ("adalora", "seed=222", "model_seed=7", "train.epochs=3", "method.adalora_init_rank=4",
                 "method.adalora_target_rank=1", "method.adalora_targets=[query,value,output]", "method.lr=2e-2"),
                ("lora", "seed=111", "train.epochs=3", "method.lr=3e-2")]
-    fused_configs = runs(quiet_checkpoint, glue_dir, tmp_path / "fused", *members, fuse="true", **{"save.weights": "true"})
+    fused_configs = runs(quiet_checkpoint, glue_dir, tmp_path / "fused", *members, fuse="true",
+                         **{"save.weights": "true"})
     assert len(plan_groups(fused_configs)) == 1
     fused = run_group(fused_configs)
     separate = [run_group([cfg])[0] for cfg in runs(quiet_checkpoint, glue_dir, tmp_path / "alone", *members,
@@ -226,7 +228,8 @@ def test_a_fused_group_trains_each_adalora_member_as_its_separate_run(quiet_chec
         a, b = alone.record, member.record
         assert b["fused"]["size"] == 3
         assert (a["best_epoch"], a["epochs_run"]) == (b["best_epoch"], b["epochs_run"])
-        assert [h["train_loss"] for h in a["history"]] == pytest.approx([h["train_loss"] for h in b["history"]], rel=1e-5)
+        losses = [h["train_loss"] for h in b["history"]]
+        assert [h["train_loss"] for h in a["history"]] == pytest.approx(losses, rel=1e-5)
         assert [h["dev_main"] for h in a["history"]] == pytest.approx([h["dev_main"] for h in b["history"]], abs=1e-6)
         assert a["test"] == pytest.approx(b["test"], abs=1e-6)
     alone_weights, fused_weights = saved(tmp_path / "alone"), saved(tmp_path / "fused")

@@ -3,9 +3,9 @@ as PEFT 0.21's RankAllocator and AdaLoraModel.update_and_allocate / forward comp
 
 Per member m, with T its planned steps (epochs × batches per epoch, early stopping or not), t_i = round(tinit · T),
 t_f = round(tfinal · T), and b₀ = r₀ · (its adapted matrices), b_T = r_T · (its adapted matrices):
-    s < T − t_f:  update the importance EMA; s ≤ t_i: no masking; else b(s) = ⌊(b₀ − b_T)(1 − (s − t_i)/(T − t_f − t_i))³
-                  + b_T⌋, and on every Δt-th step the b₀ − b(s) triplets of least importance (over all its matrices)
-                  get Λ = 0
+    s < T − t_f:  update the importance EMA; s ≤ t_i: no masking; else
+                  b(s) = ⌊(b₀ − b_T)(1 − (s − t_i)/(T − t_f − t_i))³ + b_T⌋, and on every Δt-th step the
+                  b₀ − b(s) triplets of least importance (over all its matrices) get Λ = 0
     s = T − t_f:  mask to b_T, keep that rank pattern, forget the EMA
     s > T − t_f:  re-apply the kept pattern after every step
 Importance of a triplet i of a matrix: S(Λᵢ) + mean_j S(Q_ij) + mean_j S(P_ji), S = Ī · Ū, Ī the EMA (β₁) of
