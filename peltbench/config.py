@@ -177,6 +177,18 @@ def check_method(method: DictConfig) -> None:
     for key, (valid, must) in METHOD_SETTINGS.items():
         if key in method and not valid(method[key]):
             raise UserError(f"method.{key}={_show(method[key])}: {must}")
+    if "adalora" in components:
+        _check_adalora(method)
+
+
+def _check_adalora(method: DictConfig) -> None:
+    """AdaLoRA's settings that only make sense together (PEFT's AdaLoraConfig refuses the same)."""
+    if method.adalora_target_rank >= method.adalora_init_rank:
+        raise UserError(f"method.adalora_target_rank={method.adalora_target_rank}: must be below adalora_init_rank "
+                        f"({method.adalora_init_rank}), or there is no budget to allocate (that is method=lora)")
+    if method.adalora_tinit + method.adalora_tfinal >= 1:
+        raise UserError(f"method.adalora_tinit + adalora_tfinal = {method.adalora_tinit + method.adalora_tfinal}: "
+                        "must be below 1 (fractions of the run's steps), to leave a budgeting phase")
 
 
 def check_logger(logger: DictConfig | None) -> None:

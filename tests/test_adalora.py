@@ -319,3 +319,18 @@ def test_in_a_gated_mixture_a_gate_replaces_its_scale_and_a_gateless_component_i
     monkeypatch.setattr(COMPONENTS["bitfit"], "GATE", None, raising=False)
     with pytest.raises(ValueError, match=r"gated, but \['bitfit'\] have no gate"):
         check_method(method("adalora", gated=True, components=["adalora", "bitfit"]))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("method.adalora_target_rank=12", "must be below adalora_init_rank"),
+    ("method.adalora_tfinal=0.9", "must be below 1"),
+    ("method.adalora_beta1=1.0", "strictly between 0 and 1"),
+    ("method.adalora_targets=[query,pooler]", "distinct matrices from query, key, value"),
+])
+def test_a_bad_setting_is_refused_in_one_line(override, message):
+    from conftest import compose_config
+    from peltbench import UserError
+    from peltbench.config import check_config
+
+    with pytest.raises(UserError, match=message):
+        check_config(compose_config("method=adalora", "task=rte", override))
