@@ -45,6 +45,7 @@ class Architecture:
     attention: str                   # from a layer: the module that computes q/k/v and attends
     projections: dict[str, tuple[str, int | None]]  # query/key/value → (Linear in `attention`, its row block if fused)
     ffn: str                         # from a layer: post-norm, the FFN output block; pre-norm, the FFN itself
+    dense: dict[str, str]            # attention_output / intermediate / output → the Linear's path from a layer
     pre_norm: bool
     head: Head
     norms: tuple[str, str] = ("attention.output.LayerNorm", "output.LayerNorm")  # from a layer: the attention
@@ -60,29 +61,35 @@ class Architecture:
 
 
 _BERT_PROJECTIONS = {"query": ("query", None), "key": ("key", None), "value": ("value", None)}
+_BERT_DENSE = {"attention_output": "attention.output.dense", "intermediate": "intermediate.dense",
+               "output": "output.dense"}
 _CLASSIFICATION_HEAD = dict(pool="first", dense="classifier.dense", out="classifier.out_proj",
                             dropout="classifier.dropout", dense_dropout="classifier.dropout")
 
 ARCHITECTURES = {
     "bert": Architecture(
         "bert", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
+        dense=_BERT_DENSE,
         pre_norm=False, head=Head(pool="pooler", out="classifier", dropout="dropout")),
     "roberta": Architecture(
         "roberta", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
+        dense=_BERT_DENSE,
         pre_norm=False, head=Head(activation="tanh", **_CLASSIFICATION_HEAD)),
     "electra": Architecture(
         "electra", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
+        dense=_BERT_DENSE,
         pre_norm=False, head=Head(activation="gelu", **_CLASSIFICATION_HEAD)),
     "deberta-v2": Architecture(
         "deberta-v2", layers="encoder.layer", attention="attention.self",
         projections={"query": ("query_proj", None), "key": ("key_proj", None), "value": ("value_proj", None)},
-        ffn="output", pre_norm=False, relative_attention=True,
+        ffn="output", dense=_BERT_DENSE, pre_norm=False, relative_attention=True,
         head=Head(pool="first", dense="pooler.dense", activation="config:pooler_hidden_act", out="classifier",
                   dropout="dropout", dense_dropout="pooler.dropout")),
     "modernbert": Architecture(
         "modernbert", layers="layers", attention="attn",
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
-        ffn="mlp", pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
+        ffn="mlp", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
+        pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
         head=Head(pool="modernbert", out="classifier", dropout="drop")),
 }
 

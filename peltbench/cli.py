@@ -72,7 +72,7 @@ GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config gr
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -88,6 +88,16 @@ METHOD_HELP = {
     "vera_rank": "VeRA rank r of the shared random A (r × in) and B (out × r)",
     "vera_targets": "the projections VeRA adapts, a list from query, key, value",
     "vera_d_initial": "VeRA's initial λ_d (PEFT's d_initial)",
+    "adalora_targets": "the matrices AdaLoRA adapts: query key value attention_output intermediate output",
+    "adalora_init_rank": "AdaLoRA's initial rank r0 of every matrix (the initial budget)",
+    "adalora_target_rank": "AdaLoRA's average final rank (the final budget)",
+    "adalora_alpha": "AdaLoRA's alpha: the update is scaled by alpha / r0",
+    "adalora_tinit": "AdaLoRA's warm-up before any masking, a fraction of the run's planned steps",
+    "adalora_tfinal": "AdaLoRA's final phase at the target budget, a fraction of the planned steps",
+    "adalora_delta_t": "AdaLoRA masks every this many steps while the budget shrinks",
+    "adalora_beta1": "AdaLoRA's EMA of the sensitivity",
+    "adalora_beta2": "AdaLoRA's EMA of the uncertainty",
+    "adalora_orth_reg": "AdaLoRA's orthogonal regulariser weight gamma",
 }
 
 

@@ -19,6 +19,7 @@ from .protocols import DEV_SOURCES, K_COUNTS, STATISTICS
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
+ADALORA_TARGETS = (*LORA_TARGETS, "attention_output", "intermediate", "output")  # methods/adalora.py
 GATE_POOLINGS = ("masked", "padded")         # gate mean over real tokens, or over all max_length positions
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
@@ -43,6 +44,9 @@ COMPONENT_SETTINGS = {
     "parallel_adapter": ("bottleneck", "adapter_scale"),
     "dora": ("lora_rank", "lora_scale", "lora_targets"),
     "vera": ("vera_rank", "vera_targets", "vera_d_initial", "gated", "gate_pooling"),
+    "adalora": ("adalora_targets", "adalora_init_rank", "adalora_target_rank", "adalora_alpha", "adalora_tinit",
+                "adalora_tfinal", "adalora_delta_t", "adalora_beta1", "adalora_beta2", "adalora_orth_reg", "gated",
+                "gate_pooling"),
 }
 OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a")  # a method file may leave them out: masked, false
 
@@ -64,6 +68,14 @@ def _non_negative_int(value) -> bool:
 
 def _positive_number(value) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value) and value > 0
+
+
+def _fraction(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and 0 <= value < 1
+
+
+def _open_unit(value) -> bool:
+    return isinstance(value, float) and 0 < value < 1
 
 
 def _text(value) -> bool:
@@ -130,6 +142,17 @@ METHOD_SETTINGS: dict[str, Rule] = {
                      f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
     "lora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                      f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "adalora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(ADALORA_TARGETS),
+                        f"must be a list of distinct matrices from {', '.join(ADALORA_TARGETS)}"),
+    "adalora_init_rank": POSITIVE_INT,
+    "adalora_target_rank": (_non_negative_int, "must be a non-negative integer (the average final rank)"),
+    "adalora_alpha": (_positive_number, "must be a positive number"),
+    "adalora_tinit": (_fraction, "must be a fraction of the run's steps, at least 0 and below 1"),
+    "adalora_tfinal": (_fraction, "must be a fraction of the run's steps, at least 0 and below 1"),
+    "adalora_delta_t": POSITIVE_INT,
+    "adalora_beta1": (_open_unit, "must lie strictly between 0 and 1"),
+    "adalora_beta2": (_open_unit, "must lie strictly between 0 and 1"),
+    "adalora_orth_reg": (lambda v: _positive_number(v) or v == 0, "must be a number at least 0"),
 }
 
 _ABSENT = object()
@@ -171,6 +194,18 @@ def check_method(method: DictConfig) -> None:
     for key, (valid, must) in METHOD_SETTINGS.items():
         if key in method and not valid(method[key]):
             raise UserError(f"method.{key}={_show(method[key])}: {must}")
+    if "adalora" in components:
+        _check_adalora(method)
+
+
+def _check_adalora(method: DictConfig) -> None:
+    """AdaLoRA's settings that only make sense together (PEFT's AdaLoraConfig refuses the same)."""
+    if method.adalora_target_rank >= method.adalora_init_rank:
+        raise UserError(f"method.adalora_target_rank={method.adalora_target_rank}: must be below adalora_init_rank "
+                        f"({method.adalora_init_rank}), or there is no budget to allocate (that is method=lora)")
+    if method.adalora_tinit + method.adalora_tfinal >= 1:
+        raise UserError(f"method.adalora_tinit + adalora_tfinal = {method.adalora_tinit + method.adalora_tfinal}: "
+                        "must be below 1 (fractions of the run's steps), to leave a budgeting phase")
 
 
 def check_schedule(train: DictConfig) -> None:

@@ -4,7 +4,7 @@
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
                             `classifier.weight`); its metadata names the method, model and task. A plain LoRA, LoRA-FA,
-                            DoRA or VeRA run (ungated, nothing else) also writes peft/, which
+                            DoRA, VeRA or AdaLoRA run (ungated, nothing else) also writes peft/, which
                             `PeftModel.from_pretrained` loads, where PEFT has the method on that encoder (peft_kind).
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
 
@@ -34,6 +34,8 @@ PREDICTIONS = "predictions.csv"
 PEFT_DIR = "peft"
 log = logging.getLogger("peltbench")
 
+log = logging.getLogger("peltbench")
+
 
 def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
     """Member `slot`'s trained tensors, each cut to the member's own size (a group pads smaller members), and its
@@ -57,7 +59,9 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
     written = [WEIGHTS]
     kind, refusal = peft_kind(cfg.method, arch)
-    if kind is not None:
+    if kind == "ADALORA":
+        written += export_peft_adalora(run_dir / PEFT_DIR, tensors, cfg, arch)
+    elif kind is not None:
         written += export_peft(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
     elif refusal:
         log.info("%s: peft/ not written: %s", run_dir, refusal)
@@ -69,12 +73,50 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     (None, why not), the reason None for a method PEFT has no single config for (mixtures, prefix, adapters ...)."""
     components, gated = list(method.components), method.get("gated", False)
     fused = any(arch.projections[t][1] is not None for t in method.get("lora_targets", method.get("vera_targets", ())))
-    if gated or components not in (["lora"], ["dora"], ["vera"]):
+    if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"]):
         return None, None
+    if components == ["adalora"]:
+        fused = [t for t in method.adalora_targets if t in arch.projections and arch.projections[t][1] is not None]
+        if fused:
+            return None, (f"PEFT adapts {arch.name}'s fused {', '.join(fused)} as one matrix, with one budget and one "
+                          "regulariser for its blocks, which is not this run's AdaLoRA")
     if components == ["vera"] and fused:
         return None, (f"PEFT's VeRA adapts {arch.name}'s whole fused Wqkv with one λ_d and B for q, k and v; "
                       "VeRA on its q and v blocks has no PEFT form (docs/saving.md)")
-    return {"lora": "LORA", "dora": "LORA", "vera": "VERA"}[components[0]], None
+    return {"lora": "LORA", "dora": "LORA", "vera": "VERA", "adalora": "ADALORA"}[components[0]], None
+
+
+def export_peft_adalora(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """An AdaLoRA run in PEFT's format, its final masks as PEFT's `rank_pattern` (a triplet is kept where Λ ≠ 0; PEFT
+    drops the others on loading). The schedule fields are placeholders: the export is for inference."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    method = cfg.method
+    modules = [name.removesuffix(".lora_E") for name in tensors if name.endswith(".lora_E")]
+    pattern = {f"{module}.lora_E": (tensors[f"{module}.lora_E"].view(-1) != 0).tolist() for module in modules}
+    renamed = {}
+    for name, tensor in tensors.items():
+        module, _, kind = name.rpartition(".")
+        kept = torch.tensor(pattern.get(f"{module}.lora_E", []), dtype=torch.bool)
+        if kind in ("lora_A", "lora_E"):
+            tensor = tensor[kept]
+        elif kind == "lora_B":
+            tensor = tensor[:, kept]
+        renamed[f"base_model.model.{name}"] = tensor.contiguous()
+    config = {
+        "peft_type": "ADALORA", "task_type": "SEQ_CLS", "init_r": int(method.adalora_init_rank),
+        "target_r": int(method.adalora_target_rank), "lora_alpha": float(method.adalora_alpha), "lora_dropout": 0.0,
+        "target_modules": modules, "rank_pattern": pattern, "total_step": 1, "tinit": 0, "tfinal": 0,
+        "deltaT": int(method.adalora_delta_t), "beta1": float(method.adalora_beta1),
+        "beta2": float(method.adalora_beta2), "orth_reg_weight": float(method.adalora_orth_reg), "bias": "none",
+        "modules_to_save": list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path)),
+        "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
+        "base_model_name_or_path": str(cfg.model.name),
+    }
+    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)), TEMPORARY)
+    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:

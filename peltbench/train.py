@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import Encoded, collate_group
-from .methods import load_member_state, member_state
+from .methods import after_step, load_member_state, member_state, plan_training, regulariser
 from .methods.randomness import step_keys
 from .metrics import compute_metrics
 from .progress import progress
@@ -119,6 +119,7 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
     optimizer = MemberAdamW(model)
     for m, member in enumerate(members):
         optimizer.schedule(m, member.settings.lr, member.settings.total_steps(steps_per_epoch))
+    plan_training(model, [member.settings.total_steps(steps_per_epoch) for member in members])
     clip = torch.tensor([m.settings.grad_clip for m in members], device=group.device)
     data = _DataOrder(members, steps_per_epoch)
     dev = [EvaluationSet(m.dev, group) for m in members]
@@ -222,11 +223,14 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
                                                      model.members.dropout_sites, group.device))
             with _autocast(group):
                 logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-            share = member_losses(logits, batch["labels"], len(active), task) * (len(piece[0]) / len(rows[0]))
+            loss = member_losses(logits, batch["labels"], len(active), task)
+            extra = regulariser(model)  # a component's term of each member's loss (AdaLoRA's orthogonality)
+            share = (loss if extra is None else loss + extra) * (len(piece[0]) / len(rows[0]))
             share.sum().backward()
             losses = losses + share.detach()
         clip_per_member(optimizer, clip)
         optimizer.step(first_step + step)
+        after_step(model, first_step + step)  # reads this step's gradients (AdaLoRA's importance)
         optimizer.zero_grad()
         with torch.no_grad():
             bad = ~torch.isfinite(losses)

@@ -45,6 +45,7 @@ SCENARIOS = {
     "a": ("7 methods, K=100", [(method, 100, 111) for method in SEVEN]),
     "b": ("7 methods, K=1000", [(method, 1000, 111) for method in SEVEN]),
     "c": ("unipelt_apl x 5 seeds, K=100", [("unipelt_apl", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "r": ("adalora x 5 seeds, K=100", [("adalora", 100, seed) for seed in (111, 222, 333, 444, 555)]),
 }
 
 

@@ -20,7 +20,7 @@ METHODS, TASKS = options("method"), options("task")
 def test_menus():
     assert METHODS == sorted(["ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
                               "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he",
-                              "dora", "lora_fa", "vera"])
+                              "dora", "lora_fa", "vera", "adalora"])
     assert TASKS == sorted(["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"])
 
 
@@ -161,7 +161,7 @@ def test_unknown_and_missing_keys_are_user_errors(overrides, message):
 
 
 def test_method_and_task_are_required():
-    with pytest.raises(UserError, match="method= is required: one of adapter, bitfit, "):
+    with pytest.raises(UserError, match="method= is required: one of adalora, adapter, bitfit, "):
         check_config(compose_config("task=cola"))
     with pytest.raises(UserError, match="task= is required: one of cola, mnli"):
         check_config(compose_config("method=lora"))

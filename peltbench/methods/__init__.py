@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adapter, bitfit, dora, full, ln, lora, parallel_adapter, prefix, randomness, vera
+from . import adalora, adapter, bitfit, dora, full, ln, lora, parallel_adapter, prefix, randomness, vera
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -29,6 +29,7 @@ COMPONENTS = {
     "parallel_adapter": parallel_adapter,
     "dora": dora,  # after lora: in a group with both, DoRA's delta wraps LoRA's on a shared projection
     "vera": vera,
+    "adalora": adalora,
 }
 # Each component module declares `GATE`: what its gate multiplies in a gated method (`gated: true`), or None where
 # it has no gate (check_gates refuses it in a gated method).
@@ -59,6 +60,7 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
         users = {m: method for m, method in enumerate(methods) if name in method.components}
         if users:
             component.install(model, users)
+            model.components.append(name)
     for slot, (method, seed) in enumerate(zip(methods, seeds)):
         for name in method.components:
             torch.manual_seed(seed)
@@ -120,6 +122,29 @@ def check_gates(method: DictConfig) -> None:
             raise ValueError(f"method {method.name}: gated: true, but component {name} has no gate (a gate multiplies "
                              f"what a component adds to the frozen path; {name} declares GATE = None): "
                              f"set gated: false or leave {name} out")
+
+
+# ---- training hooks: what a component may add to the loop (train.py calls them for every model)
+
+def plan_training(model: PeltModel, total_steps: Sequence[int]) -> None:
+    """Tell the components each member's planned number of optimiser steps (epochs × batches, stopping or not)."""
+    for name in model.components:
+        if hasattr(COMPONENTS[name], "plan"):
+            COMPONENTS[name].plan(model, list(total_steps))
+
+
+def regulariser(model: PeltModel) -> torch.Tensor | None:
+    """What the components add to each active member's loss, (active members,), or None where none adds anything."""
+    terms = [COMPONENTS[name].regulariser(model) for name in model.components
+             if hasattr(COMPONENTS[name], "regulariser")]
+    return sum(terms) if terms else None
+
+
+def after_step(model: PeltModel, step: int) -> None:
+    """After the optimiser's step `step` (0-based, the group's), before the gradients are cleared."""
+    for name in model.components:
+        if hasattr(COMPONENTS[name], "after_step"):
+            COMPONENTS[name].after_step(model, step)
 
 
 def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
@@ -207,5 +232,6 @@ def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]
         parameter[slot].copy_(state[model.stored_name(f"head.{name}")])
 
 
-__all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "build_pelt_model", "check_method", "count_method",
-           "load_member_head", "load_member_state", "member_frozen", "member_head", "member_shapes", "member_state", "parameter_counts"]
+__all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "after_step", "build_pelt_model", "check_method", "count_method",
+           "load_member_head", "load_member_state", "member_frozen", "member_head", "member_shapes", "member_state",
+           "parameter_counts", "plan_training", "regulariser"]

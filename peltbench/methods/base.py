@@ -387,6 +387,7 @@ class PeltModel(nn.Module):
         config = backbone.config
         self.token_types = self.arch.token_types and getattr(config, "type_vocab_size", 0) > 0
         self.prefix_encoder: nn.Module | None = None
+        self.components: list[str] = []  # the components installed (training hooks: methods.plan_training ...)
         self.trains: dict[str, list[bool]] = {}  # parameter name → does member m train it
         self.unstacked: set[str] = set()  # trained parameters without a member dimension (fine-tuning's backbone)
         self._marked: dict[int, list[bool]] = {}
