@@ -317,7 +317,7 @@ def test_in_a_gated_mixture_a_gate_replaces_its_scale_and_a_gateless_component_i
     assert not torch.allclose(logits, changed)
     assert isinstance(COMPONENTS["adalora"].GATE, str)
     monkeypatch.setattr(COMPONENTS["bitfit"], "GATE", None, raising=False)
-    with pytest.raises(ValueError, match=r"gated, but \['bitfit'\] have no gate"):
+    with pytest.raises(ValueError, match=r"gated: true, but component bitfit has no gate"):
         check_method(method("adalora", gated=True, components=["adalora", "bitfit"]))
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from .base import Coefficient, FfnOutput, Members, PeltModel, draw, mark, scale_rows
-from .lora import FusedLoRA
+from .lora import FusedProjection
 
 # The matrices AdaLoRA may adapt: q, k, v (architectures.projections) and the attention output and FFN Linears
 # (architectures.dense). The paper adapts all six (§5.1; the official GLUE scripts' lora_module list).
@@ -30,7 +30,7 @@ INIT_STD = 0.02  # PEFT's reset_lora_parameters: P and Q N(0, 0.02), Λ zeros
 class SVDLinear(nn.Module):
     """Wraps one Linear W (`base`) and adds (α/r₀) · P Λ Q x for the rows of the members that adapt it. Members with
     a smaller r₀ than the group's largest hold zeros past their rank; `rank_mask` (members, rank) marks their own
-    triplets. Inside a fused projection (FusedLoRA) it has no base and adds to its row `block`."""
+    triplets. Inside a fused projection (FusedProjection) it has no base and adds to its row `block`."""
 
     def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
                  layer: int, in_features: int, out_features: int, block: slice | None = None) -> None:
@@ -149,8 +149,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
                                    out_features)
                 setattr(parent, name, module)
             else:
-                if not isinstance(linear, FusedLoRA):
-                    linear = FusedLoRA(linear)
+                if not isinstance(linear, FusedProjection):
+                    linear = FusedProjection(linear)
                     setattr(parent, name, linear)
                 out_features, in_features = _weight(linear).shape
                 size = out_features // len(ATTENTION)
