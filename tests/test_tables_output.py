@@ -84,10 +84,10 @@ def test_significance_summary(out):
     text = (out / "significance.md").read_text()
     assert "- UniPELT (AP): significantly better in 1, significantly worse in 0 of 3 tested setups (0 n/a)." in text
     assert markdown_body(text) == [  # p-values as in test_tables.test_significance_against_the_best_single_method
-        ["100", "CoLA", "UniPELT (AP)", "26.00", "Fine-tuning", "20.00", "+6.00", "0.0196", "*"],
-        ["100", "RTE", "UniPELT (AP)", "62.00", "Prefix-tuning", "62.00", "+0.00", "1", ""],
-        ["100", "Avg.", "UniPELT (AP)", "44.00", "Fine-tuning", "40.00", "+4.00", "0.367", ""],
-        ["100", "CoLA", "UniPELT (APL)", "42.00", "Fine-tuning", "20.00", "+22.00", "0.000176", "*"],
+        ["100", "CoLA", "UniPELT (AP)", "26.00", "Fine-tuning", "20.00", "+6.00", "paired (n=3)", "0.00913", "0.25 (0.25)", "*"],
+        ["100", "RTE", "UniPELT (AP)", "62.00", "Prefix-tuning", "62.00", "+0.00", "paired (n=3)", "1", "1 (0.25)", ""],
+        ["100", "Avg.", "UniPELT (AP)", "44.00", "Fine-tuning", "40.00", "+4.00", "paired (n=3)", "0.3", "0.5 (0.25)", ""],
+        ["100", "CoLA", "UniPELT (APL)", "42.00", "Fine-tuning", "20.00", "+22.00", "paired (n=3)", "0", "0.25 (0.25)", "*"],
     ]
 
 

@@ -9,7 +9,7 @@ A point is the mean test score over the method's data seeds in that panel, its c
 A fused run records its group's seconds and its group's peak memory, not its own, so fused runs are left out of the
 time and memory points (their parameters count). The average panel averages, per method, the task means and costs
 over the tasks of that K, only for methods that ran every one of them. The Pareto front joins the points no other
-point beats: none cheaper (or as cheap) with a higher score. fig_cost.csv holds every point.
+point beats: none at most as costly and scoring at least as high, one of them strictly. fig_cost.csv holds every point.
 """
 import numpy as np
 import pandas as pd
@@ -60,13 +60,14 @@ def _averages(points):
 
 
 def pareto(costs, scores):
-    """Boolean mask of the points on the front: no other point at most as costly has a higher score (NaN: off)."""
+    """Boolean mask of the points on the front: no other point is at most as costly and scores at least as high, with
+    one of the two strictly (NaN: off)."""
     costs, scores = np.asarray(costs, dtype=float), np.asarray(scores, dtype=float)
     on = np.zeros(len(costs), dtype=bool)
     for i in range(len(costs)):
         if np.isnan(costs[i]) or np.isnan(scores[i]):
             continue
-        rivals = ~np.isnan(costs) & (costs <= costs[i]) & (scores > scores[i])
+        rivals = ~np.isnan(costs) & (costs <= costs[i]) & (scores >= scores[i]) & ((costs < costs[i]) | (scores > scores[i]))
         on[i] = not rivals.any()
     return on
 
@@ -140,7 +141,7 @@ def write_cost(out, runs, render):
     for cost, (name, label, _) in COSTS.items():
         measures = sorted(set(filter(None, ", ".join(points["memory_measures"].fillna("")).split(", "))))
         what = label + (f" ({'; '.join(MEASURES.get(m, m) for m in measures)})" if cost == "peak_memory_gib" and measures else "")
-        figure = cost_figure(points, cost, f"Test score against {what}: {about}. Dashed: Pareto front; x: one seed.")
+        figure = cost_figure(points, cost, f"Test score against {what}\n{about}. Dashed: Pareto front; x: one seed.")
         if figure is None:
             entries.append((name, f"not drawn: no record has {label.split(' (')[0]} (fused runs record their group's)"))
             continue
