@@ -85,3 +85,15 @@ def test_the_render_writes_selection_csv_md_tex(tmp_path, capsys):
     assert r"59.00$_{1.41}$ {\scriptsize[0.0003]}" in (out / "selection.tex").read_text()
     assert "selection: adapter, rte" in capsys.readouterr().out
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "train.epochs"]) == 2
+
+
+def test_after_a_selection_paired_and_cost_compare_the_chosen_settings(tmp_path):
+    write_grid(tmp_path / "runs")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr",
+                 "--baseline", "adapter", "--seeds", "2"]) == 0
+    paired = pd.read_csv(out / "paired.csv")
+    # lora at lr 3e-4 (test 58, 60) against adapter at 1e-4 (test 50, 52): paired over seeds 111 and 222
+    assert paired[["method", "reference", "n", "difference"]].values.tolist() == [["lora", "adapter", 2, 8.0]]
+    cost = pd.read_csv(out / "fig_cost.csv").set_index(["task", "method"])
+    assert cost.loc[("rte", "lora"), "score"] == 59.0

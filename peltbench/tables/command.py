@@ -15,11 +15,11 @@ from .cost import write_cost
 from .figures import swept_paths
 from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
 from .others import Ledger, other_runs_markdown, other_settings_groups
-from .paired import write_paired
+from .paired import check_baseline, write_paired
 from .paper import default_paper_dir, load_paper
 from .protocol import pooled, render_options, select
 from .records import default_runs, known_runs, one_record_per_seed, read_records
-from .selection import DEFAULT_STATISTIC, parse_keys
+from .selection import DEFAULT_STATISTIC, parse_keys, select_settings, selected_runs
 from .selection_render import write_selection
 
 PROG = "peltbench-tables"
@@ -113,19 +113,22 @@ def render_tables(args):
     render_context = Render(selection, args.seeds, args.ddof, paper, known[~same])
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable)
     _say_selection(selection, ledger, args, render_context)
+    runs = default_runs(chosen)
+    selected = select_settings(chosen, args.select_keys, args.ddof) if args.select_keys else None
+    compared = runs if selected is None else selected_runs(chosen, selected)  # the chosen setting of each cell
+    check_baseline(compared, args.baseline)
     out = Output(args.out)
     out.folder.mkdir(parents=True, exist_ok=True)
-    runs = default_runs(chosen)
     entries = [
         *write_table1(out, runs, render_context),
         *write_table3(out, runs, render_context),
         *write_table4(out, runs, render_context),
         *write_figures(out, chosen, render_context),
-        *write_cost(out, runs, render_context),
-        *write_paired(out, runs, render_context, args.baseline),
+        *write_cost(out, compared, render_context),
+        *write_paired(out, compared, render_context, args.baseline),
     ]
-    if args.select_keys:
-        entries += write_selection(out, chosen, render_context, args.select_keys, REPORTED_STATISTIC)
+    if selected is not None:
+        entries += write_selection(out, selected, render_context, REPORTED_STATISTIC)
     out.text("other_runs.md", other_runs_markdown(ledger, selection))
     entries.append(("other_runs.md", "every record not in the tables, and why: other models or protocols, settings, "
                                      "unknown methods, repeated seeds, unreadable files"))

@@ -107,6 +107,16 @@ def _columns(rows):
     return first + [key for key in dict.fromkeys(key for row in rows for key in row) if key not in first]
 
 
+def check_baseline(runs, baseline):
+    """A --baseline no compared run has is bad input: one line, before anything is written."""
+    if baseline is not None and baseline not in set(runs["method"]):
+        from .. import UserError
+
+        found = ", ".join(sorted(set(runs["method"]))) or "none"
+        raise UserError(f"--baseline {baseline}: no compared run of that method (default settings, or the setting "
+                        f"chosen with --select); methods: {found}")
+
+
 def paired_markdown(results, baseline, caption):
     """paired.md: what is compared with what, the seed-level tests, and the example-level ones where predictions exist."""
     from .formatting import MISSING, is_missing, number, signed
@@ -151,11 +161,7 @@ def paired_markdown(results, baseline, caption):
 
 
 def write_paired(out, runs, render, baseline=None):
-    """paired.md / paired.csv from the pooled runs with default settings; returns index entries."""
-    if baseline is not None and baseline not in set(runs["method"]):
-        from .. import UserError
-
-        raise UserError(f"--baseline {baseline}: no pooled run of that method; methods: {', '.join(sorted(set(runs['method'])))}")
+    """paired.md / paired.csv from the compared runs (default settings, or those --select chose); index entries."""
     results = paired_table(runs, baseline)
     out.csv("paired.csv", results)
     out.text("paired.md", paired_markdown(results, baseline, render.selection.caption()))

@@ -126,6 +126,15 @@ def _seed_list(seeds):
     return " ".join(str(seed) for seed in sorted(seeds))
 
 
+def selected_runs(runs, chosen):
+    """The runs of each cell's chosen candidate: what paired comparisons and the cost view compare after a selection."""
+    candidates = candidate_runs(runs, chosen.keys)
+    picked = chosen.rows[chosen.rows["chosen"]]
+    keys = set(zip(picked["method"], picked["task"], picked["k"], picked["value"]))
+    inside = [key in keys for key in zip(candidates["method"], candidates["task"], candidates["k"], candidates["value"])]
+    return candidates[inside]
+
+
 def chosen_cells(chosen, statistic=DEFAULT_STATISTIC):
     """The chosen candidate per method × task × K: its value and its test `centre` (mean or median) and `spread`."""
     if statistic not in STATISTICS:

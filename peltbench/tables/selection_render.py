@@ -5,12 +5,11 @@ from . import latex
 from .formatting import MISSING, is_missing, number
 from .markdown import frame_markdown
 from .names import TASKS, k_label, method_label, order_of, task_label
-from .selection import DEFAULT_STATISTIC, chosen_cells, describe, select_settings
+from .selection import DEFAULT_STATISTIC, chosen_cells, describe
 
 
-def write_selection(out, runs, render, keys, statistic=DEFAULT_STATISTIC):
-    """Select `keys` on dev among `runs` (one model and protocol, one record per seed); returns index entries."""
-    chosen = select_settings(runs, keys, render.ddof)
+def write_selection(out, chosen, render, statistic=DEFAULT_STATISTIC):
+    """selection.md / .tex / .csv of a selection (selection.select_settings); returns index entries."""
     out.csv("selection.csv", chosen.rows)
     caption = " ".join([describe(chosen, statistic, render.ddof), render.selection.caption()])
     cells = chosen_cells(chosen, statistic)
