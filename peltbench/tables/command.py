@@ -17,6 +17,7 @@ from .outputs import Output, Render, write_figures, write_table1, write_table3, 
 from .others import Ledger, other_runs_markdown, other_settings_groups
 from .paired import check_baseline, write_paired
 from .paper import default_paper_dir, load_paper
+from .published import write_published
 from .protocol import pooled, render_options, select
 from .records import default_runs, known_runs, one_record_per_seed, read_records
 from .selection import DEFAULT_STATISTIC, parse_keys, select_settings, selected_runs
@@ -126,6 +127,7 @@ def render_tables(args):
         *write_figures(out, chosen, render_context),
         *write_cost(out, compared, render_context),
         *write_paired(out, compared, render_context, args.baseline),
+        *write_published(out, compared, render_context, args.paper_dir, REPORTED_STATISTIC),
     ]
     if selected is not None:
         entries += write_selection(out, selected, render_context, REPORTED_STATISTIC)

@@ -25,7 +25,7 @@ from .significance import significance
 CSV_FLOATS = "%.6g"
 # Every name this tool writes; `prune` removes only files of these names.
 OWN_NAMES = re.compile(r"(table[1-4]\.(md|tex|csv)|diff_table[1-3]\.(md|csv)|significance\.(md|csv)"
-                       r"|selection\.(md|tex|csv)|paired\.(md|csv)"
+                       r"|selection\.(md|tex|csv)|paired\.(md|csv)|published_\w+\.md"
                        r"|fig[\w-]*\.(png|csv)|other_runs\.md|README\.md)")
 FIGURES = {
     "fig2_bottleneck.png": (bottleneck_figure, "Figure 2: adapter score vs. bottleneck size (CoLA, K = 100)", "fig2_bottleneck"),
