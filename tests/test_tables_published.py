@@ -35,4 +35,4 @@ def test_ours_beside_the_published_numbers(tmp_path):
     # the mean of 70, 72, 80 beside the printed 78.4; STS-B on Pearson (the table's metric), not the main Spearman
     [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
     assert lora == ["LoRA", "– [95.10]", "– [89.70]", "– [63.40]", "– [93.30]", "74.00 (n = 3) [78.40]", "89.67 (n = 3) [91.50]"]
-    assert "VeRA" in text and "protocol full_median" in text
+    assert "| vera " in text.lower() and "protocol full_median" in text  # a published row without runs shows too
