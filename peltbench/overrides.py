@@ -15,8 +15,8 @@ GROUPS = ("method", "task", "logger")  # config groups whose settings (GROUP.KEY
 
 def pin_group_settings(arguments: list[str]) -> list[str]:
     """`arguments` with each plain GROUP.KEY=VALUE of a group that no plain GROUP=NAME fixes rewritten as
-    GROUP.KEY=choice(VALUE); unchanged outside a sweep (-m / --multirun)."""
-    if not any(arg in ("-m", "--multirun") for arg in arguments):
+    GROUP.KEY=choice(VALUE); unchanged outside a sweep (-m, --multirun, hydra.mode=MULTIRUN)."""
+    if not any(arg in ("-m", "--multirun", "hydra.mode=MULTIRUN") for arg in arguments):
         return list(arguments)
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
