@@ -54,16 +54,19 @@ def _jobs(monkeypatch, tmp_path, *arguments):
     return [(cfg.method.name, cfg.method.lr, cfg.task.name) for cfg in seen]
 
 
-@pytest.mark.parametrize("lr", ["1e-3", "1e-3,3e-4"])
-def test_both_spellings_run_every_job_with_its_learning_rate(monkeypatch, tmp_path, lr):
-    jobs = _jobs(monkeypatch, tmp_path, "-m", "method=adapter,lora", f"method.lr={lr}", "task=rte")
-    expected = [(method, value, "rte") for method in ("adapter", "lora") for value in map(float, lr.split(","))]
-    assert jobs == expected
+def test_the_plain_form_runs_every_job_with_its_learning_rate(monkeypatch, tmp_path):
+    jobs = _jobs(monkeypatch, tmp_path, "-m", "method=adapter,lora", "method.lr=1e-3", "task=rte")
+    assert jobs == [("adapter", 0.001, "rte"), ("lora", 0.001, "rte")]
 
 
-def test_missing_lists_the_runs_of_the_plain_form(capsys):
+@pytest.mark.parametrize("lr, labels", [("1e-3", ["lr=0.001"]), ("1e-3,3e-4", ["lr=0.001", "lr=0.0003"])])
+def test_both_spellings_compose_every_job(capsys, lr, labels):
+    """peltbench-missing composes each job as the sweep does: the plain form and a value list alike."""
     from peltbench.missing import main
 
-    assert main(["method=adapter,lora", "method.lr=1e-3", "task=rte", "results_dir=/nonexistent/results"]) == 1
+    assert main(["method=adapter,lora", f"method.lr={lr}", "task=rte", "results_dir=/nonexistent/results"]) == 1
     out = capsys.readouterr().out
-    assert "missing  adapter,lr=0.001/rte/k100/seed111" in out and "missing  lora,lr=0.001/rte/k100/seed111" in out
+    assert f"{2 * len(labels)} runs: 0 done" in out
+    for method in ("adapter", "lora"):
+        for label in labels:
+            assert f"missing  {method},{label}/rte/k100/seed111" in out
