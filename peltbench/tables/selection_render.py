@@ -14,7 +14,9 @@ def write_selection(out, chosen, render, statistic=DEFAULT_STATISTIC):
     caption = " ".join([describe(chosen, statistic, render.ddof), render.selection.caption()])
     cells = chosen_cells(chosen, statistic)
     out.text("selection.md", selection_markdown(cells, chosen, caption, render.expected))
-    out.text("selection.tex", selection_latex(cells, caption, render.expected))
+    missing = (" Grids with missing seeds (compared only on the seeds all candidates share): " + "; ".join(chosen.notes) + "."
+               if chosen.notes else "")
+    out.text("selection.tex", selection_latex(cells, caption + missing, render.expected))
     for note in chosen.notes:
         render.notes.append(f"selection: {note}")
     return [("selection.md / .tex / .csv", f"{chosen.label} chosen on dev per method, task and K; the CSV lists every "
