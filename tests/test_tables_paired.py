@@ -51,6 +51,7 @@ def test_seed_test_pairs_shared_seeds_and_falls_back_to_welch():
     assert paired["test"] == "paired" and paired["n"] == 3 and paired["seeds"] == "111 222 333"
     assert paired["t_p"] == pytest.approx(stats.ttest_rel([60, 64, 61], [58, 60, 60.5]).pvalue)
     assert paired["sign_flip_floor"] == 0.25
+    assert np.isnan(seed_test({111: 60.0, 222: 62.0}, {111: 58.0, 222: 60.0})["t_p"])  # +2 twice: no variance, n/a
     welch = seed_test({111: 60.0, 222: 64.0}, {333: 58.0, 444: 60.0})
     assert welch["test"] == "welch" and welch["t_p"] == pytest.approx(stats.ttest_ind([60, 64], [58, 60], equal_var=False).pvalue)
 

@@ -1,7 +1,8 @@
 """Paired comparisons per cell (task × K) with a reference method: paired.md / paired.csv.
 
 Every method of a cell ran on the same data seeds, so its runs pair with the reference's seed by seed. Over the
-seeds both have a score: the paired t-test (scipy.stats.ttest_rel) and the exact sign-flip permutation test (all
+seeds both have a score: the paired t-test (scipy.stats.ttest_rel; n/a when every difference is the same, as
+scipy's infinite t would read p = 0) and the exact sign-flip permutation test (all
 2^n sign patterns of the n per-seed differences; two-sided, |mean| at least the observed one). An exact test over n
 pairs cannot give a p-value below 2 / 2^n: 0.0625 for 5 seeds, so no sign-flip result over 5 seeds can reach 0.05 and
 the table says so instead of marking one. With fewer than 2 shared seeds (grids that ran different seeds) the
@@ -47,9 +48,11 @@ def seed_test(ours, theirs):
     shared = sorted(set(ours) & set(theirs))
     if len(shared) >= 2:
         differences = np.array([ours[seed] - theirs[seed] for seed in shared])
+        # equal differences have no variance: scipy's t is infinite (p = 0), which no reader should take as evidence
+        t_p = np.nan if np.ptp(differences) == 0 else _quiet(lambda: ttest_rel(
+            [ours[s] for s in shared], [theirs[s] for s in shared]).pvalue)
         return {"test": "paired", "n": len(shared), "seeds": " ".join(map(str, shared)),
-                "difference": float(differences.mean()), "t_p": _quiet(lambda: ttest_rel(
-                    [ours[s] for s in shared], [theirs[s] for s in shared]).pvalue),
+                "difference": float(differences.mean()), "t_p": t_p,
                 "sign_flip_p": sign_flip_p(differences), "sign_flip_floor": sign_flip_floor(len(shared))}
     mine, other = list(ours.values()), list(theirs.values())
     welch = _quiet(lambda: ttest_ind(mine, other, equal_var=False).pvalue) if len(mine) >= 2 and len(other) >= 2 else np.nan
