@@ -25,6 +25,7 @@ from . import UserError, __version__
 from .config import METHOD_SETTINGS, check_config
 from .launchers import register_launchers
 from .loggers import check_can_start
+from .overrides import pin_group_settings
 from .packaged import options
 from .protocols import protocol_name, sweep_seeds
 
@@ -128,6 +129,7 @@ def main() -> None:
         print(help_text())
         return
     register_launchers()  # so that --info lists them, whatever it composes
+    arguments = sys.argv[1:] = pin_group_settings(arguments)  # -m method=a,b method.lr=1e-3 (overrides.py)
     try:
         preflight(arguments)
     except UserError as error:

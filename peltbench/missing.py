@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from . import UserError
 from .claim import describe, live_claim
 from .config import check_config
+from .overrides import as_given, pin_group_settings
 from .record import config_differences, read_record, record_path
 
 log = logging.getLogger("peltbench")
@@ -303,7 +304,8 @@ def _load(arguments: list[str]) -> Sweep:
     register_launchers()  # so that hydra/launcher=slurm composes
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
-        sweep_config = loader.load_configuration(config_name="config", overrides=arguments, run_mode=RunMode.MULTIRUN)
+        pinned = pin_group_settings(["-m", *arguments])[1:]  # method.lr=1e-3 beside method=a,b (overrides.py)
+        sweep_config = loader.load_configuration(config_name="config", overrides=pinned, run_mode=RunMode.MULTIRUN)
         return check_sweep(loader, sweep_config, arguments)
 
 
@@ -395,7 +397,7 @@ class SweepSummary(Callback):
         skipped = sum(run.state == "done" and run.written < self.started for run in sweep.runs)  # written before it began
         lines = report(sweep, self.limit, logs=True, skipped=skipped)
         lines[0] = f"peltbench sweep: {lines[0]}"
-        again = shlex.join(["peltbench", *sys.argv[1:]])
+        again = shlex.join(["peltbench", *as_given(sys.argv[1:])])
         if sweep.count("failed") or sweep.count("missing"):
             lines.append(f"Rerun the same command to run the failed and missing ones (done runs are skipped): {again}")
         if sweep.count("running"):

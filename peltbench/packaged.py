@@ -16,6 +16,16 @@ def packaged_config(relative: str) -> DictConfig | None:
 
 
 def options(group: str) -> list[str]:
-    """The names a config group offers, e.g. `options("method")`."""
-    folder = resources.files("peltbench.conf").joinpath(group)
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    """The names a config group offers, e.g. `options("method")`; a file in a subfolder by its path, as Hydra takes
+    it (`+experiment=glue/roberta_base`)."""
+    return sorted(_names(resources.files("peltbench.conf").joinpath(group), ""))
+
+
+def _names(folder, prefix: str) -> list[str]:
+    names = []
+    for path in folder.iterdir():
+        if path.is_dir() and not path.name.startswith(("_", ".")):
+            names += _names(path, f"{prefix}{path.name}/")
+        elif path.name.endswith(".yaml"):
+            names.append(prefix + path.name.removesuffix(".yaml"))
+    return names

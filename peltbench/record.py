@@ -15,6 +15,7 @@ import platform
 import re
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -264,8 +265,8 @@ def _kept(existing: dict | None, record: dict) -> str | None:
 HEAD = ("status", "error", "test", "dev_best", "best_epoch", "best_step", "epochs_run", "method", "variant", "protocol",
         "task", "k", "seed",
         "model_seed", "model", "architecture", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
-        "train_seconds", "train_steps", "eval_seconds", "test_seconds", "test_examples", "machine", "device",
-        "precision", "fused", "dropout")
+        "train_seconds", "train_steps", "eval_seconds", "test_seconds", "test_examples", "peak_memory", "machine",
+        "device", "precision", "fused", "dropout")
 TAIL = ("history", "gates", "split", "data_dir", "data_source", "config", "config_hash", "schema", "versions", "started_at",
         "finished_at", "traceback")
 LINE_WIDTH = 110  # a dict of plain values this short stays on one line
@@ -362,6 +363,26 @@ def machine(device) -> dict:
 
         gpu = torch.cuda.get_device_name(torch.device(device))
     return {"hostname": socket.gethostname(), "cpu": _cpu_model(), "gpu": gpu}
+
+
+def peak_memory(device, members: int) -> dict:
+    """The peak memory the run's training reached, as the device can tell (docs/record.md `peak_memory`).
+
+    CUDA: `torch.cuda.max_memory_allocated` since the group started (the runner resets it then): the tensors the
+    caching allocator handed out, not what it reserved. CPU: the process's peak resident set size
+    (`resource.getrusage`), which counts everything the process held since it started, earlier runs of the same
+    sweep process included. A fused group shares one backbone and one loop: its members all report the group's.
+    """
+    if str(device).startswith("cuda"):
+        import torch
+
+        value, measures = torch.cuda.max_memory_allocated(torch.device(device)), "cuda_max_memory_allocated"
+    else:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
+        value, measures = peak if sys.platform == "darwin" else peak * 1024, "process_peak_rss"
+    return {"bytes": int(value), "measures": measures, "of": "group" if members > 1 else "run"}
 
 
 @lru_cache(maxsize=1)

@@ -30,7 +30,7 @@ from .saving import (PREDICTIONS, WEIGHTS, check_owner, check_shapes, member_wei
                      save_weights)
 from .claim import claim_run, describe, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
-                     probe_writable, record_path, utc_now, variant_name, versions, write_record)
+                     peak_memory, probe_writable, record_path, utc_now, variant_name, versions, write_record)
 from .protocols import protocol_name
 from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
@@ -302,6 +302,8 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     runs = sorted(runs, key=lambda run: _layout(run.cfg.method))
     first = runs[0].cfg
     fused = _fused(runs)
+    if device.type == "cuda":  # each group's own peak (record `peak_memory`)
+        torch.cuda.reset_peak_memory_stats(device)
     model = group_model([run.cfg for run in runs], task, device)
     for run in runs:
         run.record.update(count_method(run.cfg.method, model.config))
@@ -326,6 +328,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         runs[index].logger.log_epoch(epoch, metrics)
 
     def on_done(index: int, result: MemberResult) -> None:
+        runs[index].record["peak_memory"] = peak_memory(device, len(runs))
         outcomes[id(runs[index])] = _finish(runs[index], result, model, index, task)
 
     try:

@@ -158,6 +158,8 @@ def test_a_fused_run_ends_as_its_separate_run(quiet_checkpoint, glue_dir, tmp_pa
         assert a["status"] == b["status"] == "ok"
         assert a["fused"] is None and b["fused"] == {"group": fused[0].record["fused"]["group"], "size": len(RUNS) * 2}
         assert (a["best_epoch"], a["epochs_run"]) == (b["best_epoch"], b["epochs_run"])
+        assert (a["peak_memory"]["of"], b["peak_memory"]["of"]) == ("run", "group")  # the group's peak, said so
+        assert a["peak_memory"]["measures"] == b["peak_memory"]["measures"] == "process_peak_rss"  # on the CPU
         assert [h["dev_main"] for h in a["history"]] == pytest.approx([h["dev_main"] for h in b["history"]], abs=1e-6)
         assert [h["train_loss"] for h in a["history"]] == pytest.approx([h["train_loss"] for h in b["history"]], rel=1e-6)
         assert a["test"] == pytest.approx(b["test"], abs=1e-6)
@@ -324,3 +326,15 @@ def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
     torch.testing.assert_close(whole, split, rtol=1e-6, atol=1e-7)
     for name in one:
         torch.testing.assert_close(one[name], two[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_learning_rate_and_rank_grid_is_one_group_and_padded_pooling_or_ft_apart():
+    """The grid of a selection on dev (issue 20 item 2) fuses: learning rates and shapes (LoRA rank, adapter bottleneck)
+    may differ within a group; fine-tuning and padded gate pooling (another batch shape) train apart."""
+    grid = [compose_config(f"method={name}", "task=rte", f"method.lr={lr}", "fuse=true", *extra)
+            for name, extra in (("lora", []), ("lora", ["method.lora_rank=16"]), ("adapter", ["method.bottleneck=64"]))
+            for lr in (1e-4, 3e-4, 1e-3)]
+    assert plan_groups(grid) == [list(range(9))]
+    apart = [compose_config("method=ft", "task=rte", "fuse=true"),
+             compose_config("method=unipelt_apl", "task=rte", "fuse=true", "method.gate_pooling=padded")]
+    assert plan_groups(grid + apart) == [list(range(9)), [9], [10]]

@@ -248,3 +248,14 @@ def test_an_old_record_of_another_spelling_is_the_same_run(tmp_path, monkeypatch
     assert config_differences(record, compose_config("method=adapter", "task=rte", f"model.name={model}")) == []
     other = compose_config("method=adapter", "task=rte", "model.name=bert-base-cased")
     assert config_differences(record, other) == [f"model.name (record {str(model)!r}, this run 'bert-base-cased')"]
+
+
+def test_peak_memory_on_the_cpu_is_the_process_peak_rss_and_a_group_says_so():
+    import resource
+
+    from peltbench.record import peak_memory
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+    alone, group = peak_memory("cpu", 1), peak_memory("cpu", 4)
+    assert alone["measures"] == "process_peak_rss" and alone["bytes"] >= before > 0
+    assert (alone["of"], group["of"]) == ("run", "group")

@@ -40,12 +40,13 @@ def out(tmp_path):
 
 def test_table1_markdown_cells(out):
     rows = markdown_rows((out / "table1.md").read_text())
-    # columns: CoLA, RTE, Avg.; ** best, <ins> 2nd, * Welch p < 0.05 vs the best single method, n=2 < 3 seeds
+    # columns: CoLA, RTE, Avg.; ** best, <ins> 2nd, * paired t-test p < 0.05 vs the best single method, n=2 < 3 seeds;
+    # APL's CoLA is +22 on every seed: no variance, no t-test (n/a), so no star
     assert rows["Fine-tuning"] == ["20.00 ± 2.00", "<ins>60.00 ± 10.00</ins>", "<ins>40.00 ± 6.00</ins>"]
     assert rows["Prefix-tuning"] == ["0.00 ± 0.00", "**62.00 ± 2.00**", "31.00 ± 1.00"]
     assert rows["LoRA"] == ["13.00 ± 1.41 (n=2)", "59.00 ± 1.00", "35.75 ± 1.06 (n=2)"]
     assert rows["UniPELT (AP)"] == ["<ins>26.00 ± 1.00</ins> *", "**62.00 ± 1.00**", "**44.00 ± 1.00**"]
-    assert rows["UniPELT (APL)"] == ["**42.00 ± 2.00** *", "–", "–"]
+    assert rows["UniPELT (APL)"] == ["**42.00 ± 2.00**", "–", "–"]
 
 
 def test_table1_lists_failed_runs_below(out):
@@ -61,7 +62,7 @@ def test_table1_latex_cells(out):
     # as table1.md: `*` (Welch p < 0.05) on AP's and APL's CoLA, the seed count where fewer than 3 ran
     assert rows["UniPELT (AP)"] == [r"\underline{26.00}$_{1.00}^{\mathrm{*}}$", r"\textbf{62.00}$_{1.00}$", r"\textbf{44.00}$_{1.00}$"]
     assert rows["LoRA"] == [r"13.00$_{1.41}^{\mathrm{n=2}}$", "59.00$_{1.00}$", r"35.75$_{1.06}^{\mathrm{n=2}}$"]
-    assert rows["UniPELT (APL)"] == [r"\textbf{42.00}$_{2.00}^{\mathrm{*}}$", "--", "--"]
+    assert rows["UniPELT (APL)"] == [r"\textbf{42.00}$_{2.00}$", "--", "--"]
     assert r"\multicolumn{4}{c}{[$K = 100$] Test Performance} \\" in lines
 
 
@@ -84,10 +85,10 @@ def test_significance_summary(out):
     text = (out / "significance.md").read_text()
     assert "- UniPELT (AP): significantly better in 1, significantly worse in 0 of 3 tested setups (0 n/a)." in text
     assert markdown_body(text) == [  # p-values as in test_tables.test_significance_against_the_best_single_method
-        ["100", "CoLA", "UniPELT (AP)", "26.00", "Fine-tuning", "20.00", "+6.00", "0.0196", "*"],
-        ["100", "RTE", "UniPELT (AP)", "62.00", "Prefix-tuning", "62.00", "+0.00", "1", ""],
-        ["100", "Avg.", "UniPELT (AP)", "44.00", "Fine-tuning", "40.00", "+4.00", "0.367", ""],
-        ["100", "CoLA", "UniPELT (APL)", "42.00", "Fine-tuning", "20.00", "+22.00", "0.000176", "*"],
+        ["100", "CoLA", "UniPELT (AP)", "26.00", "Fine-tuning", "20.00", "+6.00", "paired (n=3)", "0.00913", "0.25 (0.25)", "*"],
+        ["100", "RTE", "UniPELT (AP)", "62.00", "Prefix-tuning", "62.00", "+0.00", "paired (n=3)", "1", "1 (0.25)", ""],
+        ["100", "Avg.", "UniPELT (AP)", "44.00", "Fine-tuning", "40.00", "+4.00", "paired (n=3)", "0.3", "0.5 (0.25)", ""],
+        ["100", "CoLA", "UniPELT (APL)", "42.00", "Fine-tuning", "20.00", "+22.00", "paired (n=3)", "n/a", "0.25 (0.25)", ""],
     ]
 
 

@@ -11,12 +11,18 @@ import sys
 from pathlib import Path
 
 from .. import UserError
+from .cost import write_cost
 from .figures import swept_paths
 from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
 from .others import Ledger, other_runs_markdown, other_settings_groups
+from .paired import check_baseline, write_paired
 from .paper import default_paper_dir, load_paper
-from .protocol import pooled, render_options, select
+from .published import write_published
+from ..protocols import statistic
+from .protocol import label_protocol, pooled, render_options, select
 from .records import default_runs, known_runs, one_record_per_seed, read_records
+from .selection import parse_keys, select_settings, selected_runs
+from .selection_render import write_selection
 
 PROG = "peltbench-tables"
 
@@ -49,6 +55,12 @@ def parse_args(argv=None):
     parser.add_argument("--protocol", help="render this protocol: settings that differ from the paper's, e.g. "
                                            "train.epochs=3,dev_size=200 or precision=bf16 (other_runs.md lists the ones found); "
                                            "default: the paper's, in the precision most of its runs used")
+    parser.add_argument("--select", action="append", metavar="method.KEY[,method.KEY]",
+                        help="choose this method setting on dev per method, task and K among the runs of a grid (e.g. "
+                             "method.lr; several keys: their combinations) -> selection.md / .tex / .csv")
+    parser.add_argument("--baseline", metavar="METHOD",
+                        help="compare every method with this one in paired.md (default: the paper's comparison, each "
+                             "UniPELT variant against the best single method of its cell)")
     return parser.parse_args(argv)
 
 
@@ -59,6 +71,7 @@ def check_args(args):
     if not 0 <= args.ddof < args.seeds:
         raise UserError(f"--ddof {args.ddof}: must be at least 0 and below --seeds ({args.seeds}), "
                         "or a full cell has no standard deviation")
+    args.select_keys = parse_keys(args.select)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UserError(f"--out {args.out} is a file, not a directory")
     if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
@@ -99,15 +112,24 @@ def render_tables(args):
     render_context = Render(selection, args.seeds, args.ddof, paper, known[~same])
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable)
     _say_selection(selection, ledger, args, render_context)
+    runs = default_runs(chosen)
+    reported = statistic(label_protocol(selection.protocol))  # mean ± std, or the median the protocol reports
+    selected = select_settings(chosen, args.select_keys, args.ddof) if args.select_keys else None
+    compared = runs if selected is None else selected_runs(chosen, selected)  # the chosen setting of each cell
+    check_baseline(compared, args.baseline)
     out = Output(args.out)
     out.folder.mkdir(parents=True, exist_ok=True)
-    runs = default_runs(chosen)
     entries = [
         *write_table1(out, runs, render_context),
         *write_table3(out, runs, render_context),
         *write_table4(out, runs, render_context),
         *write_figures(out, chosen, render_context),
+        *write_cost(out, compared, render_context),
+        *write_paired(out, compared, render_context, args.baseline),
+        *write_published(out, compared, render_context, args.paper_dir, reported),
     ]
+    if selected is not None:
+        entries += write_selection(out, selected, render_context, reported)
     out.text("other_runs.md", other_runs_markdown(ledger, selection))
     entries.append(("other_runs.md", "every record not in the tables, and why: other models or protocols, settings, "
                                      "unknown methods, repeated seeds, unreadable files"))
@@ -157,8 +179,9 @@ def _say_nothing_fits(known, selection, args):
 def _command(args, model, protocol, default_model):
     """The whole command line that renders `model` and `protocol`, with this one's other options (`--out`, ...)."""
     defaults = vars(parse_args([]))
-    kept = [f"--{name.replace('_', '-')} {shlex.quote(str(value))}" for name, value in vars(args).items()
-            if name not in ("model", "protocol") and value != defaults[name]]
+    kept = [f"--{name.replace('_', '-')} {shlex.quote(str(value))}" for name, given in vars(args).items()
+            if name in defaults and name not in ("model", "protocol") and given != defaults[name]
+            for value in (given if isinstance(given, list) else [given])]  # --select may be given several times
     return " ".join([PROG, *kept, render_options(model, protocol, default_model)])
 
 

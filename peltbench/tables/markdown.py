@@ -44,7 +44,7 @@ def _legend(expected, significant, apart_table=None):
     if expected > 1:
         legend.append(f"`n=3`: fewer seeds than the {expected} expected.")
     if significant:
-        legend.append("`*`: differs from the best single method, Welch's t-test p < 0.05 (significance.md).")
+        legend.append("`*`: differs from the best single method, paired t-test over data seeds p < 0.05 (significance.md).")
     if apart_table:
         legend.append(f"Rows below *{apart_title(apart_table)}* are methods the paper's {apart_table} does not have: "
                       "they take no bold or underline.")
@@ -164,8 +164,11 @@ def significance_markdown(results):
     """significance.md: a count per UniPELT variant, then every comparison with its p-value."""
     parts = ["# Significance: UniPELT vs. the best single method", "",
              "Per K and task, each UniPELT variant against the single method (fine-tuning, BitFit, adapter, "
-             "prefix-tuning, LoRA) with the highest mean: Welch's t-test over data seeds (two-sided, unequal "
-             "variances, p < 0.05 marked `*` in table1.md). `n/a`: fewer than 2 seeds on a side, or no variance at all.", ""]
+             "prefix-tuning, LoRA) with the highest mean, paired over the data seeds both ran: the paired t-test "
+             "(two-sided; p < 0.05 marked `*` in table1.md) and the exact sign-flip test, which over n pairs cannot go "
+             "below 2/2^n (0.0625 for 5 seeds, 0.25 for 3: it can never reach 0.05 with 5 seeds or fewer, so it marks "
+             "nothing). `welch`: fewer than 2 seeds shared, Welch's unpaired t-test instead. `n/a`: fewer than 2 seeds "
+             "on a side, or the differences all equal.", ""]
     for method, rows in results.groupby("method", sort=False):
         tested = rows["p_value"].notna()
         better = (rows["significant"] & (rows["difference"] > 0)).sum()
@@ -176,7 +179,14 @@ def significance_markdown(results):
         "K": results["k"], "Task": results["task"].map(task_label), "UniPELT": results["method"].map(method_label),
         "mean": results["mean"].map(number), "best single": results["best_single"].map(method_label),
         "its mean": results["best_mean"].map(number), "difference": results["difference"].map(signed),
-        "p": results["p_value"].map(lambda p: "n/a" if is_missing(p) else f"{p:.3g}"),
+        "test": results["test"] + results["pairs"].map(lambda n: f" (n={n})" if n else ""),
+        "p": results["p_value"].map(_p),
+        "sign-flip p (floor)": [MISSING if is_missing(p) else f"{_p(p)} ({_p(floor)})"
+                                for p, floor in zip(results["sign_flip_p"], results["sign_flip_floor"])],
         "": results["significant"].map(lambda flag: "*" if flag else ""),
     })
     return "\n".join([*parts, "", frame_markdown(table), ""])
+
+
+def _p(value):
+    return "n/a" if is_missing(value) else f"{value:.3g}"

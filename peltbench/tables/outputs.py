@@ -25,6 +25,7 @@ from .significance import significance
 CSV_FLOATS = "%.6g"
 # Every name this tool writes; `prune` removes only files of these names.
 OWN_NAMES = re.compile(r"(table[1-4]\.(md|tex|csv)|diff_table[1-3]\.(md|csv)|significance\.(md|csv)"
+                       r"|selection\.(md|tex|csv)|paired\.(md|csv)|published_\w+\.md"
                        r"|fig[\w-]*\.(png|csv)|other_runs\.md|README\.md)")
 FIGURES = {
     "fig2_bottleneck.png": (bottleneck_figure, "Figure 2: adapter score vs. bottleneck size (CoLA, K = 100)", "fig2_bottleneck"),
@@ -99,7 +100,7 @@ def write_table1(out, runs, render):
         table, "Table 1: results on GLUE with K training examples (test)", caption, render.expected, "Table 1", flagged)
         + below)
     out.text("table1.tex", latex.score_table_latex(
-        table, caption + (" *: differs from the best single method, Welch's t-test p < 0.05." if flagged else ""),
+        table, caption + (" *: differs from the best single method, paired t-test over data seeds p < 0.05." if flagged else ""),
         "tab:table1", lambda k: f"[${k_label(k)}$] Test Performance", render.expected, "Table 1", flagged))
     out.csv("table1.csv", table.cells.astype({"rank": "Int64"}))
     out.text("significance.md", markdown.significance_markdown(results))
@@ -107,7 +108,7 @@ def write_table1(out, runs, render):
     entries = [("table1.md / .tex / .csv", f"Table 1: mean ± std over data seeds per method, task and K (runs left out: {len(table.problems)})")]
     if render.paper is not None:
         entries += write_diff(out, "table1", "Table 1", diff_cells(table.cells, render.paper["table1"]), table.tasks, render)
-    entries.append(("significance.md / .csv", "UniPELT vs. the best single method per task and K (Welch's t-test)"))
+    entries.append(("significance.md / .csv", "UniPELT vs. the best single method per task and K (paired over data seeds)"))
     return entries + write_table2(out, table, render)
 
 

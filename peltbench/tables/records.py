@@ -37,7 +37,7 @@ EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "tr
 COLUMNS = (
     "method", "variant", "task", "k", "seed", "model", "architecture", "status", "error", "main", "test_main", "dev_main",
     "best_epoch", "epochs_run", "dev_size", "model_seed", "precision", "protocol",
-    *EFFICIENCY_FIELDS, "fused_group", "fused_size", "device", "machine_hostname", "machine_cpu", "machine_gpu",
+    *EFFICIENCY_FIELDS, "peak_memory", "peak_memory_measures", "fused_group", "fused_size", "device", "machine_hostname", "machine_cpu", "machine_gpu",
     "gates", "weights", "settings", "changed", "config", "path",
 )
 
@@ -166,6 +166,10 @@ def _gates(value):
         isinstance(layers, list) and all(_is_number(gate) for gate in layers) for layers in value.values())
 
 
+def _peak(value):
+    return isinstance(value, dict) and _is_number(value.get("bytes")) and isinstance(value.get("measures"), str)
+
+
 def _fused(value):
     return isinstance(value, dict) and _is_int(value.get("size")) and isinstance(value.get("group"), str)
 
@@ -189,6 +193,7 @@ FIELDS = (
     *((field, _optional(_is_number), "a number", False) for field in EFFICIENCY_FIELDS),
     ("gates", _optional(_gates), "{submodule: [number per layer]}", False),
     ("fused", _optional(_fused), '{"group": string, "size": integer}', False),
+    ("peak_memory", _optional(_peak), '{"bytes": number, "measures": string}', False),
     ("machine", _optional(lambda value: isinstance(value, dict)), "an object", False),
     ("precision", _optional(lambda value: isinstance(value, str)), "a string", False),
     ("device", _optional(lambda value: isinstance(value, str)), "a string", False),
@@ -229,6 +234,7 @@ def _flatten(record, path):
     precision = _precision(record)
     test, dev = record.get("test") or {}, record.get("dev_best") or {}
     fused, machine = record.get("fused") or {}, record.get("machine") or {}
+    peak = record.get("peak_memory") or {}
     model = record.get("model") or config["model"]["name"]
     weights = Path(path).parent / WEIGHTS_FILE
     row = {
@@ -240,6 +246,7 @@ def _flatten(record, path):
         "best_epoch": record.get("best_epoch"), "epochs_run": record.get("epochs_run"),
         "dev_size": config["dev_size"], "model_seed": config.get("model_seed"), "precision": precision,
         "protocol": protocol_label(run_protocol(config, precision)),
+        "peak_memory": peak.get("bytes"), "peak_memory_measures": peak.get("measures"),
         "fused_group": fused.get("group"), "fused_size": fused.get("size"), "device": record.get("device"),
         "machine_hostname": machine.get("hostname"), "machine_cpu": machine.get("cpu"), "machine_gpu": machine.get("gpu"),
         "gates": record.get("gates"), "weights": str(weights) if weights.is_file() else None,

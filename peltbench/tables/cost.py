@@ -1,0 +1,150 @@
+"""The cost view: score against what a method costs, one point per method, the Pareto front drawn (as PEFT's method
+comparison shows it). Three costs, one PNG each, one panel per task × K and one for the average over tasks per K:
+
+- trainable parameters (`trainable_params`: stored per task, head excluded; log scale),
+- training seconds per step (`train_seconds / train_steps`),
+- peak memory (`peak_memory`: CUDA's max allocated, or the process's peak RSS on a CPU, labelled as recorded).
+
+A point is the mean test score over the method's data seeds in that panel, its cost the mean over the same runs.
+A fused run records its group's seconds and its group's peak memory, not its own, so fused runs are left out of the
+time and memory points (their parameters count). The average panel averages, per method, the task means and costs
+over the tasks of that K, only for methods that ran every one of them. The Pareto front joins the points no other
+point beats: none at most as costly and scoring at least as high, one of them strictly. fig_cost.csv holds every point.
+"""
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .efficiency import is_fused
+from .names import AVG, METHODS, TASKS, k_label, k_order, method_label, order_of, task_label
+
+COSTS = {  # column -> (file, axis label, log scale)
+    "trainable_params": ("fig_cost_params.png", "trainable parameters (stored per task, log scale)", True),
+    "seconds_per_step": ("fig_cost_time.png", "training seconds per step (log scale)", True),
+    "peak_memory_gib": ("fig_cost_memory.png", "peak memory, GiB", False),
+}
+MEASURES = {"cuda_max_memory_allocated": "CUDA max allocated", "process_peak_rss": "process peak RSS (CPU)"}
+
+
+def cost_points(runs):
+    """One row per (k, task, method), the task AVG included: score, n, and each cost (NaN where none is recorded)."""
+    ok = runs[(runs["status"] == "ok") & runs["main"].notna()]
+    if ok.empty:
+        return pd.DataFrame(columns=["k", "task", "method", "score", "n", *COSTS, "memory_measures"])
+    alone = ~is_fused(ok)
+    steps = pd.to_numeric(ok["train_steps"], errors="coerce")
+    frame = ok.assign(
+        seconds_per_step=(pd.to_numeric(ok["train_seconds"], errors="coerce") / steps.where(steps > 0)).where(alone),
+        peak_memory_gib=(pd.to_numeric(ok["peak_memory"], errors="coerce") / 2 ** 30).where(alone),
+        trainable_params=pd.to_numeric(ok["trainable_params"], errors="coerce"),
+        memory_measures=ok["peak_memory_measures"].where(alone))
+    grouped = frame.groupby(["k", "task", "method"])
+    points = grouped.agg(score=("main", "mean"), n=("main", "count"), trainable_params=("trainable_params", "mean"),
+                         seconds_per_step=("seconds_per_step", "mean"), peak_memory_gib=("peak_memory_gib", "mean"),
+                         memory_measures=("memory_measures", lambda values: ", ".join(sorted(set(values.dropna()))))
+                         ).reset_index()
+    return pd.concat([points, _averages(points)], ignore_index=True)
+
+
+def _averages(points):
+    """Per K and method: the mean over that K's tasks of score and costs, for methods that ran every task."""
+    rows = []
+    for k, block in points.groupby("k"):
+        tasks = set(block["task"])
+        for method, rows_of in block.groupby("method"):
+            if set(rows_of["task"]) == tasks:
+                rows.append({"k": k, "task": AVG, "method": method, "score": rows_of["score"].mean(),
+                             "n": int(rows_of["n"].min()), **{cost: rows_of[cost].mean() for cost in COSTS},
+                             "memory_measures": ", ".join(sorted(set(filter(None, rows_of["memory_measures"]))))})
+    return pd.DataFrame(rows, columns=points.columns)
+
+
+def pareto(costs, scores):
+    """Boolean mask of the points on the front: no other point is at most as costly and scores at least as high, with
+    one of the two strictly (NaN: off)."""
+    costs, scores = np.asarray(costs, dtype=float), np.asarray(scores, dtype=float)
+    on = np.zeros(len(costs), dtype=bool)
+    for i in range(len(costs)):
+        if np.isnan(costs[i]) or np.isnan(scores[i]):
+            continue
+        rivals = ~np.isnan(costs) & (costs <= costs[i]) & (scores >= scores[i]) & ((costs < costs[i]) | (scores > scores[i]))
+        on[i] = not rivals.any()
+    return on
+
+
+def with_fronts(points):
+    """`points` with one `pareto_<cost>` column per cost, decided within each panel (k, task)."""
+    points = points.copy()
+    for cost in COSTS:
+        column = f"pareto_{cost}"
+        points[column] = False
+        for _, panel in points.groupby(["k", "task"]):
+            points.loc[panel.index, column] = pareto(panel[cost], panel["score"])
+    return points
+
+
+def panels(points):
+    """(k, task) of each panel in reading order: K rows, the paper's task order, Avg. last."""
+    keys = {(k, task) for k, task in zip(points["k"], points["task"])}
+    return sorted(keys, key=lambda key: (k_order(key[0]), order_of(key[1], (*TASKS, AVG))))
+
+
+def cost_figure(points, cost, title):
+    """One panel per (k, task) with points for `cost`; None when no point has that cost."""
+    drawn = points.dropna(subset=[cost, "score"])
+    if drawn.empty:
+        return None
+    keys = panels(drawn)
+    ks = sorted({k for k, _ in keys}, key=k_order)
+    columns = max(sum(1 for key in keys if key[0] == k) for k in ks)
+    figure = Figure(figsize=(3.2 * columns, 2.9 * len(ks) + 0.6), layout="constrained")
+    grid = figure.subplots(len(ks), columns, squeeze=False)
+    methods = sorted(set(drawn["method"]), key=lambda method: order_of(method, METHODS))
+    colour = {method: f"C{i % 10}" for i, method in enumerate(methods)}
+    for row, k in enumerate(ks):
+        in_row = [key for key in keys if key[0] == k]
+        for column, axes in enumerate(grid[row]):
+            if column >= len(in_row):
+                axes.set_visible(False)
+                continue
+            _panel(axes, drawn[(drawn["k"] == k) & (drawn["task"] == in_row[column][1])], cost, colour)
+            axes.set_title(f"{task_label(in_row[column][1])}, {k_label(k)}", fontsize="medium")
+    handles = [grid[0][0].scatter([], [], color=colour[m], label=method_label(m)) for m in methods]
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(methods), 6), fontsize="small")
+    figure.suptitle(title, fontsize="medium")
+    return figure
+
+
+def _panel(axes, panel, cost, colour):
+    _, label, log = COSTS[cost]
+    single = panel["n"] == 1
+    for method, point in panel.set_index("method").iterrows():
+        axes.scatter(point[cost], point["score"], color=colour[method], marker="o" if point["n"] > 1 else "x", zorder=3)
+    front = panel[pareto(panel[cost], panel["score"])].sort_values(cost)
+    axes.plot(front[cost], front["score"], color="0.4", linestyle="--", linewidth=1, zorder=2)
+    if log and (panel[cost] > 0).all():
+        axes.set_xscale("log")
+    axes.set_xlabel(label, fontsize="small")
+    axes.set_ylabel("test score (×100)" + (", x: 1 seed" if single.any() else ""), fontsize="small")
+    axes.grid(alpha=0.3)
+
+
+def write_cost(out, runs, render):
+    """fig_cost_*.png and fig_cost.csv from the pooled runs with default settings; returns index entries."""
+    points = with_fronts(cost_points(runs))
+    if points.empty:
+        return [("fig_cost_*.png", "not drawn: no run with a score yet")]
+    out.csv("fig_cost.csv", points)
+    entries = [("fig_cost.csv", "the cost view's points: mean test score, trainable parameters, seconds per step and "
+                                "peak memory per method, task and K (avg = over the K's tasks), each cost's Pareto front")]
+    about = f"{render.selection.model_label()}; {render.selection.protocol}"
+    for cost, (name, label, _) in COSTS.items():
+        measures = sorted(set(filter(None, ", ".join(points["memory_measures"].fillna("")).split(", "))))
+        what = label + (f" ({'; '.join(MEASURES.get(m, m) for m in measures)})" if cost == "peak_memory_gib" and measures else "")
+        figure = cost_figure(points, cost, f"Test score against {what}\n{about}. Dashed: Pareto front; x: one seed.")
+        if figure is None:
+            entries.append((name, f"not drawn: no record has {label.split(' (')[0]} (fused runs record their group's)"))
+            continue
+        out.figure(name, figure)
+        entries.append((name, f"test score against {what}, one point per method, per task × K and averaged"))
+    return entries

@@ -1,0 +1,172 @@
+"""Paired comparisons per cell (task × K) with a reference method: paired.md / paired.csv.
+
+Every method of a cell ran on the same data seeds, so its runs pair with the reference's seed by seed. Over the
+seeds both have a score: the paired t-test (scipy.stats.ttest_rel; n/a when every difference is the same, as
+scipy's infinite t would read p = 0) and the exact sign-flip permutation test (all
+2^n sign patterns of the n per-seed differences; two-sided, |mean| at least the observed one). An exact test over n
+pairs cannot give a p-value below 2 / 2^n: 0.0625 for 5 seeds, so no sign-flip result over 5 seeds can reach 0.05 and
+the table says so instead of marking one. With fewer than 2 shared seeds (grids that ran different seeds) the
+comparison falls back to Welch's unpaired t-test and says so. When both methods saved predictions, the
+example-level tests of examples.py join the row.
+
+The reference: the paper's comparison (§4.3), each UniPELT variant against the single method of highest mean in the
+cell; or, with `--baseline METHOD`, every other method against METHOD.
+"""
+import itertools
+import warnings
+
+import numpy as np
+import pandas as pd
+from scipy.stats import ttest_ind, ttest_rel
+
+from .examples import example_tests
+from .names import SINGLE_METHODS, UNIPELT_SUBMODULES
+from .scores import paper_order
+
+ALPHA = 0.05
+TESTS = ("paired", "welch")
+
+
+def sign_flip_p(differences):
+    """Exact two-sided sign-flip p-value of the mean of `differences` (NaN for none)."""
+    differences = np.asarray(differences, dtype=float)
+    if len(differences) == 0:
+        return np.nan
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(differences))))
+    means = np.abs(signs @ differences) / len(differences)
+    observed = abs(differences.mean())
+    return float(np.mean(means >= observed - 1e-9 * max(1.0, observed)))
+
+
+def sign_flip_floor(n):
+    """The smallest two-sided p-value an exact sign-flip test over n pairs can give: 2 / 2^n (1 for n = 0)."""
+    return min(1.0, 2.0 / 2 ** n)
+
+
+def seed_test(ours, theirs):
+    """{test, n, seeds, difference, t_p, sign_flip_p, sign_flip_floor} for two {seed: score} maps."""
+    shared = sorted(set(ours) & set(theirs))
+    if len(shared) >= 2:
+        differences = np.array([ours[seed] - theirs[seed] for seed in shared])
+        # equal differences have no variance: scipy's t is infinite (p = 0), which no reader should take as evidence
+        t_p = np.nan if np.ptp(differences) == 0 else _quiet(lambda: ttest_rel(
+            [ours[s] for s in shared], [theirs[s] for s in shared]).pvalue)
+        return {"test": "paired", "n": len(shared), "seeds": " ".join(map(str, shared)),
+                "difference": float(differences.mean()), "t_p": t_p,
+                "sign_flip_p": sign_flip_p(differences), "sign_flip_floor": sign_flip_floor(len(shared))}
+    mine, other = list(ours.values()), list(theirs.values())
+    welch = _quiet(lambda: ttest_ind(mine, other, equal_var=False).pvalue) if len(mine) >= 2 and len(other) >= 2 else np.nan
+    return {"test": "welch", "n": min(len(mine), len(other)), "seeds": "",
+            "difference": float(np.mean(mine) - np.mean(other)) if mine and other else np.nan,
+            "t_p": welch, "sign_flip_p": np.nan, "sign_flip_floor": np.nan}
+
+
+def _quiet(compute):
+    """scipy warns when the differences are (nearly) constant; its p-value (NaN for none) is still the answer."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(compute())
+
+
+def comparisons(runs, baseline=None):
+    """(k, task, method, reference) for each comparison among `runs` (default settings, one record per seed)."""
+    usable = runs[(runs["status"] == "ok") & runs["main"].notna()]
+    means = usable.groupby(["k", "task", "method"])["main"].mean()
+    pairs = []
+    for (k, task), cell in means.groupby(level=["k", "task"], sort=False):
+        methods = cell.droplevel(["k", "task"])
+        if baseline is not None:
+            if baseline in methods.index:
+                pairs += [(k, task, method, baseline) for method in methods.index if method != baseline]
+            continue
+        singles = methods[methods.index.isin(SINGLE_METHODS)]
+        if singles.empty:
+            continue
+        pairs += [(k, task, method, singles.idxmax()) for method in methods.index if method in UNIPELT_SUBMODULES]
+    return pairs
+
+
+def paired_table(runs, baseline=None, alpha=ALPHA):
+    """One row per comparison: the seed-level tests and, where predictions were saved, the example-level ones."""
+    usable = runs[(runs["status"] == "ok") & runs["main"].notna()]
+    rows = []
+    for k, task, method, reference in comparisons(runs, baseline):
+        cell = usable[(usable["k"] == k) & (usable["task"] == task)]
+        ours, theirs = cell[cell["method"] == method], cell[cell["method"] == reference]
+        row = {"k": k, "task": task, "method": method, "reference": reference,
+               **seed_test(dict(zip(ours["seed"], ours["main"])), dict(zip(theirs["seed"], theirs["main"])))}
+        row["significant"] = bool(row["t_p"] < alpha)
+        task_config = ours["config"].iloc[0].get("task") or {}
+        if task_config.get("main_metric"):  # the metric the bootstrap recomputes from predictions
+            row.update(example_tests(dict(zip(ours["seed"], ours["path"])), dict(zip(theirs["seed"], theirs["path"])),
+                                     task_config["main_metric"], task_config.get("num_labels") == 1))
+        rows.append(row)
+    return paper_order(pd.DataFrame(rows, columns=_columns(rows))).reset_index(drop=True)
+
+
+def _columns(rows):
+    first = ["k", "task", "method", "reference", "test", "n", "seeds", "difference", "t_p", "sign_flip_p",
+             "sign_flip_floor", "significant"]
+    return first + [key for key in dict.fromkeys(key for row in rows for key in row) if key not in first]
+
+
+def check_baseline(runs, baseline):
+    """A --baseline no compared run has is bad input: one line, before anything is written."""
+    if baseline is not None and baseline not in set(runs["method"]):
+        from .. import UserError
+
+        found = ", ".join(sorted(set(runs["method"]))) or "none"
+        raise UserError(f"--baseline {baseline}: no compared run of that method (default settings, or the setting "
+                        f"chosen with --select); methods: {found}")
+
+
+def paired_markdown(results, baseline, caption):
+    """paired.md: what is compared with what, the seed-level tests, and the example-level ones where predictions exist."""
+    from .formatting import MISSING, is_missing, number, signed
+    from .markdown import frame_markdown
+    from .names import k_label, method_label, task_label
+
+    def p(value):
+        return MISSING if is_missing(value) else f"{value:.3g}"
+
+    reference = (f"every method against {method_label(baseline)} (--baseline)" if baseline else
+                 "each UniPELT variant against the single method of highest mean in its cell (the paper's §4.3 comparison)")
+    parts = [f"# Paired comparisons: {reference}", "", caption, "",
+             "Seeds: paired over the data seeds both methods ran; `t p`: paired t-test (scipy.stats.ttest_rel, two-sided, "
+             f"`*` when < {ALPHA}); `sign-flip p`: the exact sign-flip permutation test over all 2^n sign patterns, whose "
+             "smallest possible two-sided value is 2/2^n (`floor`): 0.0625 with 5 seeds, so with 5 seeds or fewer it "
+             f"cannot reach {ALPHA} and no star is given for it. `welch`: fewer than 2 shared seeds, Welch's unpaired "
+             "t-test. Examples (runs that saved predictions, pooled over the seeds both saved): the paired bootstrap's "
+             "mean difference of the main metric with its 95% interval and p-value, and McNemar's exact test on the "
+             "discordant (seed, example) pairs (b: only the method right, c: only the reference right).", ""]
+    if results.empty:
+        return "\n".join(parts + ["No cell has both methods of a comparison.", ""])
+    has = (lambda column: column in results and results[column].notna().any())
+    table = pd.DataFrame({
+        "K": results["k"].map(k_label), "Task": results["task"].map(task_label),
+        "Method": results["method"].map(method_label), "Reference": results["reference"].map(method_label),
+        "seeds": [f"{test} n={n}" for test, n in zip(results["test"], results["n"])],
+        "difference": results["difference"].map(signed),
+        "t p": [p(value) + (" *" if flag else "") for value, flag in zip(results["t_p"], results["significant"])],
+        "sign-flip p (floor)": [MISSING if is_missing(v) else f"{p(v)} ({p(f)})"
+                                for v, f in zip(results["sign_flip_p"], results["sign_flip_floor"])],
+    })
+    if has("bootstrap_difference"):
+        table["examples: difference [95% CI], p"] = [
+            MISSING if is_missing(d) else f"{signed(d)} [{number(lo)}, {number(hi)}], {p(bp)}"
+            for d, lo, hi, bp in zip(results["bootstrap_difference"], results["bootstrap_ci_low"],
+                                     results["bootstrap_ci_high"], results["bootstrap_p_value"])]
+    if has("mcnemar_p_value"):
+        table["McNemar b / c, p"] = [
+            MISSING if is_missing(mp) else f"{int(b)} / {int(c)}, {p(mp)}"
+            for b, c, mp in zip(results["mcnemar_only_method"], results["mcnemar_only_reference"], results["mcnemar_p_value"])]
+    return "\n".join(parts + [frame_markdown(table), ""])
+
+
+def write_paired(out, runs, render, baseline=None):
+    """paired.md / paired.csv from the compared runs (default settings, or those --select chose); index entries."""
+    results = paired_table(runs, baseline)
+    out.csv("paired.csv", results)
+    out.text("paired.md", paired_markdown(results, baseline, render.selection.caption()))
+    return [("paired.md / .csv", "paired comparisons per task and K with the reference method: over data seeds "
+                                 "(paired t-test, exact sign-flip) and, where predictions were saved, over test examples")]

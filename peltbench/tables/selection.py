@@ -1,0 +1,155 @@
+"""`peltbench-tables --select method.lr`: a method setting chosen on dev, per method × task × K.
+
+A grid such as `peltbench -m method=lora,adapter method.lr=1e-4,3e-4,1e-3 task=rte fuse=true` leaves one run per
+setting and data seed. Per method, task and K, each value of the selected keys (several keys: each combination) is
+a candidate; its runs are those whose method settings are the method's defaults except in the selected keys. The
+chosen candidate is the one whose dev score (`dev_best.main`: the best epoch's) has the highest mean over the data
+seeds that every candidate of the cell has: candidates are never compared on unequal seed sets, and a candidate
+that lacks a seed others have is named (`missing_seeds`, and a note). Ties go to the first candidate in value order.
+The chosen candidate's test scores are then summarised over its seeds by the reported statistic (mean ± std, or
+the median where the protocol reports medians: `STATISTICS`).
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .. import UserError
+from .protocol import canonical
+from .scores import paper_order
+
+# The statistic a table reports over data seeds: the protocol decides it (UniPELT: mean ± std; the full-data
+# papers of VeRA / FourierFT: the median of 5). This is the one place a render's choice arrives.
+STATISTICS = ("mean", "median")
+DEFAULT_STATISTIC = "mean"
+NOT_A_SETTING = "n/a"  # the value of a selected key for a method that has no such setting
+COLUMNS = ["method", "task", "k", "key", "value", "seeds", "dev_mean", "test_mean", "test_std", "test_median",
+           "compared_seeds", "missing_seeds", "chosen"]
+
+
+@dataclass
+class Chosen:
+    """One render's selection: every candidate (`rows`, selection.csv) and what the reader must be told."""
+
+    keys: tuple                 # setting names without `method.`, e.g. ("lr",)
+    rows: pd.DataFrame          # COLUMNS, one row per candidate
+    notes: list = field(default_factory=list)  # cells with missing seeds, or with no seed all candidates share
+
+    @property
+    def label(self):
+        return ",".join(f"method.{key}" for key in self.keys)
+
+
+def parse_keys(options):
+    """`--select method.lr --select method.lora_rank` or `method.lr,method.lora_rank` -> ("lr", "lora_rank")."""
+    keys = []
+    for option in options or ():
+        for key in filter(None, (part.strip() for part in option.split(","))):
+            group, dot, name = key.partition(".")
+            if group != "method" or not dot or not name:
+                raise UserError(f"--select {key}: only method settings are selected on dev (method.KEY, e.g. method.lr); "
+                                "train.* and the rest are part of the protocol (--protocol)")
+            if name not in keys:
+                keys.append(name)
+    return tuple(keys)
+
+
+def candidate_runs(runs, keys):
+    """The runs a selection over `keys` compares: default settings except in `keys`, with each run's `value`."""
+    unknown = [key for key in keys if not runs["settings"].map(lambda settings: key in settings).any()]
+    if unknown:
+        found = sorted({key for settings in runs["settings"] for key in settings})
+        raise UserError(f"--select: no pooled run has method setting {', '.join(unknown)}; settings: {', '.join(found)}")
+    inside = runs["changed"].map(lambda changed: set(changed) <= set(keys))
+    runs = runs[inside]
+    values = runs["settings"].map(lambda settings: ",".join(
+        canonical(settings[key]) if key in settings else NOT_A_SETTING for key in keys))
+    return runs.assign(value=values)
+
+
+def select_settings(runs, keys, ddof=1):
+    """The Chosen of `runs` (one model and protocol, one record per seed) over the method settings `keys`."""
+    runs = candidate_runs(runs, keys)
+    usable = runs[(runs["status"] == "ok") & runs["dev_main"].notna() & runs["main"].notna()]
+    rows, notes = [], []
+    for (method, task, k), cell in usable.groupby(["method", "task", "k"], sort=False):
+        cell_rows, note = _cell(cell, ddof)
+        rows += [{"method": method, "task": task, "k": k, "key": ",".join(f"method.{key}" for key in keys), **row}
+                 for row in cell_rows]
+        if note:
+            notes.append(f"{method}, {task}, K = {k}: {note}")
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    return Chosen(keys, paper_order(frame).reset_index(drop=True) if len(frame) else frame, notes)
+
+
+def _cell(cell, ddof):
+    """Each candidate of one method × task × K as a row, the chosen one marked; and a note when seeds are missing."""
+    seeds = {value: set(group["seed"]) for value, group in cell.groupby("value")}
+    shared = set.intersection(*seeds.values())
+    every = set.union(*seeds.values())
+    rows = []
+    for value in sorted(seeds, key=_value_order):
+        group = cell[cell["value"] == value]
+        compared = group[group["seed"].isin(shared)]
+        test = group["main"].to_numpy(dtype=float)
+        rows.append({
+            "value": value, "seeds": _seed_list(seeds[value]),
+            "dev_mean": compared["dev_main"].mean() if len(compared) else np.nan,
+            "test_mean": test.mean(), "test_std": test.std(ddof=ddof) if len(test) > ddof else np.nan,
+            "test_median": float(np.median(test)), "compared_seeds": _seed_list(shared),
+            "missing_seeds": _seed_list(every - seeds[value]), "chosen": False,
+        })
+    if shared:
+        best = max(range(len(rows)), key=lambda i: (rows[i]["dev_mean"], -i))
+        rows[best]["chosen"] = True
+    short = [row for row in rows if row["missing_seeds"]]
+    if not short:
+        return rows, None
+    lacking = "; ".join(f"{row['value']} lacks seed(s) {row['missing_seeds']}" for row in short)
+    if not shared:
+        return rows, f"no data seed is shared by every candidate ({lacking}): nothing chosen"
+    return rows, f"missing seeds ({lacking}): compared on the {len(shared)} seed(s) all candidates share ({_seed_list(shared)})"
+
+
+def _value_order(value):
+    """Numbers in numeric order (1e-4 before 3e-4 before 1e-3), anything else after them as text."""
+    parts = []
+    for part in value.split(","):
+        try:
+            parts.append((0, float(part), ""))
+        except ValueError:
+            parts.append((1, 0.0, part))
+    return parts
+
+
+def _seed_list(seeds):
+    return " ".join(str(seed) for seed in sorted(seeds))
+
+
+def selected_runs(runs, chosen):
+    """The runs of each cell's chosen candidate: what paired comparisons and the cost view compare after a selection."""
+    candidates = candidate_runs(runs, chosen.keys)
+    picked = chosen.rows[chosen.rows["chosen"]]
+    keys = set(zip(picked["method"], picked["task"], picked["k"], picked["value"]))
+    inside = [key in keys for key in zip(candidates["method"], candidates["task"], candidates["k"], candidates["value"])]
+    return candidates[inside]
+
+
+def chosen_cells(chosen, statistic=DEFAULT_STATISTIC):
+    """The chosen candidate per method × task × K: its value and its test `centre` (mean or median) and `spread`."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic {statistic!r}: one of {', '.join(STATISTICS)}")
+    rows = chosen.rows[chosen.rows["chosen"]]
+    centre = rows["test_mean"] if statistic == "mean" else rows["test_median"]
+    spread = rows["test_std"] if statistic == "mean" else pd.Series(np.nan, index=rows.index)
+    n = rows["seeds"].map(lambda seeds: len(seeds.split()))
+    return rows[["method", "task", "k", "value"]].assign(centre=centre, spread=spread, n=n)
+
+
+def describe(chosen, statistic=DEFAULT_STATISTIC, ddof=1):
+    """How the selection was made, for captions (Markdown and LaTeX alike)."""
+    reported = (f"test mean ± std (ddof = {ddof})" if statistic == "mean" else "test median")
+    return (f"Selected on dev per method, task and K: {chosen.label}, the value (a combination, for several keys) whose "
+            "best-epoch dev score has the highest mean over the data seeds every candidate of the cell has (ties: the "
+            f"smaller value); runs differ from the method's defaults in {chosen.label} only. Each cell: the chosen "
+            f"setting's {reported} over its data seeds, the chosen value in brackets. selection.csv lists every candidate.")

@@ -1,0 +1,57 @@
+"""The cost view (issue 20 item 4): score against parameters, time per step and peak memory, the Pareto front."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from peltbench.tables.command import main
+from peltbench.tables.cost import cost_points, pareto
+from peltbench.tables.records import load_records
+from test_tables import write_record
+
+# method -> (trainable params, seconds per step, peak bytes, {task: [scores per seed]})
+METHODS = {
+    "ft": (110_000_000, 0.30, 6 * 2 ** 30, {"rte": [60, 62], "cola": [30, 34]}),
+    "lora": (300_000, 0.20, 3 * 2 ** 30, {"rte": [61, 63], "cola": [20, 22]}),
+    "bitfit": (100_000, 0.18, 2 * 2 ** 30, {"rte": [55, 57], "cola": [25, 27]}),
+    "adapter": (900_000, 0.22, 4 * 2 ** 30, {"rte": [50, 52], "cola": [21, 23]}),
+}
+
+
+def write_costs(root, fused_adapter=False):
+    for method, (params, per_step, peak, tasks) in METHODS.items():
+        for task, scores in tasks.items():
+            for seed, score in zip((111, 222), scores):
+                fused = {"group": "g", "size": 3} if fused_adapter and method == "adapter" else None
+                write_record(root, method, task, 100, seed, score, trainable_params=params, backbone_params=110_000_000,
+                             train_seconds=per_step * 100, train_steps=100, fused=fused,
+                             peak_memory={"bytes": peak, "measures": "cuda_max_memory_allocated", "of": "run"})
+    return root
+
+
+def test_pareto_front():
+    # (cost, score): 1→50 on, 2→40 off (cheaper 1 scores more), 3→60 on, 3→55 off, 5→60 off (3 scores as much), nan off
+    assert list(pareto([1, 2, 3, 3, 5, np.nan], [50, 40, 60, 55, 60, 70])) == [True, False, True, False, False, False]
+    assert list(pareto([1, 1], [50, 50])) == [True, True]  # equal points: neither beats the other
+
+
+def test_points_are_means_and_the_average_needs_every_task(tmp_path):
+    points = cost_points(load_records(write_costs(tmp_path, fused_adapter=True))).set_index(["task", "method"])
+    assert points.loc[("rte", "lora"), "score"] == 62 and points.loc[("rte", "lora"), "n"] == 2
+    assert points.loc[("rte", "lora"), "seconds_per_step"] == pytest.approx(0.20)
+    assert points.loc[("rte", "lora"), "peak_memory_gib"] == pytest.approx(3.0)
+    assert points.loc[("avg", "ft"), "score"] == pytest.approx((61 + 32) / 2)
+    # fused: its group's seconds and memory, so none of its own; its parameters still count
+    assert np.isnan(points.loc[("rte", "adapter"), "seconds_per_step"]) and np.isnan(points.loc[("rte", "adapter"), "peak_memory_gib"])
+    assert points.loc[("rte", "adapter"), "trainable_params"] == 900_000
+
+
+def test_the_render_writes_the_figures_and_their_csv(tmp_path):
+    write_costs(tmp_path / "runs")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--seeds", "2"]) == 0
+    for name in ("fig_cost_params.png", "fig_cost_time.png", "fig_cost_memory.png"):
+        assert (out / name).stat().st_size > 10_000
+    csv = pd.read_csv(out / "fig_cost.csv").set_index(["task", "method"])
+    # RTE by parameters: bitfit (100K, 56) and lora (300K, 62) are on the front; adapter (900K, 51) and ft are not
+    assert csv.xs("rte")["pareto_trainable_params"].to_dict() == {"adapter": False, "bitfit": True, "ft": False, "lora": True}
+    assert "fig_cost_memory.png" in (out / "README.md").read_text()

@@ -1,0 +1,106 @@
+"""Paired comparisons (issue 20 item 3), each recomputed here with scipy, independently, from synthetic records."""
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from peltbench.tables.command import main
+from peltbench.tables.examples import mcnemar, paired_bootstrap
+from peltbench.tables.paired import paired_table, seed_test, sign_flip_floor, sign_flip_p
+from peltbench.tables.records import load_records
+from test_tables import write_record
+
+SEEDS = (111, 222, 333, 444, 555)
+EXAMPLES = 200
+
+
+def predictions(seed, skill):
+    """Labels and predictions of 200 binary examples: right with probability `skill`, same labels for every seed."""
+    labels = np.random.default_rng(0).integers(0, 2, EXAMPLES)
+    right = np.random.default_rng(seed * 7 + int(skill * 100)).random(EXAMPLES) < skill
+    return labels, np.where(right, labels, 1 - labels)
+
+
+def write_runs(root, skills=(("unipelt_ap", 0.8), ("lora", 0.7), ("adapter", 0.6))):
+    task = {"name": "rte", "main_metric": "accuracy", "num_labels": 2}
+    for method, skill in skills:
+        for seed in SEEDS:
+            labels, predicted = predictions(seed, skill)
+            path = write_record(root, method, "rte", 100, seed, 100.0 * float(np.mean(labels == predicted)))
+            record = path.read_text().replace('"task": {"name": "rte"}', f'"task": {pd.Series(task).to_json()}')
+            path.write_text(record)
+            pd.DataFrame({"index": range(EXAMPLES), "label": labels, "prediction": predicted,
+                          "logit_0": 0.0}).to_csv(path.parent / "predictions.csv", index=False)  # extra column: ignored
+    return root
+
+
+def test_sign_flip_is_scipys_exact_permutation_test_and_its_floor():
+    differences = np.array([1.5, 2.0, -0.5, 3.0, 1.0])
+    exact = stats.permutation_test((differences,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                                   alternative="two-sided").pvalue
+    assert sign_flip_p(differences) == pytest.approx(exact)
+    assert sign_flip_p([1, 2, 3, 4, 5]) == sign_flip_floor(5) == 0.0625  # all positive: the smallest p there is
+    assert min(sign_flip_p(np.array(signs) * [1, 2, 3, 4, 5]) for signs in itertools.product((1, -1), repeat=5)) == 0.0625
+
+
+def test_seed_test_pairs_shared_seeds_and_falls_back_to_welch():
+    ours, theirs = {111: 60.0, 222: 64.0, 333: 61.0}, {111: 58.0, 222: 60.0, 333: 60.5, 444: 70.0}
+    paired = seed_test(ours, theirs)
+    assert paired["test"] == "paired" and paired["n"] == 3 and paired["seeds"] == "111 222 333"
+    assert paired["t_p"] == pytest.approx(stats.ttest_rel([60, 64, 61], [58, 60, 60.5]).pvalue)
+    assert paired["sign_flip_floor"] == 0.25
+    assert np.isnan(seed_test({111: 60.0, 222: 62.0}, {111: 58.0, 222: 60.0})["t_p"])  # +2 twice: no variance, n/a
+    welch = seed_test({111: 60.0, 222: 64.0}, {333: 58.0, 444: 60.0})
+    assert welch["test"] == "welch" and welch["t_p"] == pytest.approx(stats.ttest_ind([60, 64], [58, 60], equal_var=False).pvalue)
+
+
+def test_example_tests_recomputed_with_scipy(tmp_path):
+    runs = load_records(write_runs(tmp_path))
+    results = paired_table(runs).set_index("method")
+    row = results.loc["unipelt_ap"]
+    assert row["reference"] == "lora"  # the best single method of the cell
+    ours = [predictions(seed, 0.8) for seed in SEEDS]
+    theirs = [predictions(seed, 0.7) for seed in SEEDS]
+    scores = [100 * np.mean(l == p) for l, p in ours], [100 * np.mean(l == p) for l, p in theirs]
+    assert row["t_p"] == pytest.approx(stats.ttest_rel(*scores).pvalue)
+    # McNemar: b and c counted here, the exact binomial test
+    b = sum(int(np.sum((p == l) & (q != l))) for (l, p), (_, q) in zip(ours, theirs))
+    c = sum(int(np.sum((p != l) & (q == l))) for (l, p), (_, q) in zip(ours, theirs))
+    assert (row["mcnemar_only_method"], row["mcnemar_only_reference"]) == (b, c)
+    assert row["mcnemar_p_value"] == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue)
+    # the paired bootstrap: scipy's, resampling the same examples for every seed and both methods
+    data = [array for (l, p), (_, q) in zip(ours, theirs) for array in (l, p, q)]
+
+    def difference(*arrays, axis=-1):
+        triples = [arrays[i:i + 3] for i in range(0, len(arrays), 3)]
+        return np.mean([100 * (np.mean(l == p, axis=axis) - np.mean(l == q, axis=axis)) for l, p, q in triples], axis=0)
+
+    reference = stats.bootstrap(data, difference, paired=True, vectorized=True, method="percentile",
+                                n_resamples=4000, random_state=1).confidence_interval
+    assert row["bootstrap_difference"] == pytest.approx(np.mean(scores[0]) - np.mean(scores[1]))
+    assert row["bootstrap_ci_low"] == pytest.approx(reference.low, abs=0.5)
+    assert row["bootstrap_ci_high"] == pytest.approx(reference.high, abs=0.5)
+
+
+def test_the_bootstrap_and_mcnemar_on_a_known_case():
+    labels = np.array([1, 0] * 50)
+    same = (labels, labels, labels)
+    assert paired_bootstrap("accuracy", [same])["difference"] == 0 and mcnemar([same])["p_value"] == 1.0
+    f1 = paired_bootstrap("f1", [(labels, labels, 1 - labels)], replicates=200)
+    assert f1["difference"] == 100 and f1["ci_low"] == f1["ci_high"] == 100 and f1["p_value"] == 0
+
+
+def test_the_render_writes_paired_md_with_the_floor_and_a_baseline(tmp_path):
+    write_runs(tmp_path / "runs")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    text = (out / "paired.md").read_text()
+    assert "0.0625 with 5 seeds" in text and "(0.0625)" in text and "McNemar b / c, p" in text
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--baseline", "adapter"]) == 0
+    csv = pd.read_csv(out / "paired.csv")
+    assert set(csv["reference"]) == {"adapter"} and set(csv["method"]) == {"unipelt_ap", "lora"}
+    significance = pd.read_csv(out / "significance.csv")
+    assert set(significance["test"]) == {"paired"} and significance["sign_flip_floor"].eq(0.0625).all()
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--baseline", "bogus"]) == 2

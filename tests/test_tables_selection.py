@@ -1,0 +1,100 @@
+"""`peltbench-tables --select`: a method setting chosen on dev per method × task × K (issue 20 item 2), recomputed
+here from the synthetic records with plain pandas."""
+import pandas as pd
+import pytest
+
+from peltbench import UserError
+from peltbench.tables.command import main
+from peltbench.tables.records import load_records
+from peltbench.tables.selection import chosen_cells, parse_keys, select_settings
+from test_tables import write_record
+
+# lora's lr grid on RTE: value -> {seed: (dev, test)}. 3e-4 has the best mean dev (70) but not the best test.
+LORA = {1e-4: {111: (60, 55), 222: (62, 57)}, 3e-4: {111: (70, 58), 222: (70, 60)}, 5e-4: {111: (66, 66), 222: (64, 64)}}
+# adapter: 1e-3 lacks seed 222; on the shared seed 111 1e-4 is better (dev 65 vs 61), though 1e-3's mean over
+# its own seeds would not say so if 222 were counted alone.
+ADAPTER = {1e-4: {111: (65, 50), 222: (40, 52)}, 1e-3: {111: (61, 70)}}
+
+
+def write_grid(root):
+    for method, grid, default in (("lora", LORA, 5e-4), ("adapter", ADAPTER, 1e-4)):
+        for lr, seeds in grid.items():
+            for seed, (dev, test) in seeds.items():
+                settings = {"lr": lr} if lr != default else {}
+                write_record(root / f"lr{lr}", method, "rte", 100, seed, test, variant=f"{method}_lr{lr}",
+                             settings=settings, dev_best={"main": dev})
+    write_record(root / "rank", "lora", "rte", 100, 111, 99, variant="lora_r4", settings={"lora_rank": 4},
+                 dev_best={"main": 99})  # another setting changed: not a candidate of an lr selection
+    return root
+
+
+def test_the_chosen_setting_has_the_best_mean_dev_over_shared_seeds(tmp_path):
+    runs = load_records(write_grid(tmp_path))
+    chosen = select_settings(runs, ("lr",))
+    rows = chosen.rows.set_index(["method", "value"])
+    assert list(rows.loc["lora"].index) == ["0.0001", "0.0003", "0.0005"]  # every candidate, numeric order
+    assert rows.loc[("lora", "0.0003"), "chosen"] and rows["chosen"].sum() == 2
+    assert rows.loc[("lora", "0.0003"), "dev_mean"] == pytest.approx((70 + 70) / 2)
+    assert rows.loc[("lora", "0.0003"), "test_mean"] == pytest.approx(59.0)
+    assert rows.loc[("lora", "0.0003"), "test_std"] == pytest.approx(pd.Series([58, 60]).std(ddof=1))
+    assert rows.loc[("lora", "0.0001"), "seeds"] == "111 222" and rows.loc[("lora", "0.0001"), "key"] == "method.lr"
+    # adapter: compared on seed 111 only (the one both candidates have), and said so
+    assert rows.loc[("adapter", "0.0001"), "dev_mean"] == 65 and rows.loc[("adapter", "0.0001"), "chosen"]
+    assert rows.loc[("adapter", "0.001"), "missing_seeds"] == "222"
+    assert rows.loc[("adapter", "0.0001"), "test_mean"] == pytest.approx(51.0)  # its own two seeds
+    assert chosen.notes == ["adapter, rte, K = 100: missing seeds (0.001 lacks seed(s) 222): compared on the 1 seed(s) "
+                            "all candidates share (111)"]
+    median = chosen_cells(chosen, "median").set_index("method")
+    assert median.loc["lora", "centre"] == pytest.approx(59.0) and median.loc["lora", "spread"] != median.loc["lora", "spread"]
+
+
+def test_no_shared_seed_chooses_nothing(tmp_path):
+    write_record(tmp_path, "lora", "rte", 100, 111, 50, variant="a", settings={"lr": 1e-4}, dev_best={"main": 50})
+    write_record(tmp_path, "lora", "rte", 100, 222, 60, variant="b", settings={"lr": 3e-4}, dev_best={"main": 60})
+    chosen = select_settings(load_records(tmp_path), ("lr",))
+    assert not chosen.rows["chosen"].any() and "nothing chosen" in chosen.notes[0]
+
+
+def test_keys(tmp_path):
+    assert parse_keys(["method.lr,method.lora_rank", "method.lr"]) == ("lr", "lora_rank")
+    with pytest.raises(UserError, match="only method settings"):
+        parse_keys(["train.epochs"])
+    with pytest.raises(UserError, match="no pooled run has method setting bogus"):
+        select_settings(load_records(write_grid(tmp_path)), ("bogus",))
+
+
+def test_several_keys_select_their_combination(tmp_path):
+    runs = load_records(write_grid(tmp_path))
+    rows = select_settings(runs, ("lr", "lora_rank")).rows
+    lora = rows[rows["method"] == "lora"].set_index("value")
+    assert list(lora.index) == ["0.0001,8", "0.0003,8", "0.0005,4", "0.0005,8"]  # rank 8: lora's default
+    assert lora.loc["0.0005,4", "chosen"] and lora.loc["0.0005,4", "missing_seeds"] == "222"  # on seed 111: dev 99
+    assert set(lora["key"]) == {"method.lr,method.lora_rank"}
+
+
+def test_the_render_writes_selection_csv_md_tex(tmp_path, capsys):
+    write_grid(tmp_path / "runs")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr", "--seeds", "2"]) == 0
+    csv = pd.read_csv(out / "selection.csv")
+    assert list(csv.columns[:10]) == ["method", "task", "k", "key", "value", "seeds", "dev_mean", "test_mean", "test_std",
+                                      "test_median"] and "chosen" in csv.columns and len(csv) == 5
+    markdown = (out / "selection.md").read_text()
+    assert "59.00 ± 1.41 [0.0003]" in markdown and "Selected on dev per method, task and K: method.lr" in markdown
+    assert "0.001 lacks seed(s) 222" in markdown
+    latex = (out / "selection.tex").read_text()
+    assert r"59.00$_{1.41}$ {\scriptsize[0.0003]}" in latex and "0.001 lacks seed(s) 222" in latex
+    assert "selection: adapter, rte" in capsys.readouterr().out
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "train.epochs"]) == 2
+
+
+def test_after_a_selection_paired_and_cost_compare_the_chosen_settings(tmp_path):
+    write_grid(tmp_path / "runs")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr",
+                 "--baseline", "adapter", "--seeds", "2"]) == 0
+    paired = pd.read_csv(out / "paired.csv")
+    # lora at lr 3e-4 (test 58, 60) against adapter at 1e-4 (test 50, 52): paired over seeds 111 and 222
+    assert paired[["method", "reference", "n", "difference"]].values.tolist() == [["lora", "adapter", 2, 8.0]]
+    cost = pd.read_csv(out / "fig_cost.csv").set_index(["task", "method"])
+    assert cost.loc[("rte", "lora"), "score"] == 59.0
