@@ -43,6 +43,12 @@ def disabled() -> bool:
     return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
+def bars_shown() -> bool:
+    """Whether progress bars are drawn: stderr is a terminal and TQDM_DISABLE is not set. Libraries' own bars
+    (transformers' weight loading) follow the same rule: in a log file their carriage returns are noise."""
+    return not disabled() and sys.stderr.isatty()
+
+
 def progress(iterable: Iterable | None = None, desc: str = "", *, total: int | None = None, unit: str = "step",
              lines: bool = True, outermost: bool = False) -> Progress:
     """A loop's progress: iterate over it, or call `update()` and `close()` by hand.
@@ -65,7 +71,7 @@ class Progress:
         self.started = time.monotonic()
         self.bar = self._redirect = None
         self.quiet = disabled()
-        if not self.quiet and sys.stderr.isatty():
+        if bars_shown():
             self._open_bar()
         if _STAMP not in log.filters:
             log.addFilter(_STAMP)
