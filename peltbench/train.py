@@ -163,7 +163,7 @@ def _train_epoch(model, members, active, task, group, optimizer, clip, shufflers
     total = torch.zeros(len(active), device=group.device)
     first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
     starts = range(0, size, group.batch_size)
-    for step, start in enumerate(progress(starts, "train", unit="step")):
+    for step, start in enumerate(progress(starts, "train", unit="step", advances_outer=True)):
         rows = [order[start : start + group.batch_size] for order in orders]
         sets = [members[m].train for m in active]
         losses = 0.0

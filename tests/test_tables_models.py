@@ -103,3 +103,24 @@ def test_architecture_is_read_and_older_records_are_bert(tmp_path):
     write_record(tmp_path / "bad", "ft", "rte", 100, 222, 60.0, architecture=12)
     with pytest.warns(UserWarning, match="field 'architecture' is 12, expected a model_type"):
         assert len(load_records(tmp_path)) == 2
+
+
+def test_one_model_path_with_two_architectures_is_never_pooled(tmp_path, capsys):
+    """Issue 21, 3e: a checkpoint replaced in place (its records name BERT, then RoBERTa) pooled into one cell under
+    the most common architecture's label. Its architectures are two models now, and the conflict is named."""
+    runs = tmp_path / "runs"
+    for seed, architecture, score in [(111, "bert", 60.0), (222, "bert", 62.0), (333, "roberta", 90.0)]:
+        write_record(runs / architecture, "adapter", "rte", 100, seed, score, model="/ckpt/x", architecture=architecture)
+    assert sorted(load_records(runs)["model"]) == ["/ckpt/x#bert", "/ckpt/x#bert", "/ckpt/x#roberta"]
+    conflict = ("model /ckpt/x: its records name 2 architectures (BERT: 2 runs, RoBERTa: 1 run), a checkpoint replaced "
+                "in place? Never pooled: they render apart as /ckpt/x#bert and /ckpt/x#roberta (--model chooses one)")
+    status, out = render(tmp_path)
+    assert status == 0
+    assert capsys.readouterr().err.splitlines()[0] == f"peltbench-tables: warning: {conflict}"
+    assert conflict in (out / "README.md").read_text()
+    assert markdown_rows((out / "table1.md").read_text())["Adapter"][0] == "**61.00 ± 1.41** (n=2)"  # BERT's two
+    assert "`peltbench-tables --model '/ckpt/x#roberta' --protocol precision=fp32`" in (out / "table1.md").read_text()
+    assert render(tmp_path, "--model", "/ckpt/x")[0] == 2
+    assert "--model /ckpt/x matches 2 models (/ckpt/x#bert, /ckpt/x#roberta)" in capsys.readouterr().err
+    status, out = render(tmp_path, "--model", "/ckpt/x#roberta")
+    assert status == 0 and markdown_rows((out / "table1.md").read_text())["Adapter"][0].startswith("**90.00")

@@ -16,7 +16,7 @@ from .outputs import Output, Render, write_figures, write_table1, write_table3, 
 from .others import Ledger, other_runs_markdown, other_settings_groups
 from .paper import default_paper_dir, load_paper
 from .protocol import pooled, render_options, select
-from .records import default_runs, known_runs, one_record_per_seed, read_records
+from .records import architecture_conflicts, default_runs, known_runs, one_record_per_seed, read_records
 
 PROG = "peltbench-tables"
 
@@ -80,6 +80,9 @@ def main(argv=None):
 def render_tables(args):
     """Read, select, write; returns the exit status."""
     records, unreadable = read_records(args.results_dir)
+    conflicts = architecture_conflicts(records)
+    for line in conflicts:
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
     known, unknown = known_runs(records)
     if known.empty:
         found = f" ({len(records) + len(unreadable)} result.json found, none usable)" if len(records) + len(unreadable) else ""
@@ -111,7 +114,7 @@ def render_tables(args):
     out.text("other_runs.md", other_runs_markdown(ledger, selection))
     entries.append(("other_runs.md", "every record not in the tables, and why: other models or protocols, settings, "
                                      "unknown methods, repeated seeds, unreadable files"))
-    notes = [ledger.summary(), *render_context.notes]
+    notes = [ledger.summary(), *conflicts, *render_context.notes]
     out.text("README.md", index_markdown(args, selection, entries, notes))
     for note in render_context.notes:
         print(f"{PROG}: {note}")
