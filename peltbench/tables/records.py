@@ -110,10 +110,13 @@ def _extra_order(column):
 
 def known_runs(records):
     """(known, unknown): runs of a method and task peltbench has, and the rest (listed, never a row or column)."""
-    methods = set(METHODS) | _packaged("method")
-    tasks = set(TASKS) | _packaged("task")
-    known = records["method"].isin(methods) & records["task"].isin(tasks)
+    known = records["method"].isin(known_names("method")) & records["task"].isin(known_names("task"))
     return records[known], records[~known]
+
+
+def known_names(group):
+    """The methods (group "method") or tasks ("task") the tables have rows or columns for."""
+    return set(METHODS if group == "method" else TASKS) | _packaged(group)
 
 
 def default_runs(records):
