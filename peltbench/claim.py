@@ -103,6 +103,22 @@ def claim_run(record_path: Path) -> Claim | None:
     return claim
 
 
+def drop_dead_claim(record_path: Path) -> None:
+    """Delete the claim on a finished run if no live process holds it: one left by a process killed in the instant
+    between writing the record and releasing the claim (or by a version that released a fused group's claims only
+    at the group's end). Best effort: a folder we may not write keeps it, and it misleads no one there."""
+    path = record_path.parent / CLAIM_NAME
+    if not path.exists():
+        return
+    try:
+        with folder_lock(path.parent):
+            current, heartbeat = _read(path)
+            if heartbeat is not None and not _live(current, heartbeat, path):
+                path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def live_claim(record_path: Path) -> dict | None:
     """What the live claim on this run says (host, pid, ...), or None if no live process holds it."""
     path = record_path.parent / CLAIM_NAME

@@ -131,30 +131,40 @@ def main() -> None:
     register_launchers()  # so that --info lists them, whatever it composes
     arguments = sys.argv[1:] = pin_group_settings(arguments)  # -m method=a,b method.lr=1e-3 (overrides.py)
     try:
-        preflight(arguments)
+        shown = preflight(arguments)
     except UserError as error:
         print(f"peltbench: error: {error}", file=sys.stderr)
         sys.exit(2)
+    if shown is not None:  # `-m ... --cfg job`: Hydra shows no sweep's configs; every run's is shown here
+        print(shown, end="")
+        return
     _run()
 
 
-def preflight(arguments: list[str]) -> None:
+def preflight(arguments: list[str]) -> str | None:
     """Compose and check every run's config as Hydra is about to; raise UserError (one line) for bad input.
 
     Hydra's own errors (an unknown method, a bad override, a key that does not exist) become UserErrors too,
     so every bad input ends the same way. --info, --hydra-help, --experimental-rerun and commands that point
     Hydra at another config tree (-cp, -cd) are left to Hydra (a run still checks its config when it starts).
+    Returns the text to print instead of running for `-m ... --cfg job` (each run's config), else None.
     """
     from hydra import initialize_config_module
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
     args = get_args_parser().parse_args(arguments)  # Hydra's own parser: a bad flag exits 2 with its usage
-    if (args.info or args.hydra_help or args.shell_completion or args.experimental_rerun or args.config_path
-            or args.config_dir):
-        return
-    if args.run + args.multirun + (args.cfg is not None) > 1:
-        raise UserError("give only one of --run, --multirun (-m) and --cfg")
+    sweep_cfg = args.multirun and args.cfg is not None  # shown here, one config per run (Hydra refuses it)
+    if args.run + args.multirun + (args.cfg is not None and not sweep_cfg) + (args.info is not None) > 1:
+        raise UserError("give only one of --run, --multirun (-m), --cfg and --info (-m ... --cfg job shows each run's "
+                        "config)")
+    if sweep_cfg and args.cfg != "job":
+        raise UserError(f"-m with --cfg {args.cfg}: a sweep shows each run's config with --cfg job; for Hydra's "
+                        f"settings of one run, drop -m and give one value per key")
+    if args.hydra_help or args.shell_completion or args.experimental_rerun or args.config_path or args.config_dir:
+        return None
+    if args.info is not None:
+        return None
     if args.resolve and args.cfg is None:
         raise UserError("--resolve works only with --cfg")
     mode = RunMode.MULTIRUN if args.multirun or "hydra.mode=MULTIRUN" in args.overrides else RunMode.RUN
@@ -162,11 +172,14 @@ def preflight(arguments: list[str]) -> None:
         loader = GlobalHydra.instance().config_loader()
         try:
             config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
+            shown = []
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
                 loggers = {}
-                for job in _jobs(loader, config, mode):
+                for overrides, job in _jobs(loader, config, mode):
                     check_config(job)
                     loggers.setdefault(OmegaConf.to_yaml(job.get("logger") or {}), job.get("logger"))
+                    if sweep_cfg:
+                        shown.append((overrides, job))
                 if args.cfg is None:  # runs will start: their loggers must be able to
                     for logger in loggers.values():
                         check_can_start(logger)
@@ -174,24 +187,39 @@ def preflight(arguments: list[str]) -> None:
             raise UserError(_bad_override(arguments, error)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null
             raise UserError(one_line(error, arguments)) from None
+    return _sweep_configs(shown, args.package, args.resolve) if sweep_cfg else None
+
+
+def _sweep_configs(jobs: list[tuple[list[str], DictConfig]], package: str | None, resolve: bool) -> str:
+    """`-m ... --cfg job`: each run's config as `--cfg job` shows one run's, headed by its number and overrides."""
+    parts = []
+    for number, (overrides, job) in enumerate(jobs, start=1):
+        with open_dict(job):
+            del job["hydra"]
+        node = OmegaConf.select(job, package) if package and package != "_global_" else job
+        text = OmegaConf.to_yaml(node, resolve=resolve) if isinstance(node, DictConfig) else f"{node}\n"
+        parts.append(f"# run {number} of {len(jobs)}: {' '.join(overrides)}\n{text}")
+    return "\n".join(parts)
 
 
 def _jobs(loader, config: DictConfig, mode: RunMode):
-    """The config of each run: the one config, or every job of the sweep (composed as peltbench-missing does)."""
+    """(overrides, config) of each run: the one config, or every job of the sweep (composed as peltbench-missing
+    does)."""
     if mode == RunMode.RUN:
         params = dict(config.hydra.sweeper.params or {})
         if params.get("seed") is not None and str(params["seed"]) == sweep_seeds(protocol_name(config)):
             del params["seed"]  # the protocol's seeds are what -m sweeps by default; one run takes `seed`
         if params:
             raise UserError("this is a sweep (hydra.sweeper.params, e.g. from +experiment=...): run it with -m")
+        overrides = list(config.hydra.overrides.task)
         with open_dict(config):
             del config["hydra"]
-        return [config]
+        return [(overrides, config)]
     from .missing import _Composer, expand
 
     jobs, _ = expand(loader, config)
     compose = _Composer(loader, config)
-    return (compose(list(job), num) for num, job in enumerate(jobs))
+    return ((list(job), compose(list(job), num)) for num, job in enumerate(jobs))
 
 
 def one_line(error: Exception, arguments: list[str] = ()) -> str:

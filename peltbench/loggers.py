@@ -5,7 +5,7 @@ The training loop opens one RunLogger per run (in fused training, one per member
     with open_logger(cfg, run_dir, run_name) as logger:       # run_dir: the folder of the run's result.json
         logger.log_epoch(epoch, {"train_loss": ..., "dev_accuracy": ..., "lr": ..., "epoch_seconds": ...,
                                  "gate_adapter": ...})
-        logger.log_test({"test_accuracy": ...})
+        logger.log_test({"test_accuracy": ..., "dev_best_accuracy": ..., "best_epoch": 7}, epoch=7)
     # leaving the `with` closes it; an exception closes it as failed (MLflow and W&B mark the run so)
 
 A None metric is left out (an empty cell in CSV). Each logger imports its library when it is opened, so importing
@@ -20,11 +20,13 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import tempfile
 import time
 from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -52,10 +54,12 @@ class RunLogger:
         for name, backend in list(self.backends.items()):
             self._call(name, backend.log_epoch, epoch, values)
 
-    def log_test(self, metrics: Metrics) -> None:
+    def log_test(self, metrics: Metrics, epoch: int | None = None) -> None:
+        """The run's result: its test metrics, scored with the state of the best dev epoch (`epoch`, the step they
+        are logged at; the last epoch logged when None), and that epoch's dev metrics."""
         values = _present(metrics)
         for name, backend in list(self.backends.items()):
-            self._call(name, backend.log_test, self.last_epoch, values)
+            self._call(name, backend.log_test, self.last_epoch if epoch is None else epoch, values)
 
     def close(self, failed: bool = False) -> None:
         if not self.closed:
@@ -137,8 +141,9 @@ def run_params(cfg: DictConfig) -> dict[str, object]:
 
 
 class CsvLogger:
-    """`metrics.csv` beside result.json: a row per epoch; the test metrics (`test_*`, scored with the best dev epoch's
-    state) join the last row, as the other loggers log them at the last epoch, so `epoch` stays an integer column.
+    """`metrics.csv` beside result.json: a row per epoch; the result (`test_*`, scored with the best dev epoch's state,
+    `dev_best_*` and `best_epoch`) joins the best epoch's row, the step the other loggers log it at, so `epoch` stays
+    an integer column.
     Rewritten whole at each call (a few dozen rows), so a column first seen late gets a header and a reader never
     sees half a row."""
 
@@ -150,10 +155,12 @@ class CsvLogger:
         self.rows.append({"epoch": epoch, **metrics})
         self._write()
 
-    def log_test(self, last_epoch: int, metrics: dict[str, float]) -> None:
-        if not self.rows or self.rows[-1]["epoch"] != last_epoch:
-            self.rows.append({"epoch": last_epoch})
-        self.rows[-1].update(metrics)
+    def log_test(self, epoch: int, metrics: dict[str, float]) -> None:
+        row = next((row for row in self.rows if row["epoch"] == epoch), None)
+        if row is None:
+            row = {"epoch": epoch}
+            self.rows.append(row)
+        row.update(metrics)
         self._write()
 
     def close(self, failed: bool) -> None:
@@ -170,7 +177,7 @@ class CsvLogger:
 
 
 class TensorBoardLogger:
-    """Scalars per epoch (step = epoch) and the test metrics at the last epoch; the run's config as text."""
+    """Scalars per epoch (step = epoch) and the result at the best epoch; the run's config as text."""
 
     def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -186,8 +193,8 @@ class TensorBoardLogger:
             self.writer.add_scalar(key, value, epoch)
         self.writer.flush()
 
-    def log_test(self, last_epoch: int, metrics: dict[str, float]) -> None:
-        self.log_epoch(last_epoch, metrics)
+    def log_test(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.log_epoch(epoch, metrics)
 
     def close(self, failed: bool) -> None:
         self.writer.close()
@@ -195,7 +202,8 @@ class TensorBoardLogger:
 
 class MlflowLogger:
     """One MLflow run per peltbench run, through MlflowClient (not the global `mlflow.start_run`), so that the runs
-    of a fused sweep log side by side. The run's settings are its params; metrics have step = epoch."""
+    of a fused sweep log side by side. The run's settings are its params; metrics have step = epoch (the result: the
+    best epoch); at the end the run's record and metrics.csv are its artifacts."""
 
     def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
         # MLflow 3 refuses its file store unless told it is wanted; the file store is what needs no server.
@@ -204,6 +212,7 @@ class MlflowLogger:
         from mlflow.entities import Param
 
         self.client = MlflowClient(tracking_uri=_tracking_uri(str(settings.tracking_uri)))
+        self.run_dir = run_dir
         experiment = self._experiment(str(settings.experiment_name))
         run = self.client.create_run(experiment, run_name=run_name, tags={"peltbench.run_dir": str(run_dir.absolute())})
         self.run_id = run.info.run_id
@@ -228,11 +237,16 @@ class MlflowLogger:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, epoch) for key, value in metrics.items()])
 
-    def log_test(self, last_epoch: int, metrics: dict[str, float]) -> None:
-        self.log_epoch(last_epoch, metrics)
+    def log_test(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.log_epoch(epoch, metrics)
 
     def close(self, failed: bool) -> None:
-        self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
+        try:
+            for name in ("result.json", "metrics.csv"):  # written by now: the group closes its loggers last
+                if (self.run_dir / name).is_file():
+                    self.client.log_artifact(self.run_id, str(self.run_dir / name))
+        finally:
+            self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
 
 
 def _tracking_uri(uri: str) -> str:
@@ -256,7 +270,7 @@ class WandbLogger:
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=epoch)
 
-    def log_test(self, last_epoch: int, metrics: dict[str, float]) -> None:
+    def log_test(self, epoch: int, metrics: dict[str, float]) -> None:
         self.run.summary.update(metrics)
 
     def close(self, failed: bool) -> None:
@@ -292,6 +306,7 @@ def _check_mlflow(uri: str) -> None:
     resolved = _tracking_uri(uri)
     scheme = urlsplit(resolved).scheme
     if scheme == "file":
+        _check_store_folder(uri, Path(url2pathname(urlsplit(resolved).path)))
         return
     folder = "or log to a folder (the file store, e.g. mlruns)"
     if scheme.partition("+")[0] in DATABASES and find_spec("sqlalchemy") is None:
@@ -310,6 +325,24 @@ def _check_mlflow(uri: str) -> None:
         if problem:
             raise UserError(f"logger.mlflow.tracking_uri={uri}: no MLflow server answers there ({problem}): start "
                             f"it (mlflow server), {folder}")
+
+
+def _check_store_folder(uri: str, folder: Path) -> None:
+    """MLflow's file store can make its folders at `folder`: it is a folder, or can be made one, where we may write
+    (not a regular file, not under one, not in /proc or /sys). Probed with a folder made and removed at once, as
+    root may write where the permission bits say no and a pseudo file system refuses what access() allows."""
+    existing = next(path for path in [folder, *folder.parents] if path.exists())
+    problem = None
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a folder"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".peltbench-probe.", dir=existing))
+        except OSError as error:
+            problem = f"cannot make MLflow's folders in {existing} ({error.strerror})"
+    if problem:
+        raise UserError(f"logger.mlflow.tracking_uri={uri}: {problem}: give a folder MLflow may write (its file "
+                        f"store), a server URL or a database")
 
 
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores (a driver may follow: mysql+pymysql)

@@ -26,7 +26,6 @@ import logging
 import shlex
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,7 +39,7 @@ from . import UserError
 from .claim import describe, live_claim
 from .config import check_config
 from .overrides import as_given, pin_group_settings
-from .record import config_differences, read_record, record_path
+from .record import config_differences, read_record, record_path, unsaved
 
 log = logging.getLogger("peltbench")
 
@@ -67,9 +66,9 @@ class Run:
     path: Path
     state: str                      # one of STATES
     error: str | None = None        # why it is not done: a failed record's error line, the claim's holder, ...
-    written: float = 0.0            # the record file's modification time (time.time() scale)
     log_dir: Path | None = None     # the run's Hydra job folder in this sweep
     elsewhere: bool = False         # this sweep skipped it: another process was training it (its outcome.json)
+    skipped: bool = False           # this sweep skipped it: it was done when its job came (its outcome.json)
 
 
 @dataclass
@@ -191,12 +190,10 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     differences = [] if record is None else config_differences(record, cfg)
     if differences:
         run.state, run.error = "foreign", "; ".join(differences)
+    elif record is not None and record.get("status") == "ok" and unsaved(cfg, path.parent):
+        run.error = f"done, but without the {' or '.join(unsaved(cfg, path.parent))} this sweep asks for: it trains again"
     elif record is not None and record.get("status") == "ok":
         run.state = "done"
-        try:
-            run.written = path.stat().st_mtime
-        except OSError:
-            pass
     elif (holder := live_claim(path)) is not None:
         run.state, run.error = "running", describe(holder)
     elif record is not None:
@@ -244,14 +241,15 @@ def commands(sweep: Sweep, runs: list[Run]) -> list[str]:
     return lines
 
 
-def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skipped: int | None = None) -> list[str]:
+def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skips: bool = False) -> list[str]:
     """The counts and the runs not done (the first `limit` of them), one line each with its reason.
 
-    logs: say where a missing run's log is; skipped: how many of the done runs this sweep skipped as done before it
-    began (those it skipped as running elsewhere and that are done now are counted too, from their outcomes).
+    logs: say where a missing run's log is; skips: say how many of the done runs this sweep skipped, as done when
+    their jobs came or as running elsewhere and done now (from their outcomes: `with_outcomes`).
     """
     finished_there = sum(run.elsewhere and run.state == "done" for run in sweep.runs)
-    notes = [] if skipped is None else [f"{skipped} of them skipped as already done"]
+    skipped = sum(run.skipped and run.state == "done" for run in sweep.runs)
+    notes = [f"{skipped} of them skipped as already done"] if skips else []
     if finished_there:
         notes.append(f"{finished_there} skipped as running elsewhere and finished there")
     done = f"{sweep.count('done')} done" + (f" ({', '.join(notes)})" if notes else "")
@@ -262,7 +260,8 @@ def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skipped: 
     for run in not_done[:limit]:
         if run.state == "missing":
             reason = f": {run.error}" if run.error else ""
-            where = f" (no record{'' if run.error else ': a config error or a killed job'}; its log: {run.log_dir})"
+            record = "" if run.path.is_file() else f"no record{'' if run.error else ': a config error or a killed job'}; "
+            where = f" ({record}its log: {run.log_dir})"
             lines.append(f"  missing  {run.label}{reason}{where if logs else ''}")
         elif run.state == "foreign":
             lines.append(f"  other    {run.path} holds another config's record ({run.error}): move it away or set "
@@ -309,27 +308,40 @@ def _load(arguments: list[str]) -> Sweep:
         return check_sweep(loader, sweep_config, arguments)
 
 
-def write_outcome(log_dir: Path, status: str, reason: str) -> None:
-    """Say in a run's log folder why it ended without its record (read by the sweep's summary); best effort."""
+def write_outcome(log_dir: Path, status: str, reason: str | None = None) -> None:
+    """Say in a run's log folder how its job ended (read by the sweep's summary): `ok` (trained), `skipped` (done
+    when the job came), or why it ended without its record; best effort. A `skipped` does not replace an `ok`: the
+    job trained the run itself before it was requeued (SLURM), and skips it on its second start."""
+    path = log_dir / OUTCOME_NAME
     try:
+        if status == "skipped" and _read_outcome(path).get("status") == "ok":
+            return
         log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / OUTCOME_NAME).write_text(json.dumps({"status": status, "reason": reason}) + "\n")
+        path.write_text(json.dumps({"status": status, "reason": reason}) + "\n")
     except OSError as error:
-        log.warning("could not write %s: %s", log_dir / OUTCOME_NAME, error.strerror)
+        log.warning("could not write %s: %s", path, error.strerror)
+
+
+def _read_outcome(path: Path) -> dict:
+    try:
+        outcome = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return outcome if isinstance(outcome, dict) else {}
 
 
 def with_outcomes(sweep: Sweep) -> Sweep:
-    """What each run's job said (outcome.json): a run skipped as running elsewhere is marked so; a missing run gets
-    the reason; one whose job failed is `failed`."""
+    """What each run's job said (outcome.json): a run skipped (as done, or as running elsewhere) is marked so; a
+    missing run gets the reason; one whose job failed is `failed`."""
     for run in sweep.runs:
         if run.log_dir is None:
             continue
-        try:
-            outcome = json.loads((run.log_dir / OUTCOME_NAME).read_text())
-        except (OSError, ValueError):
+        outcome = _read_outcome(run.log_dir / OUTCOME_NAME)
+        if not outcome:
             continue
         run.elsewhere = outcome.get("status") == "running"
-        if run.state != "missing":
+        run.skipped = outcome.get("status") == "skipped"
+        if run.state != "missing" or outcome.get("status") in ("ok", "skipped"):
             continue
         run.error = str(outcome.get("reason"))
         if outcome.get("status") == "failed":  # it ran, and its record could not be written
@@ -358,16 +370,12 @@ class SweepSummary(Callback):
 
     def __init__(self, limit: int = 20) -> None:
         self.limit = limit
-        self.started = 0.0
         self.errors: _LastError | None = None  # during a job only
 
     def __getstate__(self) -> dict:
         """Without the job's error handler (a logging.Handler holds a lock): SLURM pickles the launcher, this callback
         included, when a job checkpoints on its pre-timeout signal, which may come in the middle of a job."""
         return {**self.__dict__, "errors": None}
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.started = time.time()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.errors = _LastError()
@@ -387,15 +395,15 @@ class SweepSummary(Callback):
             status, reason = "failed", logged or (str(error).strip().splitlines() or [type(error).__name__])[0]
         if status == "running":
             reason = RUNNING_ELSEWHERE
-        if status not in ("ok", "skipped") and HydraConfig.get().mode == RunMode.MULTIRUN:
-            write_outcome(Path(HydraConfig.get().runtime.output_dir), status, reason or "no error was logged")
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # every job's, so that a stale one of a reused folder goes
+            done = status in ("ok", "skipped")
+            write_outcome(Path(HydraConfig.get().runtime.output_dir), status, None if done else reason or "no error was logged")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.global_hydra import GlobalHydra
 
         sweep = with_outcomes(check_sweep(GlobalHydra.instance().config_loader(), config))
-        skipped = sum(run.state == "done" and run.written < self.started for run in sweep.runs)  # written before it began
-        lines = report(sweep, self.limit, logs=True, skipped=skipped)
+        lines = report(sweep, self.limit, logs=True, skips=True)
         lines[0] = f"peltbench sweep: {lines[0]}"
         again = shlex.join(["peltbench", *as_given(sys.argv[1:])])
         if sweep.count("failed") or sweep.count("missing"):

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import UserError
 from .architectures import NAMES, SUPPORTED
 from .hub import use_hub
+from .progress import bars_shown
 
 # A tokenizer is saved as tokenizer.json (fast), or in its slow files: vocab.txt (BERT/ELECTRA WordPiece),
 # vocab.json + merges.txt (RoBERTa BPE), spm.model (DeBERTa-v3 SentencePiece). One of them is enough to load it.
@@ -105,6 +106,8 @@ def _pretrained(name: str, num_labels: int, model_seed: int):
 
     config = load_config(name, num_labels)
     hf_logging.set_verbosity_error()  # the "newly initialised classifier" notice is expected here
+    if not bars_shown():  # its "Loading weights" bar, as ours: none in a log file
+        hf_logging.disable_progress_bar()
     torch.manual_seed(model_seed)
     try:
         return AutoModelForSequenceClassification.from_pretrained(

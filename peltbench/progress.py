@@ -6,8 +6,11 @@
 - stderr is a terminal: a tqdm bar per loop (count, rate, elapsed, ETA); the console's log lines are printed above
   the bars instead of through them.
 - otherwise (a log file, a pipe, SLURM): no bars. Once nothing has been logged for LOG_EVERY_S seconds, the loop
-  running then logs one line naming the loops it is inside:
-  `epoch 3/50 · train 40/120 steps · 1.2 steps/s · ETA 1m05s`.
+  running then logs one line naming the loops it is inside, and the run's ETA once it can be estimated:
+  `epoch 3/50 · train 40/120 steps · 1.2 steps/s · ETA 1m05s · run ETA ≤ 48m` (≤: early stopping may end it
+  sooner); a loop at its end says `done in 12s` instead of an ETA.
+- a loop with `advances_outer=True` (an epoch's training steps) moves the loop around it by its fraction, so the
+  epoch bar (its ETA the run's, to the last epoch) and the run ETA move during the first epoch too.
 - TQDM_DISABLE=1: neither (as tqdm itself).
 """
 
@@ -37,14 +40,21 @@ class _LastLine(logging.Filter):
 
 
 _STAMP = _LastLine()
+log.addFilter(_STAMP)  # from import on, so a run's first lines (`run: ...`) restart the silence too
 
 
 def disabled() -> bool:
     return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
+def bars_shown() -> bool:
+    """Whether progress bars are drawn: stderr is a terminal and TQDM_DISABLE is not set. Libraries' own bars
+    (transformers' weight loading) follow the same rule: in a log file their carriage returns are noise."""
+    return not disabled() and sys.stderr.isatty()
+
+
 def progress(iterable: Iterable | None = None, desc: str = "", *, total: int | None = None, unit: str = "step",
-             lines: bool = True, outermost: bool = False) -> Progress:
+             lines: bool = True, outermost: bool = False, advances_outer: bool = False) -> Progress:
     """A loop's progress: iterate over it, or call `update()` and `close()` by hand.
 
     `lines=False`: in a log, this loop only names its position in its inner loops' lines (its own code logs
@@ -53,7 +63,9 @@ def progress(iterable: Iterable | None = None, desc: str = "", *, total: int | N
     if outermost:
         for stale in list(reversed(_open)):
             stale.close()
-    return Progress(iterable, desc, total, unit, lines)
+    bar = Progress(iterable, desc, total, unit, lines)
+    bar.outer = _open[-2] if advances_outer and len(_open) > 1 else None
+    return bar
 
 
 class Progress:
@@ -62,24 +74,27 @@ class Progress:
             total = len(iterable)
         self.iterable, self.desc, self.total, self.unit, self.lines = iterable, desc, total, unit, lines
         self.n = 0
+        self.partial = 0.0  # the fraction of the current item done (`advances_outer` loops inside set it)
+        self.outer: Progress | None = None
         self.started = time.monotonic()
         self.bar = self._redirect = None
         self.quiet = disabled()
-        if not self.quiet and sys.stderr.isatty():
-            self._open_bar()
-        if _STAMP not in log.filters:
-            log.addFilter(_STAMP)
+        if bars_shown():
+            self._open_bar(outermost=not _open)
         _open.append(self)
 
-    def _open_bar(self) -> None:
+    def _open_bar(self, outermost: bool) -> None:
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         if not any(p.bar is not None for p in _open):  # the first bar: log lines go above the bars from now on
             self._redirect = logging_redirect_tqdm()
             self._redirect.__enter__()
+        # The outermost bar (a run's epochs) shows at once, its count to a tenth: inner loops move it (`advance`).
+        shape = {"delay": 0.0, "bar_format": "{desc} {n:.1f}/{total_fmt} |{bar}| [{elapsed}<{remaining}]"} \
+            if outermost else {"delay": 1.0}
         self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, leave=False, dynamic_ncols=True,
-                        mininterval=0.5, delay=1.0, disable=False)
+                        mininterval=0.5, disable=False, **shape)
 
     def __iter__(self) -> Iterator:
         try:
@@ -91,10 +106,29 @@ class Progress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        self.partial = 0.0
+        if self.outer is not None and self.total:
+            self.outer.advance(self.n / self.total)
         if self.bar is not None:
-            self.bar.update(n)
+            self.bar.n = self.n
+            self.bar.update(0)
         elif self.lines and not self.quiet and time.monotonic() - _LastLine.at >= LOG_EVERY_S:
             log.info("%s", self.line())
+
+    def advance(self, fraction: float) -> None:
+        """The current item is `fraction` done (an inner loop's share): the bar and the run ETA move with it."""
+        self.partial = min(max(fraction, 0.0), 1.0)
+        if self.bar is not None:
+            self.bar.n = self.n + self.partial
+            self.bar.update(0)
+
+    def eta(self) -> float | None:
+        """Seconds left at the rate so far, counting the current item's done fraction; None before any progress."""
+        done = self.n + self.partial
+        seconds = time.monotonic() - self.started
+        if not self.total or done <= 0 or seconds <= 0:
+            return None
+        return max(self.total - done, 0) * seconds / done
 
     def line(self) -> str:
         """`epoch 3/50 · train 40/120 steps · 1.2 steps/s · ETA 1m05s` (the outer loops at their current item)."""
@@ -105,8 +139,14 @@ class Progress:
         if self.n and seconds > 0:
             rate = self.n / seconds
             parts.append(f"{rate:.1f} {units}/s" if rate >= 1 else f"{1 / rate:.1f} s/{self.unit}")
-            if self.total:
+            if self.total and self.n >= self.total:
+                parts.append(f"done in {duration(seconds)}")
+            elif self.total:
                 parts.append(f"ETA {duration(max(self.total - self.n, 0) / rate)}")
+        run = _open[0] if self in _open and _open[0] is not self and not _open[0].lines else None
+        left = run.eta() if run is not None else None
+        if left is not None:
+            parts.append(f"run ETA ≤ {duration(left, coarse=True)}")
         return " · ".join(parts)
 
     def close(self) -> None:

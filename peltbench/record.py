@@ -177,6 +177,16 @@ def read_record(path: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+# What `save.KEY=true` keeps beside the record (peltbench.saving writes them): a done run without one that its config
+# asks for is trained again (the runner), so it is not done for a sweep's counts or peltbench-missing either.
+SAVED = {"weights": "weights.safetensors", "predictions": "predictions.csv"}
+
+
+def unsaved(cfg: DictConfig, folder: Path) -> list[str]:
+    """The files `cfg.save` asks for that the run folder lacks, e.g. ["predictions.csv"]."""
+    return [name for key, name in SAVED.items() if cfg.save.get(key) and not (folder / name).is_file()]
+
+
 def check_existing(path: Path, cfg: DictConfig) -> dict | None:
     """The finished record of this config, if any. A record of a different config is never replaced."""
     existing = read_record(path)

@@ -26,11 +26,11 @@ from .methods import (build_pelt_model, count_method, load_member_head, load_mem
                       member_state)
 from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
-from .saving import (PREDICTIONS, WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
+from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
                      save_weights)
-from .claim import claim_run, describe, live_claim
+from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
-                     peak_memory, probe_writable, record_path, utc_now, variant_name, versions, write_record)
+                     peak_memory, probe_writable, record_path, unsaved, utc_now, variant_name, versions, write_record)
 from .protocols import protocol_name
 from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
@@ -79,7 +79,8 @@ def run_group(cfgs: list[DictConfig], results_dir: Path | None = None) -> list[O
 
     Runs already done are skipped; a run another live process is training (its claim, peltbench.claim) is left
     to it (status `running`); a run with a bad config or input is left out (status `error`); a crash while
-    training writes `failed` records for the runs that had not finished yet. Each run is claimed while it trains.
+    training writes `failed` records for the runs that had not finished yet. Each run is claimed while it trains:
+    a member of a group releases its claim as soon as its record is written, not when the whole group ends.
     """
     outcomes: list[Outcome | None] = [None] * len(cfgs)
     runs: list[_Run] = []
@@ -113,6 +114,7 @@ class _Run:
     member: Member | None = None
     record: dict | None = None
     logger: RunLogger | None = None
+    held: Claim | None = None  # this process's claim on the run, while it trains
 
     @classmethod
     def prepare(cls, cfg: DictConfig, results_dir: Path) -> _Run:
@@ -125,13 +127,15 @@ class _Run:
             check_can_start(cfg.get("logger"))  # W&B without a key, an MLflow server that is down: before the model
         return run
 
-    def done(self) -> dict | None:
-        """The run's finished record, unless it lacks a file this run asks for (then it trains again)."""
+    def done(self, say: bool = True) -> dict | None:
+        """The run's finished record, unless it lacks a file this run asks for (then it trains again, and with
+        `say` the log says why: once per run, not again when the claim is checked)."""
         finished = check_existing(self.path, self.cfg)
-        wanted = ((WEIGHTS, self.cfg.save.weights), (PREDICTIONS, self.cfg.save.predictions))
-        missing = [name for name, asked in wanted if asked and not (self.path.parent / name).is_file()]
+        missing = unsaved(self.cfg, self.path.parent)
         if finished is not None and missing:
-            log.info("rerun: %s is done but has no %s, which this run asks for", self.path.parent, " or ".join(missing))
+            if say:
+                log.info("rerun: %s is done but has no %s, which this run asks for", self.path.parent,
+                         " or ".join(missing))
             return None
         return finished
 
@@ -144,11 +148,13 @@ class _Run:
                 holder = describe(live_claim(self.path) or {})
                 log.info("skip: %s is being run by another process (%s)", self.path.parent, holder)
                 return Outcome("running", error=RuntimeError(f"being run by another process ({holder})"))
-            claims.enter_context(claim)
-            self.finished = self.done()  # written by whoever held the claim until now?
+            self.held = claims.enter_context(claim)
+            self.finished = self.done(say=False)  # written by whoever held the claim until now?
         if self.finished is None:
             log.info("run: %s", self.path.parent)
             return None
+        _release(self)  # finished by whoever held the claim until now
+        drop_dead_claim(self.path)
         log.info("skip: %s is already done (test %s %s)", self.path.parent, self.cfg.task.main_metric,
                  self.finished["test"]["main"])
         return Outcome("ok", self.finished, skipped=True)
@@ -181,6 +187,7 @@ def _train(runs: list[_Run]) -> list[Outcome]:
                 ready.append(run)
             except UserError as error:
                 outcomes[id(run)] = Outcome("error", error=error)
+                _release(run)
         cap = memory_cap([run.cfg for run in ready], task, device, bf16) if ready else 1
         for start in range(0, len(ready), cap):
             _train_group(ready[start : start + cap], task, device, bf16, tokenizer.pad_token_id, outcomes)
@@ -354,7 +361,9 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
         except OSError as error:
             result.error = f"could not save the run's {'weights' if run.cfg.save.weights else 'predictions'}: {error}"
         else:
-            run.logger.log_test({f"test_{key}": value for key, value in result.test.items() if key != "main"})
+            run.logger.log_test({**{f"test_{key}": value for key, value in result.test.items() if key != "main"},
+                                 **{f"dev_best_{key}": value for key, value in result.dev_best.items() if key != "main"},
+                                 "best_epoch": result.best_epoch}, epoch=result.best_epoch)
     return _record(run, result)
 
 
@@ -375,6 +384,8 @@ def _record(run: _Run, result: MemberResult) -> Outcome:
         write_record(run.path, {**record, "finished_at": utc_now()})
     except RecordWriteError as error:  # logged; the others go on, and the sweep summary reports this run
         return Outcome("failed", record, error)
+    finally:
+        _release(run)
     scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
     best = (f"best dev epoch {result.best_epoch} of {result.epochs_run}" if result.best_step is None
             else f"best dev step {result.best_step} of {result.train_steps}")
@@ -392,8 +403,18 @@ def _failed(run: _Run, error: BaseException, trace: str | None, result: MemberRe
         write_record(run.path, {**record, "finished_at": utc_now()})
     except RecordWriteError:  # logged, with the run's own error
         return Outcome("failed", record, error)
+    finally:
+        _release(run)
     log.error("failed: %s: %s (record written to %s)", run.label, record["error"], run.path)
     return Outcome("failed", record, error)
+
+
+def _release(run: _Run) -> None:
+    """The run has left its group (its record written, or not writable): its claim goes now, so that a group killed
+    later leaves no claim on a finished member (docs/record.md: a claim exists only while its run trains)."""
+    if run.held is not None:
+        run.held.release()
+        run.held = None
 
 
 def _layout(method: DictConfig) -> tuple:

@@ -26,11 +26,11 @@ import torch
 from . import UserError, __version__
 from .files import write_file, write_with
 from .methods import member_head, member_shapes, member_state
-from .record import config_hash
+from .record import SAVED, config_hash
 
-WEIGHTS = "weights.safetensors"
+WEIGHTS = SAVED["weights"]
 TEMPORARY = ".save."  # files.TEMPORARY_PREFIXES: what a killed run leaves is removed by the next run of the record
-PREDICTIONS = "predictions.csv"
+PREDICTIONS = SAVED["predictions"]
 PEFT_DIR = "peft"
 log = logging.getLogger("peltbench")
 

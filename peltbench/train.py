@@ -213,7 +213,7 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
     total = torch.zeros(len(active), device=group.device)
     first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
     seen = 0
-    for step in progress(range(count), "train", unit="step"):
+    for step in progress(range(count), "train", unit="step", advances_outer=True):
         rows = [data.rows(m, first_step + step, group.batch_size) for m in active]
         sets = [members[m].train for m in active]
         losses = 0.0

@@ -96,6 +96,22 @@ def test_stale_claims(tmp_path, monkeypatch, fields, live):
         claim.release()
 
 
+def test_a_dead_claim_on_a_finished_run_is_dropped_a_live_one_kept(tmp_path):
+    """Issue 21, 3b: a claim left on a done run (its process killed just after the record) is removed by the next
+    process that finds the run done; another host's live claim and this process's own stay."""
+    record = tmp_path / "result.json"
+    write_claim(record, pid=2 ** 22 + 1)  # this host, no such process
+    claims.drop_dead_claim(record)
+    assert not (tmp_path / CLAIM_NAME).exists()
+    write_claim(record, host="elsewhere", pid=1)
+    claims.drop_dead_claim(record)
+    assert (tmp_path / CLAIM_NAME).exists()
+    (tmp_path / CLAIM_NAME).unlink()
+    with claim_run(record):
+        claims.drop_dead_claim(record)
+        assert (tmp_path / CLAIM_NAME).exists()
+
+
 def test_an_unreadable_claim_counts_from_its_modification_time(tmp_path):
     record = tmp_path / "result.json"
     (tmp_path / CLAIM_NAME).write_text("{not json")  # e.g. another user's claim we may not read

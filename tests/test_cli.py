@@ -135,7 +135,9 @@ BAD_INPUTS = [  # (arguments, the one line printed): Hydra's errors and peltbenc
     # the experiment sweeps method=adapter: a plain method.lr reaches each job (overrides.py) and is checked there
     (["-m", "+experiment=fig2_bottleneck", "method.lr=0"], "method.lr=0: must be a positive number"),
     (["+experiment=table1"], "this is a sweep (hydra.sweeper.params, e.g. from +experiment=...): run it with -m"),
-    (["-m", "method=lora", "task=rte", "--cfg", "job"], "give only one of --run, --multirun (-m) and --cfg"),
+    (["--run", "method=lora", "task=rte", "--cfg", "job"], "give only one of --run, --multirun (-m), --cfg and --info"),
+    (["-m", "method=lora,adapter", "task=rte", "--info"], "give only one of --run, --multirun (-m), --cfg and --info"),
+    (["-m", "method=lora,adapter", "task=rte", "--cfg", "hydra"], "-m with --cfg hydra: a sweep shows each run's config"),
 ]
 
 
@@ -200,6 +202,8 @@ def test_version(tmp_path):
 
     result = peltbench("--version", cwd=tmp_path)
     assert (result.returncode, result.stdout) == (0, f"peltbench {version('peltbench')}\n")
+    docs = (Path(__file__).parents[1] / "docs" / "command-line.md").read_text()
+    assert f"| `peltbench --version` | `peltbench {version('peltbench')}`" in docs  # issue 21, 3o: it said 0.1.0
 
 
 def test_info_needs_no_method_or_task(tmp_path):
@@ -212,6 +216,18 @@ def test_cfg_job_prints_the_config_and_runs_nothing(tmp_path):
     result = peltbench("method=lora", "task=rte", "logger=[csv,tensorboard]", "--cfg", "job", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "lora_rank: 8" in result.stdout and "tensorboard:" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_with_cfg_job_prints_every_run_s_config_and_runs_nothing(tmp_path):
+    """Issue 21, 3o: `-m ... --cfg job` was refused; it shows each run's config, as `--cfg job` shows one run's."""
+    result = peltbench("-m", "method=lora,adapter", "task=rte", "k=100,500", "--cfg", "job", "-p", "method", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    headers = [line for line in result.stdout.splitlines() if line.startswith("# run ")]
+    assert headers == ["# run 1 of 4: method=lora task=rte k=100", "# run 2 of 4: method=lora task=rte k=500",
+                       "# run 3 of 4: method=adapter task=rte k=100", "# run 4 of 4: method=adapter task=rte k=500"]
+    assert result.stdout.count("lora_rank: 8") == 2 and result.stdout.count("bottleneck: 48") == 2
+    assert "k: 100" not in result.stdout  # -p method: only the method's node
     assert list(tmp_path.iterdir()) == []
 
 

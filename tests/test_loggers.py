@@ -24,7 +24,8 @@ EPOCHS = [  # what a training loop reports: epoch 1 has no gate mean (say, nothi
     (1, {"train_loss": 0.69, "dev_accuracy": 50.0, "lr": 5e-4, "epoch_seconds": 1.5, "gate_lora": None}),
     (2, {"train_loss": 0.61, "dev_accuracy": 62.5, "lr": 2.5e-4, "epoch_seconds": 1.25, "gate_lora": 0.4}),
 ]
-TEST = {"test_accuracy": 58.75, "test_f1": None}
+TEST = {"test_accuracy": 58.75, "test_f1": None, "dev_best_accuracy": 50.0, "best_epoch": 1}
+BEST = 1  # the epoch whose state scored the test set: the result is logged at its step, not at the last epoch's
 
 
 def needs(module: str):
@@ -36,20 +37,23 @@ def log_a_run(cfg, run_dir: Path, run_name: str = RUN) -> None:
     with open_logger(cfg, run_dir, run_name) as logger:
         for epoch, metrics in EPOCHS:
             logger.log_epoch(epoch, metrics)
-        logger.log_test(TEST)
+        logger.log_test(TEST, epoch=BEST)
 
 
-def test_csv_is_the_default_a_row_per_epoch_the_test_scores_in_the_last(tmp_path):
+def test_csv_is_the_default_a_row_per_epoch_the_result_in_the_best_epoch_s(tmp_path):
     cfg = compose_config("method=lora", "task=rte")
     assert list(cfg.logger) == ["csv"]
     log_a_run(cfg, tmp_path / "run")
     with open(tmp_path / "run" / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["epoch", "train_loss", "dev_accuracy", "lr", "epoch_seconds", "gate_lora", "test_accuracy"]
+    assert list(rows[0]) == ["epoch", "train_loss", "dev_accuracy", "lr", "epoch_seconds", "test_accuracy",
+                             "dev_best_accuracy", "best_epoch", "gate_lora"]  # in the order first seen
     assert [row["epoch"] for row in rows] == ["1", "2"]
     assert rows[0]["gate_lora"] == "" and float(rows[1]["gate_lora"]) == 0.4  # None is an empty cell
     assert float(rows[1]["dev_accuracy"]) == 62.5 and float(rows[0]["lr"]) == 5e-4
-    assert float(rows[1]["test_accuracy"]) == 58.75 and rows[0]["test_accuracy"] == ""
+    # issue 21, 3k: the result joined the last row, as if the last epoch's state had scored the test set
+    assert float(rows[0]["test_accuracy"]) == 58.75 and rows[1]["test_accuracy"] == ""
+    assert float(rows[0]["best_epoch"]) == 1 and float(rows[0]["dev_best_accuracy"]) == 50.0
     import pandas as pd
 
     assert str(pd.read_csv(tmp_path / "run" / "metrics.csv")["epoch"].dtype) == "int64"
@@ -82,10 +86,10 @@ def test_tensorboard_scalars_per_epoch_and_a_rerun_replaces_them(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert sorted(events.Tags()["scalars"]) == sorted(["train_loss", "dev_accuracy", "lr", "epoch_seconds", "gate_lora",
-                                                       "test_accuracy"])
+                                                       "test_accuracy", "dev_best_accuracy", "best_epoch"])
     assert [(s.step, s.value) for s in events.Scalars("dev_accuracy")] == [(1, 50.0), (2, 62.5)]
     assert [(s.step, round(s.value, 4)) for s in events.Scalars("gate_lora")] == [(2, 0.4)]
-    assert [(s.step, s.value) for s in events.Scalars("test_accuracy")] == [(2, 58.75)]  # at the last epoch
+    assert [(s.step, s.value) for s in events.Scalars("test_accuracy")] == [(1, 58.75)]  # at the best epoch
 
     with open_logger(cfg, tmp_path, RUN) as logger:  # the same run again (a failed run retried)
         logger.log_epoch(1, {"dev_accuracy": 10.0})
@@ -114,7 +118,8 @@ def test_mlflow_file_store_runs_side_by_side(tmp_path, monkeypatch):
     for epoch, metrics in EPOCHS:
         first.log_epoch(epoch, metrics)
         second.log_epoch(epoch, {"dev_accuracy": metrics["dev_accuracy"] + 1})
-    first.log_test(TEST)
+    first.log_test(TEST, epoch=BEST)
+    (tmp_path / "a" / "result.json").write_text('{"status": "ok"}\n')  # the record, written before the loggers close
     first.close()
     second.close(failed=True)
 
@@ -127,6 +132,10 @@ def test_mlflow_file_store_runs_side_by_side(tmp_path, monkeypatch):
     assert [(m.step, m.value) for m in history] == [(1, 50.0), (2, 62.5)]
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "gate_lora")] == [(2, 0.4)]
     assert run.data.metrics["test_accuracy"] == 58.75 and "test_f1" not in run.data.metrics
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "test_accuracy")] == [(1, 58.75)]
+    assert run.data.metrics["best_epoch"] == 1 and run.data.metrics["dev_best_accuracy"] == 50.0
+    assert [artifact.path for artifact in client.list_artifacts(run.info.run_id)] == ["result.json"]  # issue 21, 3k
+    assert client.list_artifacts(runs["adapter/rte/k100/seed222"].info.run_id) == []
     assert run.data.params["method.lr"] == "0.0005" and run.data.params["seed"] == "222"
     assert run.data.params["task"] == "rte" and run.data.tags["peltbench.run_dir"] == str(tmp_path / "a")
     assert [(m.step, m.value) for m in client.get_metric_history(runs["adapter/rte/k100/seed222"].info.run_id,
@@ -266,6 +275,26 @@ def test_an_mlflow_store_that_cannot_open_cannot_start(tmp_path, monkeypatch):
         check_can_start(database.logger)
     check_can_start(compose_config("method=lora", "task=rte", "logger=mlflow").logger)  # the file store, mlruns
     assert list(tmp_path.iterdir()) == []  # checking created nothing
+
+
+@pytest.mark.parametrize("where,problem", [
+    ("file", "{tmp}/file is a file, not a folder"),
+    ("file/mlruns", "{tmp}/file is a file, not a folder"),
+    ("/proc/mlruns", "cannot make MLflow's folders in /proc (No such file or directory)"),
+])
+def test_an_mlflow_folder_it_cannot_write_cannot_start(where, problem, tmp_path, monkeypatch):
+    """Issue 21, 3c: a tracking URI that is a regular file or lies under /proc passed the start-up check; the run
+    trained, exited 0, and nothing reached MLflow (a warning only)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("not a folder\n")
+    for uri in (where, Path(where).absolute().as_uri()):
+        cfg = compose_config("method=lora", "task=rte", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}")
+        with pytest.raises(UserError) as error:
+            check_can_start(cfg.logger)
+        assert str(error.value) == (f"logger.mlflow.tracking_uri={uri}: {problem.format(tmp=tmp_path)}: give a folder "
+                                    "MLflow may write (its file store), a server URL or a database")
+    check_can_start(compose_config("method=lora", "task=rte", "logger=mlflow", "logger.mlflow.tracking_uri=new/runs").logger)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]  # checking created nothing
 
 
 @needs("mlflow")

@@ -139,18 +139,49 @@ def test_the_summary_gives_a_missing_runs_reason_from_its_log_folder(tmp_path):
 def test_the_summary_counts_runs_skipped_as_running_elsewhere(tmp_path):
     for folder in ("0_lora", "1_lora", "2_lora"):  # as the job of a run another process was training writes it
         write_outcome(tmp_path / folder, "running", "another process was training it when this sweep reached it")
+    write_outcome(tmp_path / "3_lora", "skipped")
     runs = [Run(0, {}, "a", tmp_path / "a", "done", log_dir=tmp_path / "0_lora"),
             Run(1, {}, "b", tmp_path / "b", "missing", log_dir=tmp_path / "1_lora"),  # the other process died
             Run(2, {}, "c", tmp_path / "c", "running", "host x, pid 1", log_dir=tmp_path / "2_lora"),
             Run(3, {}, "d", tmp_path / "d", "done", log_dir=tmp_path / "3_lora")]
     sweep = with_outcomes(Sweep(runs, []))
     assert [run.elsewhere for run in sweep.runs] == [True, True, True, False]
-    assert report(sweep, logs=True, skipped=1) == [
+    assert report(sweep, logs=True, skips=True) == [
         "4 runs: 2 done (1 of them skipped as already done, 1 skipped as running elsewhere and finished there), "
         "0 failed, 1 missing, 1 running elsewhere",
         f"  missing  b: another process was training it when this sweep reached it (no record; its log: "
         f"{tmp_path / '1_lora'})",
         "  running  c: host x, pid 1"]
+
+
+def test_skipped_counts_what_the_jobs_found_done_whenever_the_record_was_written(tmp_path):
+    """Issue 21, 3d: a sweep started beside an identical one said "0 of them skipped as already done" while its
+    progress said 9 skipped: it counted records written before it began, and the other sweep wrote them after."""
+    write_outcome(tmp_path / "0", "skipped")
+    write_outcome(tmp_path / "1", "ok")
+    write_outcome(tmp_path / "1", "skipped")  # a requeued SLURM job skips the run it trained before: still its own
+    write_outcome(tmp_path / "2", "error", "stale, from an earlier sweep in this folder")
+    write_outcome(tmp_path / "2", "ok")
+    runs = [Run(num, {}, str(num), tmp_path / f"r{num}", "done", log_dir=tmp_path / str(num)) for num in range(3)]
+    sweep = with_outcomes(Sweep(runs, []))
+    assert [run.skipped for run in sweep.runs] == [True, False, False]
+    assert report(sweep, skips=True) == ["3 runs: 3 done (1 of them skipped as already done), 0 failed, 0 missing"]
+
+
+def test_a_done_run_without_the_file_its_sweep_saves_is_not_done(tmp_path):
+    """Issue 21, 3l: the runner trains it again (save.predictions=true and no predictions.csv), so the sweep's first
+    line, its summary and peltbench-missing count it as to run, with the reason."""
+    path = write(tmp_path, "method=adapter", "task=rte", "k=100", "seed=111")
+    write(tmp_path, "method=adapter", "task=rte", "k=100", "seed=222")
+    (path.parent / "predictions.csv").write_text("index,label\n")
+    sweep = _load(["method=adapter", "task=rte", "k=100", "seed=111,222", "save.predictions=true",
+                   f"results_dir={tmp_path}"])
+    assert [(run.state, run.error) for run in sweep.runs] == [
+        ("done", None),
+        ("missing", "done, but without the predictions.csv this sweep asks for: it trains again")]
+    assert report(sweep, logs=True)[1] == ("  missing  adapter/rte/k100/seed222: done, but without the predictions.csv "
+                                           f"this sweep asks for: it trains again (its log: {sweep.runs[1].log_dir})")
+    assert _load(["method=adapter", "task=rte", "k=100", "seed=111,222", f"results_dir={tmp_path}"]).count("done") == 2
 
 
 def test_the_printed_commands_run_exactly_what_is_missing(tmp_path, capsys):

@@ -62,3 +62,19 @@ def test_an_empty_or_missing_directory_is_named_as_such(tmp_path):
         load_tokenizer(str(tmp_path / "empty"))
     with pytest.raises(UserError, match=rf"^model.name={tmp_path / 'nowhere'}: no such directory$"):
         load_tokenizer(str(tmp_path / "nowhere"))
+
+
+def test_loading_writes_no_progress_bar_into_a_log_file(tiny_checkpoint, tmp_path):
+    """Issue 21, 3g: transformers' "Loading weights" bar wrote carriage returns into log files (stderr not a terminal),
+    where peltbench's own bars are off."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "TQDM_DISABLE"}  # conftest sets it
+    script = f"from peltbench.model import load_backbone; load_backbone({str(tiny_checkpoint)!r}, 2, 42); print('loaded')"
+    with open(tmp_path / "log", "w") as log:
+        result = subprocess.run([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT, env=env, timeout=120)
+    text = (tmp_path / "log").read_text()
+    assert result.returncode == 0 and text.endswith("loaded\n"), text
+    assert "\r" not in text and "Loading weights" not in text

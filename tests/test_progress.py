@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import logging
 import re
 import sys
@@ -33,15 +35,37 @@ def lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if " · " in r.getMessage()]
 
 
-def test_log_lines_name_the_outer_loop_and_give_rate_and_eta(log_file):
+def test_log_lines_name_the_outer_loop_and_give_rate_and_eta(log_file, monkeypatch):
+    """Issue 21, 3j: a line gave the inner loop's ETA only (none for the run), and `ETA 0s` as a loop ended."""
+    now = [1e9]  # after every real reading (the last line's time among them)
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(progress_module._LastLine, "at", 0.0)  # restored after: later tests read the real clock
     epochs = progress(total=5, desc="epoch", unit="epoch", lines=False, outermost=True)
+    for _ in progress(range(4), "train", unit="step", advances_outer=True):
+        now[0] += 10.0
     epochs.update()
-    for _ in progress(range(4), "train", unit="step"):
-        pass
+    for _ in progress(range(2), "dev", unit="batch"):
+        now[0] += 5.0
     epochs.close()
-    assert re.fullmatch(r"epoch 2/5 · train 1/4 steps · [0-9.]+ (steps/s|s/step) · ETA \d+s", lines(log_file)[0])
-    assert lines(log_file)[-1].startswith("epoch 2/5 · train 4/4 steps · ") and lines(log_file)[-1].endswith("ETA 0s")
-    assert len(lines(log_file)) == 4  # the epoch loop itself logs nothing (its caller logs each epoch)
+    assert lines(log_file) == [
+        "epoch 1/5 · train 1/4 steps · 10.0 s/step · ETA 30s · run ETA ≤ 3m",  # 4.75 epochs left at 40 s an epoch
+        "epoch 1/5 · train 2/4 steps · 10.0 s/step · ETA 20s · run ETA ≤ 3m",
+        "epoch 1/5 · train 3/4 steps · 10.0 s/step · ETA 10s · run ETA ≤ 3m",
+        "epoch 1/5 · train 4/4 steps · 10.0 s/step · done in 40s · run ETA ≤ 3m",  # 4 epochs × 40 s
+        "epoch 2/5 · dev 1/2 batches · 5.0 s/batch · ETA 5s · run ETA ≤ 3m",  # 1 epoch in 45 s: 4 × 45 s
+        "epoch 2/5 · dev 2/2 batches · 5.0 s/batch · done in 10s · run ETA ≤ 3m"]  # the epoch loop logs nothing itself
+
+
+def test_the_silence_counts_from_the_first_line_logged_not_from_import(tmp_path):
+    """Issue 21, 3j: a `tokenise ... ETA 0s` line came 0.5 s after start: lines logged before the first loop began
+    (`run: ...`) did not count, so the silence ran from import."""
+    script = ("import logging, sys, time\nfrom peltbench import progress as p\np.LOG_EVERY_S = 0.5\n"
+              "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+              "time.sleep(0.6)\nlogging.getLogger('peltbench').info('run: x')\n"
+              "for _ in p.progress(range(3), 'tokenise', unit='row'): pass\n")
+    env = {key: value for key, value in os.environ.items() if key != "TQDM_DISABLE"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "run: x\n"), result.stderr
 
 
 def test_a_log_line_waits_until_nothing_was_logged_for_log_every_s(log_file, monkeypatch):
@@ -76,7 +100,7 @@ def test_outermost_closes_what_a_crashed_loop_left_open(log_file):
     for _ in progress(range(1), "test", unit="batch"):
         pass
     epochs.close()
-    assert lines(log_file)[0].startswith("epoch 1/3 · test 1/1 batches")
+    assert lines(log_file)[0].startswith("epoch 1/3 · test 1/1 batches")  # a log line's outer loops: the open ones
 
 
 @pytest.mark.parametrize("seconds,text", [(0.4, "0s"), (45, "45s"), (65, "1m05s"), (3600 * 2 + 180, "2h03m")])

@@ -123,13 +123,17 @@ def test_loggers_get_every_epoch_and_the_test_scores(tiny_checkpoint, glue_dir, 
     run_dir = next(tmp_path.rglob("unipelt_ap,*/mrpc/k16/seed111"))
     with open(run_dir / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert [row["epoch"] for row in rows] == ["1", "2", "3"]  # an integer column; the test scores join the last row
+    assert [row["epoch"] for row in rows] == ["1", "2", "3"]  # an integer column; the result joins the best epoch's row
     for row, history in zip(rows, outcome.record["history"]):
         assert float(row["train_loss"]) == pytest.approx(history["train_loss"])
         assert float(row["dev_f1"]) == pytest.approx(history["dev_main"])
         assert float(row["lr"]) > 0 and float(row["epoch_seconds"]) > 0
         assert 0 < float(row["gate_adapter"]) < 1 and 0 < float(row["gate_prefix"]) < 1
-    assert float(rows[-1]["test_f1"]) == pytest.approx(outcome.record["test"]["f1"])
+    best = rows[outcome.record["best_epoch"] - 1]
+    assert float(best["test_f1"]) == pytest.approx(outcome.record["test"]["f1"])
+    assert float(best["dev_best_f1"]) == pytest.approx(outcome.record["dev_best"]["f1"])
+    assert int(float(best["best_epoch"])) == outcome.record["best_epoch"]
+    assert [row["test_f1"] != "" for row in rows].count(True) == 1
     assert np.isclose(float(rows[0]["lr"]), 5e-4)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 

@@ -72,6 +72,28 @@ def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir):
     assert [line.split(" · ")[2:] != [] for line in progress] == [False] * len(finished) + [True] * (3 - len(finished)) + [False]
 
 
+def test_a_fused_member_releases_its_claim_when_its_record_is_written(workdir):
+    """Issue 21, 3b: a fused group held every member's claim until the whole group ended, so after a kill -9 the
+    members already finished kept a dead claim.json for good (docs/record.md: it exists only while a run trains)."""
+    grid = ["-m", "method=adapter", "task=rte", "k=16", "seed=111", "train.epochs=1,400", "fuse=true", *TINY]
+    sweep = subprocess.Popen([PELTBENCH, *grid, "hydra.sweep.dir=sweeps/fused"], cwd=workdir, env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not records(workdir) and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        [finished] = records(workdir)  # the 1-epoch member; the other trains on
+        assert json.loads(finished.read_text())["fused"]["size"] == 2
+        time.sleep(0.5)  # the instant between writing the record and releasing the claim
+        assert sweep.poll() is None
+    finally:
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait()
+    assert not (finished.parent / "claim.json").exists()
+    [training] = [path for path in (workdir / "results").glob("*/rte/k16/seed111") if path != finished.parent]
+    assert (training / "claim.json").exists()  # its run had not finished: the next sweep takes the dead claim over
+
+
 def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
     # 4 runs: max_length 256 fails on a long test row (the tiny model has 128 positions: a `failed` record);
     # k=50 + dev_size=20 > 60 rows is a config error (no record).
@@ -181,6 +203,32 @@ def test_a_run_skipped_as_running_elsewhere_and_finished_there_is_counted(workdi
     assert "run 1 of 2 done (1 running elsewhere)" in text
     assert "peltbench sweep: 2 runs: 2 done (0 of them skipped as already done, 1 skipped as running elsewhere and " \
            "finished there), 0 failed, 0 missing" in text
+
+
+def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch):
+    """Issue 21, 3d and 3l: a sweep beside an identical one said "0 of them skipped as already done" while its progress
+    said 9 skipped (the other sweep wrote the records after it began); a sweep that retrains done runs lacking the
+    predictions it asks for said they were done (skipped), and logged each `rerun:` line twice."""
+    from conftest import compose_config
+    from peltbench.record import config_hash, record_path, write_record
+
+    monkeypatch.chdir(workdir)
+    args = ["method=adapter", "task=rte", "k=16", "train.epochs=1", "save.predictions=true", *TINY]
+    later = time.time() + 3600
+    for seed in (111, 222):
+        cfg = compose_config(*args, f"seed={seed}")
+        path = record_path(cfg, workdir / "results")
+        write_record(path, {"status": "ok", "config_hash": config_hash(cfg), "test": {"main": 50.0}})
+        if seed == 111:
+            (path.parent / "predictions.csv").write_text("index,prediction\n")
+        os.utime(path, (later, later))  # as if written by a sweep beside this one, after this one began
+    result = peltbench("-m", *args, "seed=111,222,333", "hydra.sweep.dir=sweeps/x", cwd=workdir)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "3 runs, 1 of them already done or running elsewhere (skipped)" in output  # 222 trains again
+    assert output.count("rerun: ") == 1 and f"seed222 is done but has no predictions.csv" in output
+    assert "run 3 of 3 done (1 skipped)" in output
+    assert "peltbench sweep: 3 runs: 3 done (1 of them skipped as already done), 0 failed, 0 missing" in output
 
 
 def test_progress_counts_skipped_runs_as_free_in_the_eta(monkeypatch):

@@ -149,14 +149,14 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
 
     @staticmethod
     def _not_submitted(overrides: List[str], run: Any) -> JobReturn:
-        """The return of a run not submitted: done before (`skipped`), or another process's (`running`, which the
-        sweep's summary counts from the outcome.json written here, as a local job writes it)."""
+        """The return of a run not submitted: done before (`skipped`), or another process's (`running`); the sweep's
+        summary counts both from the outcome.json written here, as a local job writes it."""
         from peltbench.missing import RUNNING_ELSEWHERE, write_outcome
 
         ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
         ret.return_value = "skipped" if run.state == "done" else run.state
-        if run.state == "running" and run.log_dir is not None:
-            write_outcome(run.log_dir, "running", RUNNING_ELSEWHERE)
+        if run.log_dir is not None:
+            write_outcome(run.log_dir, ret.return_value, RUNNING_ELSEWHERE if run.state == "running" else None)
         return ret
 
     def _executor(self) -> Any:

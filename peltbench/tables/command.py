@@ -13,6 +13,8 @@ from pathlib import Path
 from .. import UserError
 from .cost import write_cost
 from .figures import swept_paths
+from .models import NAME as MODELS
+from .models import caption, models_markdown, side_by_side
 from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
 from .others import Ledger, other_runs_markdown, other_settings_groups
 from .paired import check_baseline, write_paired
@@ -20,7 +22,8 @@ from .paper import default_paper_dir, load_paper
 from .published import write_published
 from ..protocols import statistic
 from .protocol import label_protocol, pooled, render_options, select
-from .records import default_runs, known_runs, one_record_per_seed, read_records
+from .records import (architecture_conflicts, default_runs, known_names, known_runs, one_record_per_seed,
+                      read_records)
 from .selection import parse_keys, select_settings, selected_runs
 from .selection_render import write_selection
 
@@ -61,6 +64,9 @@ def parse_args(argv=None):
     parser.add_argument("--baseline", metavar="METHOD",
                         help="compare every method with this one in paired.md (default: the paper's comparison, each "
                              "UniPELT variant against the best single method of its cell)")
+    parser.add_argument("--models", help="instead of the paper's tables, put these models side by side (comma-separated, "
+                                         "each as --model takes it): models.md and models.csv, methods × tasks with one "
+                                         "column group per model, every model under the same protocol (--protocol)")
     return parser.parse_args(argv)
 
 
@@ -93,13 +99,19 @@ def main(argv=None):
 def render_tables(args):
     """Read, select, write; returns the exit status."""
     records, unreadable = read_records(args.results_dir)
+    conflicts = architecture_conflicts(records)
+    for line in conflicts:
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
     known, unknown = known_runs(records)
     if known.empty:
         found = f" ({len(records) + len(unreadable)} result.json found, none usable)" if len(records) + len(unreadable) else ""
         print(f"{PROG}: no usable result.json under {args.results_dir}{found}; run a sweep first, "
               "e.g. `peltbench -m +experiment=table1`", file=sys.stderr)
+        _say_unknown(unknown)
         _say_unreadable(unreadable)
         return 1
+    if args.models:
+        return render_models(args, known)
     selection = select(known, args.model, args.protocol)
     same = pooled(known, selection)
     if not same.any():
@@ -133,7 +145,7 @@ def render_tables(args):
     out.text("other_runs.md", other_runs_markdown(ledger, selection))
     entries.append(("other_runs.md", "every record not in the tables, and why: other models or protocols, settings, "
                                      "unknown methods, repeated seeds, unreadable files"))
-    notes = [ledger.summary(), *render_context.notes]
+    notes = [ledger.summary(), *conflicts, *render_context.notes]
     out.text("README.md", index_markdown(args, selection, entries, notes))
     for note in render_context.notes:
         print(f"{PROG}: {note}")
@@ -141,6 +153,20 @@ def render_tables(args):
     if removed:
         print(f"{PROG}: removed {len(removed)} output(s) of an earlier render that this one did not produce: {', '.join(removed)}")
     print(f"{PROG}: {ledger.summary()} -> {out.folder}/ (index: {out.folder / 'README.md'})")
+    return 0
+
+
+def render_models(args, known):
+    """`--models A,B`: models.md and models.csv (models.py) in --out; the paper's tables are not touched."""
+    names = [name.strip() for name in args.models.split(",") if name.strip()]
+    if len(names) < 2:
+        raise UserError(f"--models {args.models}: name at least two models, comma-separated")
+    cells, selections = side_by_side(known, names, args.protocol, args.ddof)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{MODELS}.md").write_text(models_markdown(cells, selections, args.seeds))
+    cells.drop(columns=["paper_row"]).to_csv(out / f"{MODELS}.csv", index=False, float_format="%.6g")
+    print(f"{PROG}: {caption(selections)} -> {out / (MODELS + '.md')}")
     return 0
 
 
@@ -153,6 +179,16 @@ def account(chosen, duplicates, pooled, other_settings, unknown, unreadable):
         other_settings=other_settings, unknown=unknown, duplicates=duplicates,
         duplicates_left_out=pooled - len(chosen), unreadable=unreadable,
     )
+
+
+def _say_unknown(unknown):
+    """Why readable records are not usable: a method or task the tables have no row or column for (a custom task)."""
+    for (method, task), runs in unknown.groupby(["method", "task"], sort=True):
+        what = [f"method {method}" if method not in known_names("method") else "",
+                f"task {task}" if task not in known_names("task") else ""]
+        print(f"{PROG}: {len(runs)} record(s) of {' and '.join(filter(None, what))}: the tables have rows for peltbench's "
+              f"methods and columns for the GLUE tasks only ({', '.join(sorted(known_names('task')))}); "
+              "load_records() reads them all", file=sys.stderr)
 
 
 def _say_unreadable(unreadable):

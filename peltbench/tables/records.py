@@ -28,10 +28,11 @@ from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
 from ..record import LATER_METHOD_KEYS
 from .names import METHODS, TASKS
-from .protocol import canonical, config_defaults, normalize_model, protocol_label, run_protocol
+from .protocol import architecture_name, canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
 # A record written before records named their architecture is BERT's: the only one peltbench ran then.
 ARCHITECTURE_BEFORE_RECORDED = "bert"
+ARCHITECTURE_MARK = "#"  # PATH#roberta: the runs of one model path under one of its architectures (split_architectures)
 WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with save.weights=true
 EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_steps", "test_seconds", "test_examples")
 COLUMNS = (
@@ -75,7 +76,32 @@ def load_records(results_dir="results/runs"):
 
 def _frame(rows):
     extra = sorted({column for row in rows for column in row} - set(COLUMNS), key=_extra_order)
-    return pd.DataFrame(rows, columns=[*COLUMNS, *extra])
+    return split_architectures(pd.DataFrame(rows, columns=[*COLUMNS, *extra]))
+
+
+def split_architectures(records):
+    """One model path whose records name two architectures (a checkpoint replaced in place) is two models: each
+    gets `PATH#<model_type>` as its `model`, so no render pools them (`architecture_conflicts` names them)."""
+    counts = records.groupby("model")["architecture"].nunique()
+    mixed = records["model"].isin(counts[counts > 1].index)
+    if mixed.any():
+        records = records.copy()
+        records.loc[mixed, "model"] = records.loc[mixed, "model"] + ARCHITECTURE_MARK + records.loc[mixed, "architecture"]
+    return records
+
+
+def architecture_conflicts(records):
+    """One line per model path whose records name several architectures (`split_architectures`), e.g. `model
+    /ckpt/x: its records name 2 architectures (BERT: 2 runs, RoBERTa: 1 run), a checkpoint replaced in place? ...`."""
+    split = records[records["model"].str.contains(ARCHITECTURE_MARK, regex=False)]
+    lines = []
+    for base, runs in split.groupby(split["model"].str.rsplit(ARCHITECTURE_MARK, n=1).str[0], sort=True):
+        counts = runs.groupby("model").size()
+        names = ", ".join(f"{architecture_name(runs.loc[runs['model'] == model, 'architecture'].iloc[0])}: {count} "
+                          f"run{'s' if count != 1 else ''}" for model, count in counts.items())
+        lines.append(f"model {base}: its records name {len(counts)} architectures ({names}), a checkpoint replaced in "
+                     f"place? Never pooled: they render apart as {' and '.join(counts.index)} (--model chooses one)")
+    return lines
 
 
 def _extra_order(column):
@@ -85,10 +111,13 @@ def _extra_order(column):
 
 def known_runs(records):
     """(known, unknown): runs of a method and task peltbench has, and the rest (listed, never a row or column)."""
-    methods = set(METHODS) | _packaged("method")
-    tasks = set(TASKS) | _packaged("task")
-    known = records["method"].isin(methods) & records["task"].isin(tasks)
+    known = records["method"].isin(known_names("method")) & records["task"].isin(known_names("task"))
     return records[known], records[~known]
+
+
+def known_names(group):
+    """The methods (group "method") or tasks ("task") the tables have rows or columns for."""
+    return set(METHODS if group == "method" else TASKS) | _packaged(group)
 
 
 def default_runs(records):
