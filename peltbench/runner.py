@@ -23,6 +23,7 @@ from . import UserError
 from .config import CPU_BF16, check_config
 from .data import encode, few_shot_split, load_split
 from .methods import build_pelt_model, count_method, load_member_head, load_member_state, member_head, member_state
+from .metrics import majority_score
 from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (PREDICTIONS, WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
@@ -31,7 +32,7 @@ from .claim import claim_run, describe, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
                      probe_writable, record_path, utc_now, variant_name, versions, write_record)
 from .tasks import TaskSpec
-from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
+from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit, predicted
 
 log = logging.getLogger("peltbench")
 DROPOUT = "per-run"  # how dropout masks are drawn (methods/randomness.py; docs/record.md `dropout`)
@@ -324,16 +325,17 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
                 weights = member_weights(model, slot, run.cfg.method, model.config)
                 saved += save_weights(run.path.parent, weights, run.cfg, model.arch)
             if run.cfg.save.predictions:
-                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task))
+                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task,
+                                              result.logits))
             run.record["saved"] = saved
         except OSError as error:
             result.error = f"could not save the run's {'weights' if run.cfg.save.weights else 'predictions'}: {error}"
         else:
             run.logger.log_test({f"test_{key}": value for key, value in result.test.items() if key != "main"})
-    return _record(run, result)
+    return _record(run, result, task)
 
 
-def _record(run: _Run, result: MemberResult) -> Outcome:
+def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
     """Write a run's record as it leaves the group."""
     record = run.record
     if result.error is not None:
@@ -349,8 +351,11 @@ def _record(run: _Run, result: MemberResult) -> Outcome:
     except RecordWriteError as error:  # logged; the others go on, and the sweep summary reports this run
         return Outcome("failed", record, error)
     scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
-    log.info("done: %s: test %s (best dev epoch %d of %d), record %s", run.label, scores, result.best_epoch,
-             result.epochs_run, run.path)
+    # What always answering the most frequent test label scores, beside the score: a run that learnt nothing shows
+    majority = majority_score(task.main_metric, run.member.test.labels)
+    baseline = f" (always the majority class: {task.main_metric} {majority:.2f})" if majority is not None else ""
+    log.info("done: %s: test %s%s, best dev epoch %d of %d, record %s", run.label, scores, baseline,
+             result.best_epoch, result.epochs_run, run.path)
     return Outcome("ok", record)
 
 
@@ -448,8 +453,8 @@ class LoadedRun:
                             f"load_run(run_dir, data_dir=DIR) the GLUE directory it used)")
         group = group_settings(self.cfg, self.model, self.tokenizer.pad_token_id, self.device, self.bf16)
         evaluation = EvaluationSet(member.test if split == "test" else member.dev, group)
-        scores, _, predictions = evaluate(self.model, [evaluation], task, group, split, keep=True)
-        return scores[0], predictions[0]
+        scores, _, outputs = evaluate(self.model, [evaluation], task, group, split, keep=True)
+        return scores[0], predicted(outputs[0], task)
 
 
 def load_run(run_dir: str | Path, device: str | None = None, *, data_dir: str | Path | None = None,

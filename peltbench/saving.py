@@ -5,7 +5,8 @@
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
                             `classifier.weight`); its metadata names the method, model and task. A plain LoRA run
                             (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
-    save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
+    save.predictions=true   predictions.csv: one row per test example, in the official dev split's order: its label,
+                            the prediction and (classification) the logits.
 
 `peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone; `read_weights` and `check_weights`
 make a file that is not this run's (cut short, empty, another method's) one line naming it. Every file is written
@@ -107,17 +108,23 @@ def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, to
     return a.contiguous(), b
 
 
-def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task) -> str:
-    """predictions.csv: index (row of the official dev split), label, prediction (a class id, or the STS-B score)."""
+def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task,
+                     logits: np.ndarray | None = None) -> str:
+    """predictions.csv: index (row of the official dev split), label, prediction (a class id, or the STS-B score),
+    and for a classification task logit_0 ... logit_{C-1}, the head's outputs whose largest is the prediction (their
+    softmax is the model's probabilities: calibration and paired tests need no retraining). Logits are written with
+    9 significant digits, which round-trips a float32."""
     def write(path: Path) -> None:
         with open(path, "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["index", "label", "prediction"])
+            classes = 0 if task.is_regression or logits is None else logits.shape[1]
+            writer.writerow(["index", "label", "prediction", *(f"logit_{c}" for c in range(classes))])
             for index, (label, predicted) in enumerate(zip(labels.tolist(), predictions.tolist())):
                 if task.is_regression:
                     writer.writerow([index, f"{label:.6g}", f"{predicted:.6g}"])
                 else:
-                    writer.writerow([index, int(label), int(predicted)])
+                    outputs = logits[index].tolist() if classes else []
+                    writer.writerow([index, int(label), int(predicted), *(f"{value:.9g}" for value in outputs)])
     write_with(run_dir / PREDICTIONS, write, TEMPORARY)
     return PREDICTIONS
 
