@@ -59,11 +59,11 @@ class Row:
 
 def table(rows: list[Row]) -> str:
     """The one table check-gpu prints (then each check's details)."""
-    lines = [f"{'check':<11}{'result':<8}{'wall s':>8}{'fused/sep':>11}{'ops/seq':>16}{'peak memory':>14}  note"]
+    lines = [f"{'check':<11}{'result':<8}{'wall s':>8}{'fused/sep':>11}{'ops/seq sep/fused':>19}{'peak memory':>26}  note"]
     for row in rows:
         result = "skipped" if row.ok is None else "ok" if row.ok else "FAIL"
         ratio = f"{row.ratio:.2f}" if row.ratio is not None else ""
-        lines.append(f"{row.check:<11}{result:<8}{row.seconds:>8.1f}{ratio:>11}{row.operators:>16}{row.peak:>14}"
+        lines.append(f"{row.check:<11}{result:<8}{row.seconds:>8.1f}{ratio:>11}{row.operators:>19}{row.peak:>26}"
                      f"  {row.note}")
     for row in rows:
         lines += [f"  {row.check}: {line}" for line in row.details]
@@ -132,7 +132,7 @@ def check_precision(args, device) -> Row:
         scores[precision] = outcome.record["test"]["main"]
         peaks.append(_peak(device))
     gap = abs(scores["bf16"] - scores["fp32"]) if len(scores) == 2 else None
-    note = ", ".join(f"{p} {s:.2f}" for p, s in scores.items()) + f" (SST-2 acc, K={args.k}, {args.epochs} epochs)"
+    note = ", ".join(f"{p} {s:.2f}" for p, s in scores.items()) + f" (SST-2 accuracy, K={args.k}, epochs {args.epochs})"
     ok = None if gap is None else gap <= PRECISION_GAP
     return Row("precision", ok, time.perf_counter() - start, peak=" / ".join(peaks), note=note, details=details)
 
@@ -152,7 +152,7 @@ def check_fused(args, device) -> Row:
         times[side], peaks[side] = time.perf_counter() - start, _peak(device)
     problems = [f"{method}: {why}" for method, a, b in zip(SEVEN, outcomes["separate"], outcomes["fused"])
                 if (why := compare_records(a.record, b.record))]
-    note = f"7 runs, SST-2 K=100, {args.epochs} epochs, fp32: separate {times['separate']:.1f} s, fused {times['fused']:.1f} s"
+    note = f"7 runs, SST-2 K=100, epochs {args.epochs}, fp32: separate {times['separate']:.1f} s, fused {times['fused']:.1f} s"
     return Row("fused", not problems, sum(times.values()), times["fused"] / times["separate"],
                peak=f"{peaks['separate']} / {peaks['fused']}", note=note, details=problems)
 

@@ -41,7 +41,8 @@ def test_the_table_has_a_row_per_check_and_the_details_below():
             check_gpu.Row("fused", False, 30.0, 0.4, peak="1.20 GiB / 1.50 GiB", details=["lora: best epoch 3 alone, 2 fused"]),
             check_gpu.Row("benchmark", None, note="not run")]
     lines = check_gpu.table(rows).splitlines()
-    assert lines[0].split() == ["check", "result", "wall", "s", "fused/sep", "ops/seq", "peak", "memory", "note"]
+    assert lines[0].split() == ["check", "result", "wall", "s", "fused/sep", "ops/seq", "sep/fused", "peak", "memory",
+                                "note"]
     assert lines[1].split() == ["tests", "ok", "61.0", "212", "passed", "in", "61.0s"]
     assert lines[2].split()[:4] == ["fused", "FAIL", "30.0", "0.40"] and "1.20 GiB / 1.50 GiB" in lines[2]
     assert lines[3].split() == ["benchmark", "skipped", "0.0", "not", "run"]
