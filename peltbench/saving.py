@@ -6,7 +6,8 @@
                             `classifier.weight`); its metadata names the method, model and task. A plain LoRA, LoRA-FA,
                             DoRA, VeRA or AdaLoRA run (ungated, nothing else) also writes peft/, which
                             `PeftModel.from_pretrained` loads, where PEFT has the method on that encoder (peft_kind).
-    save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
+    save.predictions=true   predictions.csv: one row per test example, in the official dev split's order: its label,
+                            the prediction and (classification) the logits.
 
 `peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone; `read_weights` and `check_weights`
 make a file that is not this run's (cut short, empty, another method's) one line naming it. Every file is written
@@ -212,20 +213,26 @@ def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, to
     return a.contiguous(), b
 
 
-def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task, rows=None) -> str:
-    """predictions.csv: index (row of the official dev split), label, prediction (a class id, or the STS-B score).
-    `rows`: the official dev rows scored, when the test set is a part of it (protocol full_halves); default all."""
+def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task,
+                     logits: np.ndarray | None = None, rows=None) -> str:
+    """predictions.csv: index (row of the official dev split), label, prediction (a class id, or the STS-B score),
+    and for a classification task logit_0 ... logit_{C-1}, the head's outputs whose largest is the prediction (their
+    softmax is the model's probabilities: calibration and paired tests need no retraining). Logits are written with
+    9 significant digits, which round-trips a float32. `rows`: the official dev rows scored, when the test set is a
+    part of it (protocol full_halves); default all."""
     rows = range(len(labels)) if rows is None else [int(row) for row in rows]
 
     def write(path: Path) -> None:
         with open(path, "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["index", "label", "prediction"])
-            for index, label, predicted in zip(rows, labels.tolist(), predictions.tolist()):
+            classes = 0 if task.is_regression or logits is None else logits.shape[1]
+            writer.writerow(["index", "label", "prediction", *(f"logit_{c}" for c in range(classes))])
+            for position, (index, label, predicted) in enumerate(zip(rows, labels.tolist(), predictions.tolist())):
                 if task.is_regression:
                     writer.writerow([index, f"{label:.6g}", f"{predicted:.6g}"])
                 else:
-                    writer.writerow([index, int(label), int(predicted)])
+                    outputs = logits[position].tolist() if classes else []
+                    writer.writerow([index, int(label), int(predicted), *(f"{value:.9g}" for value in outputs)])
     write_with(run_dir / PREDICTIONS, write, TEMPORARY)
     return PREDICTIONS
 

@@ -103,6 +103,7 @@ class MemberResult:
     predictions: np.ndarray | None
     error: str | None = None
     best_step: int | None = None  # the step of the best dev evaluation (train.eval_every set)
+    logits: np.ndarray | None = None   # the test rows' outputs (rows × classes; STS-B: rows × 1), whence predictions
 
 
 Logger = Callable[[int, int, dict], None]  # (member index, epoch, metrics)
@@ -394,19 +395,20 @@ def _finish(model, members, stopping, test, task, group, evaluation, period, on_
     if scored:
         model.members.set_active(scored, group.device)
         model.members.start_gate_recording()
-        scores, seconds, predictions = evaluate(model, [test[m] for m in scored], task, group, "test", keep=True)
+        scores, seconds, outputs = evaluate(model, [test[m] for m in scored], task, group, "test", keep=True)
         gates = model.members.stop_gate_recording()
-        results = {m: (scores[i], seconds, predictions[i], gates[m]) for i, m in enumerate(scored)}
+        results = {m: (scores[i], seconds, outputs[i], gates[m]) for i, m in enumerate(scored)}
     for m in stopping:
         member = members[m]
-        test_scores, seconds, predicted, gate_means = results.get(m, (None, 0.0, None, None))
+        test_scores, seconds, logits, gate_means = results.get(m, (None, 0.0, None, None))
         member.best_state = None  # free it: the record is about to be written
         in_steps = member.settings.eval_every is not None
         on_done(m, MemberResult(
             test=test_scores, dev_best=member.dev_best, best_epoch=None if in_steps else member.best_epoch,
             epochs_run=None if in_steps else evaluation, history=member.history, train_seconds=member.train_seconds,
             train_steps=member.steps, eval_seconds=member.eval_seconds + seconds, test_seconds=seconds,
-            gates=gate_means, predictions=predicted, error=member.error,
+            gates=gate_means, predictions=None if logits is None else predicted(logits, task), error=member.error,
+            logits=logits,
             best_step=member.best_epoch * period if in_steps else None,
         ))
 
@@ -432,7 +434,7 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
 
     Batch i holds every member's i-th length-sorted chunk; a member with fewer rows there repeats its first
     row to fill its block, and those rows are ignored. Returns the scores per member and the wall time (and
-    with keep=True the predictions per member, in the set's own row order).
+    with keep=True each member's outputs, rows × classes (STS-B: × 1) in the set's own row order: `predicted`).
     """
     start = _now(group.device)
     model.eval()
@@ -450,16 +452,20 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
                     outputs[position].append(logits[position * block : position * block + size])
     model.members.set_gate_rows(None)
     host = torch.cat([torch.cat(parts) for parts in outputs]).float().cpu().numpy()  # one device-to-host copy
-    scores, predictions, offset = [], [], 0
+    scores, kept, offset = [], [], 0
     for s in sets:
         values = np.empty((len(s), host.shape[1]), dtype=np.float32)
         values[s.order] = host[offset : offset + len(s)]
         offset += len(s)
-        predicted = values[:, 0] if task.is_regression else values.argmax(axis=1)
-        scores.append(compute_metrics(task.metrics, task.main_metric, predicted, s.labels))
-        predictions.append(predicted)
+        scores.append(compute_metrics(task.metrics, task.main_metric, predicted(values, task), s.labels))
+        kept.append(values)
     seconds = _now(group.device) - start
-    return (scores, seconds, predictions) if keep else (scores, seconds)
+    return (scores, seconds, kept) if keep else (scores, seconds)
+
+
+def predicted(outputs: np.ndarray, task: TaskSpec) -> np.ndarray:
+    """The predictions from the model's outputs: the STS-B score, or the class with the largest logit."""
+    return outputs[:, 0] if task.is_regression else outputs.argmax(axis=1)
 
 
 def _evaluation_pieces(sets: list[EvaluationSet], i: int, group: GroupSettings) -> list[list[dict | None]]:

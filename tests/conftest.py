@@ -15,7 +15,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"  # every task's real files, where ../shared is beside the clone
-SHIPPED_GLUE = REPO / "data" / "glue"                    # RTE, shipped with peltbench (data/glue/README.md)
+SHIPPED_GLUE = REPO / "data" / "glue"                    # CoLA, SST-2, RTE, shipped with peltbench (data/glue/README.md)
+TEST_DEVICE = os.environ.get("PELTBENCH_TEST_DEVICE")   # scripts/check_gpu.py runs the device-sensitive tests on cuda
 WORDS = ("the a cat dog sat ran on mat log big small red blue good bad not very happy sad movie film "
          "is was it this that and or but with man woman car house tree runs sleeps").split()
 TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -202,6 +203,8 @@ def compose_config(*overrides: str):
 
 
 def tiny_run_overrides(checkpoint: Path, glue: Path, results: Path) -> list[str]:
-    """A run small enough for a test: k=16 with a 20-row dev set, 3 epochs, the tiny model."""
+    """A run small enough for a test: k=16 with a 20-row dev set, 3 epochs, the tiny model; on the device
+    PELTBENCH_TEST_DEVICE names (scripts/check_gpu.py: cuda), else the config's `auto`."""
+    device = [f"device={TEST_DEVICE}"] if TEST_DEVICE else []
     return [f"model.name={checkpoint}", f"data.dir={glue}", f"results_dir={results}", "k=16", "dev_size=20",
-            "train.epochs=3", "train.patience=2"]
+            "train.epochs=3", "train.patience=2", *device]

@@ -153,16 +153,29 @@ def test_malformed_rows_name_file_and_line(tmp_path):
         read_tsv(path, spec("rte"))
 
 
-def test_the_shipped_rte_files_are_the_official_ones():
-    """data/glue/RTE: its SHA256SUMS (the official RTE.zip members' checksums) and GLUE's row counts."""
+# The official checksums of CoLA.zip's and RTE.zip's members, and SST-2's (../shared/data/glue/SHA256SUMS).
+SHIPPED_SUMS = {
+    "CoLA/dev.tsv": "8c013e21dc39957cac37378d87bebe225b694a0d5fe13eded66c2856628833fd",
+    "CoLA/train.tsv": "cb368ebeb9f27d7ad03720d27ddc95687a311bdb100781a2fe59a5f5b1bc0624",
+    "RTE/dev.tsv": "80230dfa1347282e7b532b06a1004a76a710087541189bf874223ddf0e3819fb",
+    "RTE/train.tsv": "41e3a9b063433392343fad9e962cf2f58b681c78d8f71592f4186f0837246c5c",
+    "SST-2/dev.tsv": "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0",
+    "SST-2/train.tsv": "48eac26399f8456935f81dd9e3a745c1430adb6c62e233ccfe22db4a0d15d1d1",
+}
+
+
+@pytest.mark.parametrize("task,train_rows,test_rows", [("cola", 8551, 1043), ("sst2", 67349, 872), ("rte", 2490, 277)])
+def test_the_shipped_glue_files_are_the_official_ones(task, train_rows, test_rows):
+    """data/glue: its SHA256SUMS lists the official files' checksums, the files match them, GLUE's row counts."""
     import hashlib
 
     sums = dict(reversed(line.split("  ")) for line in (SHIPPED_GLUE / "SHA256SUMS").read_text().splitlines())
-    assert sorted(sums) == ["RTE/dev.tsv", "RTE/train.tsv"]
-    for name, digest in sums.items():
-        assert hashlib.sha256((SHIPPED_GLUE / name).read_bytes()).hexdigest() == digest, name
-    assert len(load_split(spec("rte"), str(SHIPPED_GLUE), "train")) == 2490
-    assert len(load_split(spec("rte"), str(SHIPPED_GLUE), "test")) == 277
+    assert sums == SHIPPED_SUMS
+    folder = spec(task).tsv.folder
+    for name in (f"{folder}/train.tsv", f"{folder}/dev.tsv"):
+        assert hashlib.sha256((SHIPPED_GLUE / name).read_bytes()).hexdigest() == sums[name], name
+    assert len(load_split(spec(task), str(SHIPPED_GLUE), "train")) == train_rows
+    assert len(load_split(spec(task), str(SHIPPED_GLUE), "test")) == test_rows
 
 
 @pytest.mark.skipif(not SHARED_GLUE.is_dir(), reason="../shared/data/glue is not beside the checkout")

@@ -36,3 +36,14 @@ def test_constant_predictions():
     assert compute_metrics(["mcc"], "mcc", np.zeros(10, dtype=int), LABELS[:10])["mcc"] == 0.0
     scores = compute_metrics(["spearman", "pearson"], "spearman", np.ones(10), SCORES[:10])
     assert scores == {"spearman": None, "pearson": None, "main": None}
+
+
+def test_the_majority_class_score_is_the_main_metric_of_always_answering_it():
+    from peltbench.metrics import majority_score
+
+    labels = np.array([1, 1, 0, 1])                          # majority 1: 3 of 4
+    assert majority_score("accuracy", labels) == pytest.approx(75.0)
+    assert majority_score("f1", labels) == pytest.approx(100 * 2 * 0.75 / 1.75)  # precision 3/4, recall 1
+    assert majority_score("mcc", labels) == 0.0               # a constant prediction: Matthews is 0 (sklearn)
+    assert majority_score("f1", np.array([0, 0, 1, 1])) == 0.0  # a tie: the smaller id, 0 (1 would give F1 66.67)
+    assert majority_score("spearman", np.array([0.5, 3.2], dtype=np.float32)) is None  # STS-B: no majority class

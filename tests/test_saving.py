@@ -39,6 +39,7 @@ def test_a_saved_run_is_rebuilt_and_rescored_exactly(tiny_checkpoint, glue_dir, 
         with open(run_dir / "predictions.csv") as handle:
             rows = list(csv.DictReader(handle))
         labels = load_split(TaskSpec.from_config(loaded.cfg.task), str(glue_dir), "test").labels
+        assert list(rows[0]) == ["index", "label", "prediction"]  # STS-B: the one output is the prediction
         assert [int(row["index"]) for row in rows] == list(range(len(labels)))  # the official dev split's order
         assert [float(row["label"]) for row in rows] == pytest.approx(labels.tolist(), abs=1e-5)
         assert [float(row["prediction"]) for row in rows] == pytest.approx(predictions.tolist(), abs=1e-5)
@@ -66,6 +67,14 @@ def test_fused_members_save_their_own_sizes(tiny_checkpoint, glue_dir, tmp_path)
         run_dir = next(tmp_path.rglob(f"{outcome.record['variant']}/rte/k16/seed111"))
         scores, _ = peltbench.load_run(run_dir).predict()
         assert scores == pytest.approx(outcome.record["test"], abs=1e-6)
+        with open(run_dir / "predictions.csv") as handle:
+            rows = list(csv.DictReader(handle))
+        assert list(rows[0]) == ["index", "label", "prediction", "logit_0", "logit_1"]  # RTE: 2 classes
+        logits = np.array([[float(row["logit_0"]), float(row["logit_1"])] for row in rows])
+        assert len(np.unique(logits.round(6), axis=0)) > 1  # the model's outputs, not a constant
+        assert logits.argmax(axis=1).tolist() == [int(row["prediction"]) for row in rows]
+        correct = np.mean([row["label"] == row["prediction"] for row in rows])
+        assert 100 * correct == pytest.approx(outcome.record["test"]["accuracy"], abs=1e-9)
 
 
 def test_a_bf16_run_is_rescored_on_a_cpu_in_bf16(tiny_checkpoint, glue_dir, tmp_path):

@@ -35,7 +35,7 @@ def _fit_scripted(monkeypatch, model, task, data, scores, settings):
         seen[label].append(model.layers[0].output.adapter.down.weight[0].detach().clone())
         score = scores[len(seen["dev"]) - 1] if label == "dev" else 0.0
         result = [{"accuracy": score, "main": score}], 0.0
-        return (*result, [np.zeros(len(sets[0]))]) if keep else result
+        return (*result, [np.zeros((len(sets[0]), 2))]) if keep else result  # keep: the outputs, rows x classes
 
     monkeypatch.setattr(peltbench.train, "evaluate", scripted)
     results = []

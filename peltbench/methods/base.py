@@ -491,8 +491,9 @@ class FfnOutput(nn.Module):
     attention output, the block's residual input, LN the block's own LayerNorm, used twice and frozen):
         out = LN(h + Adapter(LN(h + a)) + ParallelAdapter(a) + a)
     pre-norm (ModernBERT), wrapping the MLP (a = the normalised attention output it reads; the layer adds the
-    residual itself, and no LayerNorm follows the block), as AdapterHub places Pfeiffer adapters there:
+    residual itself, and no LayerNorm follows the block), where AdapterHub places Pfeiffer adapters:
         out = h + Adapter(h + a) + ParallelAdapter(a)
+    (AdapterHub adds `a` once more, which changes the pretrained model even at a zero adapter: docs/protocol.md §9.)
     """
 
     def __init__(self, block: nn.Module, pre_norm: bool) -> None:
