@@ -393,8 +393,8 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
     # What always answering the most frequent test label scores, beside the score: a run that learnt nothing shows
     majority = majority_score(task.main_metric, run.member.test.labels)
     baseline = f" (always the majority class: {task.main_metric} {majority:.2f})" if majority is not None else ""
-    log.info("done: %s [protocol %s]: test %s%s, %s, record %s", run.label, record["protocol"], scores, baseline, best,
-             run.path)
+    # (the label names the protocol where it is not unipelt: its folder's `,protocol=lmbff`)
+    log.info("done: %s: test %s%s, %s, record %s", run.label, scores, baseline, best, run.path)
     return Outcome("ok", record)
 
 
