@@ -67,7 +67,7 @@ GROUPS = ("method", "task", "logger", "experiment")  # the config groups a user 
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter oft",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -79,6 +79,9 @@ METHOD_HELP = {
     "lora_scale": "LoRA scale (App. B's alpha); unused while gated; Figure 3 sweeps it",
     "lora_targets": "the projections LoRA adapts, a list from query, key, value",
     "adapter_scale": "MAM's parallel-adapter scale",
+    "oft_block_size": "OFT block size b (r = in_features / b rotation blocks)",
+    "oft_neumann_terms": "OFT's Cayley transform: Neumann terms (PEFT's default 5), or 0 for the exact inverse",
+    "oft_targets": "the projections whose input OFT rotates, a list from query, key, value",
 }
 
 

@@ -30,6 +30,7 @@ WEIGHTS = "weights.safetensors"
 TEMPORARY = ".save."  # files.TEMPORARY_PREFIXES: what a killed run leaves is removed by the next run of the record
 PREDICTIONS = "predictions.csv"
 PEFT_DIR = "peft"
+PEFT_FORMULAS = "0.21.0"  # the PEFT release whose formulas the exports reproduce (OFT's Cayley-Neumann changed in 0.18)
 
 
 def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
@@ -51,9 +52,41 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> 
                 "method": json.dumps(OmegaConf.to_container(cfg.method, resolve=True)), "config_hash": config_hash(cfg)}
     write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
     written = [WEIGHTS]
-    if list(cfg.method.components) == ["lora"] and not cfg.method.get("gated", False):
-        written += export_peft(run_dir / PEFT_DIR, tensors, cfg, arch)
+    components = list(cfg.method.components)
+    if len(components) == 1 and components[0] in PEFT_EXPORTS and not cfg.method.get("gated", False):
+        written += PEFT_EXPORTS[components[0]](run_dir / PEFT_DIR, tensors, cfg, arch)
     return written
+
+
+def _modules_to_save(arch) -> list[str]:
+    """The head's new layers, which PEFT's SEQ_CLS keeps whole (`modules_to_save`)."""
+    return list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path))
+
+
+def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_file(tensors, str(path)), TEMPORARY)
+    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
+
+
+def export_oft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """An OFT run in PEFT's format: our `oft_R.weight` is PEFT's (r, b(b−1)/2) tensor under the same module path,
+    the rotation of each Linear computing a target (ModernBERT: Wqkv, rotated once for q, k and v)."""
+    method = cfg.method
+    terms = int(method.oft_neumann_terms)
+    config = {
+        "peft_type": "OFT", "task_type": "SEQ_CLS", "r": 0, "oft_block_size": int(method.oft_block_size),
+        "module_dropout": 0.0, "coft": False, "eps": 6e-5, "block_share": False, "bias": "none",
+        "use_cayley_neumann": terms > 0, "num_cayley_neumann_terms": terms if terms > 0 else 5,
+        "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in ("query", "key", "value")
+                                             if t in method.oft_targets)),
+        "modules_to_save": _modules_to_save(arch), "init_weights": True, "inference_mode": True,
+        "peft_version": PEFT_FORMULAS, "base_model_name_or_path": str(cfg.model.name),
+    }
+    return _write_peft(folder, config, {f"base_model.model.{name}": tensor for name, tensor in tensors.items()})
 
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
@@ -105,6 +138,9 @@ def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, to
         block = arch.projections[target][1]
         b[block * size : (block + 1) * size, i * rank : (i + 1) * rank] = parts[(target, "lora_b")]
     return a.contiguous(), b
+
+
+PEFT_EXPORTS = {"lora": export_peft, "oft": export_oft}  # the methods PEFT can load, as a plain (ungated) run
 
 
 def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task) -> str:

@@ -1,0 +1,116 @@
+"""Rotations of an adapted projection's input (OFT; written once for every orthogonal method):
+
+    y = W (R_m x)   on the rows of member m,
+with R_m the member's own block-diagonal (count, blocks, b, b) matrix, built by its method from its parameters, and W
+the one frozen projection every member shares (never a copy per member). x is a row vector, x ↦ x R per block, as
+PEFT's `OFTRotationModule` computes it. Members without a rotation here keep their rows as they are.
+
+A method module (oft.py) gives `PARAMETER` (the name its tensor takes under the projection, PEFT's), `shape(method,
+features)` (one member's parameter shape), `settings(method)` (what else its matrices depend on) and
+`matrices(weight, method)` (member-stacked parameters → member-stacked blocks). Members whose shapes and settings
+agree are rotated in one batched product; a group mixing block sizes loops over its few distinct kinds.
+
+Where the architecture map puts q, k and v in one fused Linear (ModernBERT's Wqkv), they share its input, so they
+share its rotation: targets [query, value] there rotate Wqkv's input once, which k reads too, as PEFT's OFT with
+target_modules=["Wqkv"] does (PEFT cannot rotate part of a Linear's input, nor can anything that keeps W shared and
+one product per Linear). The count is then one rotation per layer where BERT has two (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from .base import Members, PeltModel, mark
+
+TARGETS = ("query", "key", "value")  # the attention projections a rotation may adapt (where: architectures.py)
+
+
+class InputRotation(nn.Module):
+    """One method's rotation of one projection's input, for the members (`users`) that adapt it.
+
+    `weight`: (members, *largest member's shape), zero-padded past each member's own shape."""
+
+    def __init__(self, members: Members, users: dict[int, DictConfig], kind, features: int) -> None:
+        super().__init__()
+        self.members = members
+        self.kind = kind
+        shapes = {m: tuple(kind.shape(method, features)) for m, method in users.items()}
+        largest = tuple(max(sizes) for sizes in zip(*shapes.values()))
+        self.weight = nn.Parameter(torch.zeros(members.count, *largest))
+        groups: dict[tuple, list[int]] = {}
+        for m in sorted(users):
+            groups.setdefault((shapes[m], kind.settings(users[m])), []).append(m)
+        self.groups = [(tuple(slots), shape, users[slots[0]]) for (shape, _), slots in groups.items()]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for users, shape, method in self.groups:
+            selection = self.members.select(users, x.device)
+            if not selection.count:
+                continue
+            weight = self.members.slots_of(self.weight, selection)[(slice(None), *(slice(0, n) for n in shape))]
+            blocks = self.kind.matrices(weight, method)
+            rows = self.members.gather(selection, x)
+            rotated = rotate(rows, blocks.to(rows.dtype), selection.count)
+            x = replace_rows(self.members, selection, x, rotated)
+        return x
+
+
+def rotate(rows: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
+    """x R for each member's rows, block by block: rows (count · n, ..., features), blocks (count, r, b, b)."""
+    members, r, b, _ = blocks.shape
+    grouped = rows.reshape(count, -1, r, b)
+    return torch.einsum("mnrk,mrkc->mnrc", grouped, blocks).reshape(rows.shape)
+
+
+def replace_rows(members: Members, selection, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x with the selected members' rows replaced (out of place: x is a layer's input, which backward may read)."""
+    if selection.every:
+        return rows
+    grouped = members.split(x)
+    return grouped.index_copy(0, selection.positions, rows.reshape(selection.count, *grouped.shape[1:])).view(x.shape)
+
+
+def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str) -> None:
+    """Put `kind`'s rotation on the input of each Linear computing a projection some member targets, in every layer
+    (under the name `kind.PARAMETER` in that module, with a pre-hook that rotates what the module receives). A fused
+    Linear (ModernBERT's Wqkv) is rotated once for a member that targets any of its blocks: they share its input."""
+    linears: dict[str, list[str]] = {}
+    for target in TARGETS:
+        linears.setdefault(model.arch.projections[target][0], []).append(target)
+    for layer in model.layers:
+        attention = model.attention(layer)
+        for name, blocks in linears.items():
+            on_linear = {m: method for m, method in users.items()
+                         if set(blocks) & set(method[f"{component}_targets"])}
+            if not on_linear:
+                continue
+            projection = getattr(attention, name)
+            rotation = InputRotation(model.members, on_linear, kind, _linear(projection).in_features)
+            projection.add_module(kind.PARAMETER, rotation)
+            if not getattr(projection, "_rotates_input", False):  # one hook for every method's rotation here
+                projection.register_forward_pre_hook(_rotate_input)
+                projection._rotates_input = True
+            mark(model, rotation, on_linear)
+
+
+def _linear(module: nn.Module) -> nn.Linear:
+    """The Linear under peltbench's wrappers of a projection (LoRA's `base`)."""
+    while not isinstance(module, nn.Linear):
+        module = module.base
+    return module
+
+
+def _rotate_input(module: nn.Module, args: tuple) -> tuple:
+    rotations = [child for child in module.children() if isinstance(child, InputRotation)]
+    x = args[0]
+    for rotation in rotations:  # one per method on this projection; their members' rows are disjoint
+        x = rotation(x)
+    return (x, *args[1:])
+
+
+def check(method: DictConfig, component: str) -> None:
+    unknown = sorted(set(method[f"{component}_targets"]) - set(TARGETS))
+    if unknown:
+        raise ValueError(f"{component}_targets: unknown projection(s) {unknown}; choose from {list(TARGETS)}")
