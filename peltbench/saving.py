@@ -3,8 +3,8 @@
     save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
-                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA run
-                            (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
+                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA or OFT
+                            run (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
 
 `peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone; `read_weights` and `check_weights`

@@ -36,6 +36,7 @@ class InputRotation(nn.Module):
         super().__init__()
         self.members = members
         self.kind = kind
+        self.users = tuple(sorted(users))
         shapes = {m: tuple(kind.shape(method, features)) for m, method in users.items()}
         largest = tuple(max(sizes) for sizes in zip(*shapes.values()))
         self.weight = nn.Parameter(torch.zeros(members.count, *largest))
@@ -93,6 +94,13 @@ def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str
                 projection.register_forward_pre_hook(_rotate_input)
                 projection._rotates_input = True
             mark(model, rotation, on_linear)
+
+
+def member_rotations(model: PeltModel, parameter: str, slot: int) -> list[InputRotation]:
+    """The rotations named `parameter` that member `slot` uses, in model order (the order a separate run builds
+    them: layer after layer, then the attention module's projections)."""
+    return [module for name, module in model.named_modules()
+            if isinstance(module, InputRotation) and name.endswith(parameter) and slot in module.users]
 
 
 def _linear(module: nn.Module) -> nn.Linear:
