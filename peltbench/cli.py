@@ -67,7 +67,7 @@ GROUPS = ("method", "task", "logger", "experiment")  # the config groups a user 
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter oft",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter oft hra",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -82,6 +82,9 @@ METHOD_HELP = {
     "oft_block_size": "OFT block size b (r = in_features / b rotation blocks)",
     "oft_neumann_terms": "OFT's Cayley transform: Neumann terms (PEFT's default 5), or 0 for the exact inverse",
     "oft_targets": "the projections whose input OFT rotates, a list from query, key, value",
+    "hra_rank": "HRA: the number r of Householder reflections",
+    "hra_apply_gs": "HRA: orthonormalise the reflections' vectors by Gram-Schmidt (PEFT's apply_GS)",
+    "hra_targets": "the projections whose input HRA reflects, a list from query, key, value",
 }
 
 

@@ -41,6 +41,7 @@ COMPONENT_SETTINGS = {
     "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
     "oft": ("oft_block_size", "oft_neumann_terms", "oft_targets"),
+    "hra": ("hra_rank", "hra_apply_gs", "hra_targets"),
 }
 OPTIONAL_SETTINGS = ("gate_pooling",)  # a method file may leave it out: masked
 
@@ -120,6 +121,10 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "oft_neumann_terms": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                           "must be 0 (the exact Cayley transform) or a number of Neumann terms"),
     "oft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                    f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "hra_rank": POSITIVE_INT,
+    "hra_apply_gs": BOOL,
+    "hra_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
 }
 

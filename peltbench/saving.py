@@ -3,7 +3,7 @@
     save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
-                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA or OFT
+                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA, OFT or HRA
                             run (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
 
@@ -72,21 +72,23 @@ def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) ->
     return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 
-def export_oft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
-    """An OFT run in PEFT's format: our `oft_R.weight` is PEFT's (r, b(b−1)/2) tensor under the same module path,
-    the rotation of each Linear computing a target (ModernBERT: Wqkv, rotated once for q, k and v)."""
-    method = cfg.method
-    terms = int(method.oft_neumann_terms)
+def export_rotation(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """An OFT or HRA run in PEFT's format: our tensors are PEFT's, under PEFT's names (OFT `...query.oft_R.weight`,
+    HRA `...query.hra_u`), on each Linear computing a target (ModernBERT: Wqkv, whose input q, k and v share)."""
+    from .methods import COMPONENTS
+
+    [component] = cfg.method.components
+    kind = COMPONENTS[component]
+    targets = cfg.method[f"{component}_targets"]
     config = {
-        "peft_type": "OFT", "task_type": "SEQ_CLS", "r": 0, "oft_block_size": int(method.oft_block_size),
-        "module_dropout": 0.0, "coft": False, "eps": 6e-5, "block_share": False, "bias": "none",
-        "use_cayley_neumann": terms > 0, "num_cayley_neumann_terms": terms if terms > 0 else 5,
-        "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in ("query", "key", "value")
-                                             if t in method.oft_targets)),
-        "modules_to_save": _modules_to_save(arch), "init_weights": True, "inference_mode": True,
-        "peft_version": PEFT_FORMULAS, "base_model_name_or_path": str(cfg.model.name),
+        **kind.peft_config(cfg.method), "task_type": "SEQ_CLS", "bias": "none", "init_weights": True,
+        "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in ("query", "key", "value") if t in targets)),
+        "modules_to_save": _modules_to_save(arch), "inference_mode": True, "peft_version": PEFT_FORMULAS,
+        "base_model_name_or_path": str(cfg.model.name),
     }
-    return _write_peft(folder, config, {f"base_model.model.{name}": tensor for name, tensor in tensors.items()})
+    ours, theirs = f".{kind.PARAMETER}.weight", f".{kind.PEFT_TENSOR}"
+    return _write_peft(folder, config, {f"base_model.model.{name.replace(ours, theirs)}": tensor
+                                        for name, tensor in tensors.items()})
 
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
@@ -140,7 +142,8 @@ def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, to
     return a.contiguous(), b
 
 
-PEFT_EXPORTS = {"lora": export_peft, "oft": export_oft}  # the methods PEFT can load, as a plain (ungated) run
+# The methods PEFT can load, from a plain run (that one method, ungated).
+PEFT_EXPORTS = {"lora": export_peft, "oft": export_rotation, "hra": export_rotation}
 
 
 def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task) -> str:

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adapter, bitfit, full, ln, lora, oft, parallel_adapter, prefix, randomness
+from . import adapter, bitfit, full, hra, ln, lora, oft, parallel_adapter, prefix, randomness
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -28,6 +28,7 @@ COMPONENTS = {
     "lora": lora,
     "parallel_adapter": parallel_adapter,
     "oft": oft,  # after lora: a rotation hooks the input of whatever module computes the projection
+    "hra": hra,
 }
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
@@ -105,8 +106,9 @@ def check_method(method: DictConfig) -> None:
         raise ValueError(f"method {method.name}: gate_pooling must be one of {list(GATE_POOLING)}, not {method.gate_pooling!r}")
     if "lora" in method.components:
         lora.check(method)
-    if "oft" in method.components:
-        oft.check(method)
+    for rotation in ("oft", "hra"):
+        if rotation in method.components:
+            COMPONENTS[rotation].check(method)
     ungated = [c for c in method.components if getattr(COMPONENTS[c], "GATE", "") is None]
     if method.get("gated", False) and ungated:
         raise ValueError(f"method {method.name}: {', '.join(ungated)} has no gate (it multiplies the frozen path); "

@@ -21,6 +21,15 @@ from .base import PeltModel
 
 GATE = None  # multiplicative: nothing additive for a gate to scale
 PARAMETER = "oft_R"  # PEFT's module name: `...query.oft_R.weight`
+PEFT_TENSOR = "oft_R.weight"  # its name in PEFT's saved adapter
+
+
+def peft_config(method: DictConfig) -> dict:
+    """PEFT's OFTConfig for this method (saving.export_rotation adds targets, head and task)."""
+    terms = int(method.oft_neumann_terms)
+    return {"peft_type": "OFT", "r": 0, "oft_block_size": int(method.oft_block_size), "module_dropout": 0.0,
+            "coft": False, "eps": 6e-5, "block_share": False, "use_cayley_neumann": terms > 0,
+            "num_cayley_neumann_terms": terms if terms > 0 else 5}
 
 
 def shape(method: DictConfig, features: int) -> tuple[int, int]:
