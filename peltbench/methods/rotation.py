@@ -88,7 +88,7 @@ def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str
             if not on_linear:
                 continue
             projection = getattr(attention, name)
-            rotation = InputRotation(model.members, on_linear, kind, _linear(projection).in_features)
+            rotation = InputRotation(model.members, on_linear, kind, _in_features(projection))
             projection.add_module(kind.PARAMETER, rotation)
             if not getattr(projection, "_rotates_input", False):  # one hook for every method's rotation here
                 projection.register_forward_pre_hook(_rotate_input)
@@ -103,11 +103,11 @@ def member_rotations(model: PeltModel, parameter: str, slot: int) -> list[InputR
             if isinstance(module, InputRotation) and name.endswith(parameter) and slot in module.users]
 
 
-def _linear(module: nn.Module) -> nn.Linear:
-    """The Linear under peltbench's wrappers of a projection (LoRA's `base`)."""
-    while not isinstance(module, nn.Linear):
+def _in_features(module: nn.Module) -> int:
+    """The input size of a projection under peltbench's wrappers (LoRA's `base`; BitFit's MemberBias has the weight)."""
+    while not hasattr(module, "weight"):
         module = module.base
-    return module
+    return module.weight.shape[1]
 
 
 def _rotate_input(module: nn.Module, args: tuple) -> tuple:
