@@ -67,7 +67,7 @@ GROUPS = ("method", "task", "logger", "experiment")  # the config groups a user 
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter oft hra",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter oft hra boft",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -85,6 +85,9 @@ METHOD_HELP = {
     "hra_rank": "HRA: the number r of Householder reflections",
     "hra_apply_gs": "HRA: orthonormalise the reflections' vectors by Gram-Schmidt (PEFT's apply_GS)",
     "hra_targets": "the projections whose input HRA reflects, a list from query, key, value",
+    "boft_block_size": "BOFT block size b of each butterfly factor",
+    "boft_factors": "BOFT: the number m of butterfly factors (PEFT's boft_n_butterfly_factor)",
+    "boft_targets": "the projections whose input BOFT rotates (and output it scales), a list from query, key, value",
 }
 
 

@@ -42,6 +42,7 @@ COMPONENT_SETTINGS = {
     "parallel_adapter": ("bottleneck", "adapter_scale"),
     "oft": ("oft_block_size", "oft_neumann_terms", "oft_targets"),
     "hra": ("hra_rank", "hra_apply_gs", "hra_targets"),
+    "boft": ("boft_block_size", "boft_factors", "boft_targets"),
 }
 OPTIONAL_SETTINGS = ("gate_pooling",)  # a method file may leave it out: masked
 
@@ -126,6 +127,10 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "hra_apply_gs": BOOL,
     "hra_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "boft_block_size": POSITIVE_INT,
+    "boft_factors": POSITIVE_INT,
+    "boft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
 }
 
 _ABSENT = object()

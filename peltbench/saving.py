@@ -3,7 +3,7 @@
     save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
-                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA, OFT or HRA
+                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA, OFT, HRA or BOFT
                             run (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
 
@@ -73,8 +73,8 @@ def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) ->
 
 
 def export_rotation(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
-    """An OFT or HRA run in PEFT's format: our tensors are PEFT's, under PEFT's names (OFT `...query.oft_R.weight`,
-    HRA `...query.hra_u`), on each Linear computing a target (ModernBERT: Wqkv, whose input q, k and v share)."""
+    """An OFT, HRA or BOFT run in PEFT's format: our tensors are PEFT's, under PEFT's names (OFT
+    `...query.oft_R.weight`, HRA `...query.hra_u`, BOFT `...query.boft_R` and `...query.boft_s`), on each Linear computing a target (ModernBERT: Wqkv, whose input q, k and v share)."""
     from .methods import COMPONENTS
 
     [component] = cfg.method.components
@@ -86,9 +86,13 @@ def export_rotation(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -
         "modules_to_save": _modules_to_save(arch), "inference_mode": True, "peft_version": PEFT_FORMULAS,
         "base_model_name_or_path": str(cfg.model.name),
     }
-    ours, theirs = f".{kind.PARAMETER}.weight", f".{kind.PEFT_TENSOR}"
-    return _write_peft(folder, config, {f"base_model.model.{name.replace(ours, theirs)}": tensor
-                                        for name, tensor in tensors.items()})
+    names = {f".{kind.PARAMETER}.weight": f".{kind.PEFT_TENSOR}", f".{kind.PARAMETER}.scale": f".{getattr(kind, 'OUTPUT_SCALE', '')}"}
+    renamed = {}
+    for name, tensor in tensors.items():
+        for ours, theirs in names.items():
+            name = name.replace(ours, theirs)
+        renamed[f"base_model.model.{name}"] = tensor
+    return _write_peft(folder, config, renamed)
 
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
@@ -143,7 +147,7 @@ def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, to
 
 
 # The methods PEFT can load, from a plain run (that one method, ungated).
-PEFT_EXPORTS = {"lora": export_peft, "oft": export_rotation, "hra": export_rotation}
+PEFT_EXPORTS = {"lora": export_peft, "oft": export_rotation, "hra": export_rotation, "boft": export_rotation}
 
 
 def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task) -> str:

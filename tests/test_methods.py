@@ -36,6 +36,7 @@ TINY_STORED = {
     "mam_he": 30 * 128 + 2 * (32 * 512 + 512 + 512 * 32 + 32),  # prefix L=30 3,840 + parallel adapter (512) 66,624
     "oft": 2 * 2 * 32 * 31 // 2,  # q, v of 2 layers: one block of b = 32 (H = 32), 496 skew entries each
     "hra": 2 * 2 * 32 * 8,  # q, v of 2 layers: 8 reflection vectors of 32
+    "boft": 2 * 2 * (2 * 4 * 8 * 8 + 32),  # q, v of 2 layers: m = 2 factors of 4 blocks 8 × 8, and s (32)
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
@@ -43,6 +44,7 @@ BERT_BASE_STORED = {
     "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
     "mam_he": 10_005_504,  # METHODS.md: He et al.'s MAM, prefix L=30 552,960 + parallel adapter (512) 9,452,544
     "oft": 285_696, "hra": 147_456,  # ECOSYSTEM.md: PEFT's counts on roberta-base, whose q, v shapes BERT-base shares
+    "boft": 313_344,  # 24 · (2 · 96 · 8 · 8 + 768): PEFT's count with m = 2 (its 165,888 is m = 1: test_boft.py)
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -99,7 +101,7 @@ def test_trainable_set(name):
     expected_fragment = {
         "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
         "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_",
-        "oft": ".oft_R.", "hra": ".hra_u.",
+        "oft": ".oft_R.", "hra": ".hra_u.", "boft": ".boft_R.",
     }
     allowed = [expected_fragment[c] for c in config.components]
     if None in allowed:  # fine-tuning: everything

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adapter, bitfit, full, hra, ln, lora, oft, parallel_adapter, prefix, randomness
+from . import adapter, bitfit, boft, full, hra, ln, lora, oft, parallel_adapter, prefix, randomness
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -29,6 +29,7 @@ COMPONENTS = {
     "parallel_adapter": parallel_adapter,
     "oft": oft,  # after lora: a rotation hooks the input of whatever module computes the projection
     "hra": hra,
+    "boft": boft,
 }
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
@@ -106,7 +107,7 @@ def check_method(method: DictConfig) -> None:
         raise ValueError(f"method {method.name}: gate_pooling must be one of {list(GATE_POOLING)}, not {method.gate_pooling!r}")
     if "lora" in method.components:
         lora.check(method)
-    for rotation in ("oft", "hra"):
+    for rotation in ("oft", "hra", "boft"):
         if rotation in method.components:
             COMPONENTS[rotation].check(method)
     ungated = [c for c in method.components if getattr(COMPONENTS[c], "GATE", "") is None]

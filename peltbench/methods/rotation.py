@@ -1,12 +1,14 @@
-"""Rotations of an adapted projection's input (OFT; written once for every orthogonal method):
+"""Rotations of an adapted projection's input (OFT, HRA, BOFT; written once for every orthogonal method):
 
-    y = W (R_m x)   on the rows of member m,
-with R_m the member's own block-diagonal (count, blocks, b, b) matrix, built by its method from its parameters, and W
-the one frozen projection every member shares (never a copy per member). x is a row vector, x ↦ x R per block, as
-PEFT's `OFTRotationModule` computes it. Members without a rotation here keep their rows as they are.
+    y = W (R_mᵀ x)   on the rows of member m,
+with R_m the member's own block-diagonal (count, blocks, b, b) matrix (one dense block for HRA, BOFT), built by its
+method from its parameters, and W the one frozen projection every member shares (never a copy per member). A row
+vector x becomes x R per block, as PEFT's `OFTRotationModule` computes it. Members without a rotation here keep their
+rows as they are. BOFT also scales the output: a method with `OUTPUT_SCALE` gets a trained (out, 1) scale s per
+member, applied after the shared projection around its frozen bias b: y = b + s ⊙ (W R_mᵀ x) (PEFT's `boft_s`).
 
-A method module (oft.py) gives `PARAMETER` (the name its tensor takes under the projection, PEFT's), `shape(method,
-features)` (one member's parameter shape), `settings(method)` (what else its matrices depend on) and
+A method module (oft.py, hra.py, boft.py) gives `PARAMETER` (the name its tensor takes under the projection, PEFT's),
+`shape(method, features)` (one member's parameter shape), `settings(method)` (what else its matrices depend on) and
 `matrices(weight, method)` (member-stacked parameters → member-stacked blocks). Members whose shapes and settings
 agree are rotated in one batched product; a group mixing block sizes loops over its few distinct kinds.
 
@@ -32,7 +34,7 @@ class InputRotation(nn.Module):
 
     `weight`: (members, *largest member's shape), zero-padded past each member's own shape."""
 
-    def __init__(self, members: Members, users: dict[int, DictConfig], kind, features: int) -> None:
+    def __init__(self, members: Members, users: dict[int, DictConfig], kind, features: int, outputs: int = 0) -> None:
         super().__init__()
         self.members = members
         self.kind = kind
@@ -40,6 +42,8 @@ class InputRotation(nn.Module):
         shapes = {m: tuple(kind.shape(method, features)) for m, method in users.items()}
         largest = tuple(max(sizes) for sizes in zip(*shapes.values()))
         self.weight = nn.Parameter(torch.zeros(members.count, *largest))
+        if getattr(kind, "OUTPUT_SCALE", None):  # BOFT's s: (members, out, 1), ones
+            self.scale = nn.Parameter(torch.ones(members.count, outputs, 1))
         groups: dict[tuple, list[int]] = {}
         for m in sorted(users):
             groups.setdefault((shapes[m], kind.settings(users[m])), []).append(m)
@@ -56,6 +60,18 @@ class InputRotation(nn.Module):
             rotated = rotate(rows, blocks.to(rows.dtype), selection.count)
             x = replace_rows(self.members, selection, x, rotated)
         return x
+
+
+    def scale_output(self, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """bias + s_m ⊙ (out − bias) on the rows of the members that have a scale here."""
+        selection = self.members.select(self.users, out.device)
+        if not selection.count:
+            return out
+        rows = self.members.gather(selection, out)
+        scale = self.members.slots_of(self.scale, selection)[:, None, :, 0].to(rows.dtype)  # (count, 1, out)
+        grouped = rows.reshape(selection.count, -1, rows.shape[-1])
+        scaled = grouped * scale if bias is None else bias + (grouped - bias) * scale
+        return replace_rows(self.members, selection, out, scaled.reshape(rows.shape))
 
 
 def rotate(rows: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
@@ -88,10 +104,12 @@ def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str
             if not on_linear:
                 continue
             projection = getattr(attention, name)
-            rotation = InputRotation(model.members, on_linear, kind, _in_features(projection))
+            weighted = _weighted(projection)
+            rotation = InputRotation(model.members, on_linear, kind, weighted.weight.shape[1], weighted.weight.shape[0])
             projection.add_module(kind.PARAMETER, rotation)
-            if not getattr(projection, "_rotates_input", False):  # one hook for every method's rotation here
+            if not getattr(projection, "_rotates_input", False):  # one pair of hooks for every method's rotation here
                 projection.register_forward_pre_hook(_rotate_input)
+                projection.register_forward_hook(_scale_output)
                 projection._rotates_input = True
             mark(model, rotation, on_linear)
 
@@ -103,11 +121,17 @@ def member_rotations(model: PeltModel, parameter: str, slot: int) -> list[InputR
             if isinstance(module, InputRotation) and name.endswith(parameter) and slot in module.users]
 
 
-def _in_features(module: nn.Module) -> int:
-    """The input size of a projection under peltbench's wrappers (LoRA's `base`; BitFit's MemberBias has the weight)."""
+def _weighted(module: nn.Module) -> nn.Module:
+    """The module holding a projection's frozen weight under peltbench's wrappers (LoRA's `base`; BitFit's
+    MemberBias holds it itself)."""
     while not hasattr(module, "weight"):
         module = module.base
-    return module.weight.shape[1]
+    return module
+
+
+def _frozen_bias(module: nn.Module) -> torch.Tensor | None:
+    weighted = _weighted(module)
+    return getattr(weighted, "pretrained", weighted.bias)  # MemberBias keeps the pretrained bias as `pretrained`
 
 
 def _rotate_input(module: nn.Module, args: tuple) -> tuple:
@@ -116,6 +140,13 @@ def _rotate_input(module: nn.Module, args: tuple) -> tuple:
     for rotation in rotations:  # one per method on this projection; their members' rows are disjoint
         x = rotation(x)
     return (x, *args[1:])
+
+
+def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    for child in module.children():
+        if isinstance(child, InputRotation) and hasattr(child, "scale"):
+            out = child.scale_output(out, _frozen_bias(module))
+    return out
 
 
 def check(method: DictConfig, component: str) -> None:
