@@ -111,7 +111,7 @@ def test_bad_inputs_are_one_line_and_write_no_record(workdir, monkeypatch, capsy
 BAD_INPUTS = [  # (arguments, the one line printed): Hydra's errors and peltbench's alike, each exit status 2
     (["method=adaptr", "task=rte"], "Could not find 'method/adaptr'; Available options in 'method': adapter, bitfit,"),
     (["method=adapter", "task=wnli"], "Could not find 'task/wnli'; Available options in 'task': cola, mnli, mrpc, qnli,"),
-    (["task=rte"], "method= is required: one of adapter, bitfit, ft"),
+    (["task=rte"], "method= is required: one of adapter, bitfit, boft, ft"),
     (["method=lora"], "task= is required: one of cola, mnli"),
     (["method=lora", "task=rte", "k=["], "k=[: not a valid override"),
     (["method=lora", "task=rte", "k=-1"], "k=-1: must be a positive number of training examples"),

@@ -160,7 +160,7 @@ def test_unknown_and_missing_keys_are_user_errors(overrides, message):
 
 
 def test_method_and_task_are_required():
-    with pytest.raises(UserError, match="method= is required: one of adapter, bitfit, ft"):
+    with pytest.raises(UserError, match="method= is required: one of adapter, bitfit, boft, ft"):
         check_config(compose_config("task=cola"))
     with pytest.raises(UserError, match="task= is required: one of cola, mnli"):
         check_config(compose_config("method=lora"))
