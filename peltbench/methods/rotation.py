@@ -32,12 +32,13 @@ TARGETS = ("query", "key", "value")  # the attention projections a rotation may 
 class InputRotation(nn.Module):
     """One method's rotation of one projection's input, for the members (`users`) that adapt it.
 
-    `weight`: (members, *largest member's shape), zero-padded past each member's own shape."""
+    `weight`: (members, *largest member's shape), zero-padded past each member's own shape; `scale` (BOFT's s):
+    (members, out, 1). Keeps the method's `matrices` function, not its module (a model stays deep-copyable)."""
 
     def __init__(self, members: Members, users: dict[int, DictConfig], kind, features: int, outputs: int = 0) -> None:
         super().__init__()
         self.members = members
-        self.kind = kind
+        self.matrices = kind.matrices
         self.users = tuple(sorted(users))
         shapes = {m: tuple(kind.shape(method, features)) for m, method in users.items()}
         largest = tuple(max(sizes) for sizes in zip(*shapes.values()))
@@ -55,12 +56,11 @@ class InputRotation(nn.Module):
             if not selection.count:
                 continue
             weight = self.members.slots_of(self.weight, selection)[(slice(None), *(slice(0, n) for n in shape))]
-            blocks = self.kind.matrices(weight, method)
+            blocks = self.matrices(weight, method)
             rows = self.members.gather(selection, x)
             rotated = rotate(rows, blocks.to(rows.dtype), selection.count)
             x = replace_rows(self.members, selection, x, rotated)
         return x
-
 
     def scale_output(self, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """bias + s_m ⊙ (out − bias) on the rows of the members that have a scale here."""
@@ -137,7 +137,7 @@ def _frozen_bias(module: nn.Module) -> torch.Tensor | None:
 def _rotate_input(module: nn.Module, args: tuple) -> tuple:
     rotations = [child for child in module.children() if isinstance(child, InputRotation)]
     x = args[0]
-    for rotation in rotations:  # one per method on this projection; their members' rows are disjoint
+    for rotation in rotations:  # one per method on this projection, in COMPONENTS order
         x = rotation(x)
     return (x, *args[1:])
 
