@@ -1,4 +1,4 @@
-"""What a run may keep beside its result.json: its trained tensors, its test predictions, a PEFT copy of a LoRA.
+"""What a run may keep beside its result.json: its trained tensors, its test predictions, a PEFT copy of the run.
 
     save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
@@ -102,9 +102,6 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     fused projection (ModernBERT's Wqkv) PEFT can only adapt the whole Linear: LoRA on its q and v blocks is exported
     exactly as one LoRA of rank 2r on Wqkv, A = [A_q; A_v] and B zero but for B_q in the q rows and B_v in the v rows.
     """
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
     method = cfg.method
     targets = [target for target in ("query", "key", "value") if target in method.lora_targets]
     modules = list(dict.fromkeys(arch.projections[target][0] for target in targets))
@@ -113,7 +110,7 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     config = {
         "peft_type": "LORA", "task_type": "SEQ_CLS", "r": rank, "lora_alpha": float(method.lora_scale) * rank,
         "lora_dropout": 0.0, "target_modules": modules, "bias": "none",
-        "modules_to_save": list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path)),
+        "modules_to_save": _modules_to_save(arch),
         "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
         "base_model_name_or_path": str(cfg.model.name),
     }
@@ -130,9 +127,7 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
         a, b = _fused_lora(parts, targets, arch)
         renamed[f"base_model.model.{module}.lora_A.weight"] = a
         renamed[f"base_model.model.{module}.lora_B.weight"] = b
-    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
-    write_with(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)), TEMPORARY)
-    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
+    return _write_peft(folder, config, renamed)
 
 
 def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, torch.Tensor]:
