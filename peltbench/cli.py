@@ -73,7 +73,7 @@ GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config gr
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -99,6 +99,15 @@ METHOD_HELP = {
     "adalora_beta1": "AdaLoRA's EMA of the sensitivity",
     "adalora_beta2": "AdaLoRA's EMA of the uncertainty",
     "adalora_orth_reg": "AdaLoRA's orthogonal regulariser weight gamma",
+    "oft_block_size": "OFT block size b (r = in_features / b rotation blocks)",
+    "oft_neumann_terms": "OFT's Cayley transform: Neumann terms (PEFT's default 5), or 0 for the exact inverse",
+    "oft_targets": "the projections whose input OFT rotates, a list from query, key, value",
+    "hra_rank": "HRA: the number r of Householder reflections",
+    "hra_apply_gs": "HRA: orthonormalise the reflections' vectors by Gram-Schmidt (PEFT's apply_GS)",
+    "hra_targets": "the projections whose input HRA reflects, a list from query, key, value",
+    "boft_block_size": "BOFT block size b of each butterfly factor",
+    "boft_factors": "BOFT: the number m of butterfly factors (PEFT's boft_n_butterfly_factor)",
+    "boft_targets": "the projections whose input BOFT rotates (and output it scales), a list from query, key, value",
 }
 
 

@@ -47,6 +47,9 @@ COMPONENT_SETTINGS = {
     "adalora": ("adalora_targets", "adalora_init_rank", "adalora_target_rank", "adalora_alpha", "adalora_tinit",
                 "adalora_tfinal", "adalora_delta_t", "adalora_beta1", "adalora_beta2", "adalora_orth_reg", "gated",
                 "gate_pooling"),
+    "oft": ("oft_block_size", "oft_neumann_terms", "oft_targets"),
+    "hra": ("hra_rank", "hra_apply_gs", "hra_targets"),
+    "boft": ("boft_block_size", "boft_factors", "boft_targets"),
 }
 OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a")  # a method file may leave them out: masked, false
 
@@ -153,6 +156,19 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "adalora_beta1": (_open_unit, "must lie strictly between 0 and 1"),
     "adalora_beta2": (_open_unit, "must lie strictly between 0 and 1"),
     "adalora_orth_reg": (lambda v: _positive_number(v) or v == 0, "must be a number at least 0"),
+    "oft_block_size": POSITIVE_INT,
+    "oft_neumann_terms": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                          "must be 0 (the exact Cayley transform) or a number of Neumann terms"),
+    "oft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                    f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "hra_rank": POSITIVE_INT,
+    "hra_apply_gs": BOOL,
+    "hra_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                    f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "boft_block_size": POSITIVE_INT,
+    "boft_factors": POSITIVE_INT,
+    "boft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
 }
 
 _ABSENT = object()

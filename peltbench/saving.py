@@ -1,10 +1,10 @@
-"""What a run may keep beside its result.json: its trained tensors, its test predictions, a PEFT copy of a LoRA.
+"""What a run may keep beside its result.json: its trained tensors, its test predictions, a PEFT copy of the run.
 
     save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
                             `classifier.weight`); its metadata names the method, model and task. A plain LoRA, LoRA-FA,
-                            DoRA, VeRA or AdaLoRA run (ungated, nothing else) also writes peft/, which
+                            DoRA, VeRA, AdaLoRA, OFT, HRA or BOFT run (ungated, nothing else) also writes peft/, which
                             `PeftModel.from_pretrained` loads, where PEFT has the method on that encoder (peft_kind).
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order: its label,
                             the prediction and (classification) the logits.
@@ -34,8 +34,7 @@ TEMPORARY = ".save."  # files.TEMPORARY_PREFIXES: what a killed run leaves is re
 PREDICTIONS = SAVED["predictions"]
 PEFT_DIR = "peft"
 log = logging.getLogger("peltbench")
-
-log = logging.getLogger("peltbench")
+PEFT_FORMULAS = "0.21.0"  # the PEFT release whose formulas the exports reproduce (OFT's Cayley-Neumann changed in 0.18)
 
 
 def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
@@ -62,6 +61,8 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     kind, refusal = peft_kind(cfg.method, arch)
     if kind == "ADALORA":
         written += export_peft_adalora(run_dir / PEFT_DIR, tensors, cfg, arch)
+    elif kind in ("OFT", "HRA", "BOFT"):
+        written += export_rotation(run_dir / PEFT_DIR, tensors, cfg, arch)
     elif kind is not None:
         written += export_peft(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
     elif refusal:
@@ -74,7 +75,7 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     (None, why not), the reason None for a method PEFT has no single config for (mixtures, prefix, adapters ...)."""
     components, gated = list(method.components), method.get("gated", False)
     fused = any(arch.projections[t][1] is not None for t in method.get("lora_targets", method.get("vera_targets", ())))
-    if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"]):
+    if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"], ["oft"], ["hra"], ["boft"]):
         return None, None
     if components == ["adalora"]:
         fused = [t for t in method.adalora_targets if t in arch.projections and arch.projections[t][1] is not None]
@@ -84,15 +85,50 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     if components == ["vera"] and fused:
         return None, (f"PEFT's VeRA adapts {arch.name}'s whole fused Wqkv with one λ_d and B for q, k and v; "
                       "VeRA on its q and v blocks has no PEFT form (docs/saving.md)")
-    return {"lora": "LORA", "dora": "LORA", "vera": "VERA", "adalora": "ADALORA"}[components[0]], None
+    return {"lora": "LORA", "dora": "LORA", "vera": "VERA", "adalora": "ADALORA"}.get(components[0],
+                                                                                   components[0].upper()), None
+
+
+def _modules_to_save(arch) -> list[str]:
+    """The head's new layers, which PEFT's SEQ_CLS keeps whole (`modules_to_save`)."""
+    return list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path))
+
+
+def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_file(tensors, str(path)), TEMPORARY)
+    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
+
+
+def export_rotation(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """An OFT, HRA or BOFT run in PEFT's format: our tensors are PEFT's, under PEFT's names (OFT
+    `...query.oft_R.weight`, HRA `...query.hra_u`, BOFT `...query.boft_R` and `...query.boft_s`), on each Linear computing a target (ModernBERT: Wqkv, whose input q, k and v share)."""
+    from .methods import COMPONENTS
+
+    [component] = cfg.method.components
+    kind = COMPONENTS[component]
+    targets = cfg.method[f"{component}_targets"]
+    config = {
+        **kind.peft_config(cfg.method), "task_type": "SEQ_CLS", "bias": "none", "init_weights": True,
+        "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in ("query", "key", "value") if t in targets)),
+        "modules_to_save": _modules_to_save(arch), "inference_mode": True, "peft_version": PEFT_FORMULAS,
+        "base_model_name_or_path": str(cfg.model.name),
+    }
+    names = {f".{kind.PARAMETER}.weight": f".{kind.PEFT_TENSOR}", f".{kind.PARAMETER}.scale": f".{getattr(kind, 'OUTPUT_SCALE', '')}"}
+    renamed = {}
+    for name, tensor in tensors.items():
+        for ours, theirs in names.items():
+            name = name.replace(ours, theirs)
+        renamed[f"base_model.model.{name}"] = tensor
+    return _write_peft(folder, config, renamed)
 
 
 def export_peft_adalora(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
     """An AdaLoRA run in PEFT's format, its final masks as PEFT's `rank_pattern` (a triplet is kept where Λ ≠ 0; PEFT
     drops the others on loading). The schedule fields are placeholders: the export is for inference."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
     method = cfg.method
     modules = [name.removesuffix(".lora_E") for name in tensors if name.endswith(".lora_E")]
     pattern = {f"{module}.lora_E": (tensors[f"{module}.lora_E"].view(-1) != 0).tolist() for module in modules}
@@ -111,13 +147,10 @@ def export_peft_adalora(folder: Path, tensors: dict[str, torch.Tensor], cfg, arc
         "target_modules": modules, "rank_pattern": pattern, "total_step": 1, "tinit": 0, "tfinal": 0,
         "deltaT": int(method.adalora_delta_t), "beta1": float(method.adalora_beta1),
         "beta2": float(method.adalora_beta2), "orth_reg_weight": float(method.adalora_orth_reg), "bias": "none",
-        "modules_to_save": list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path)),
-        "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
-        "base_model_name_or_path": str(cfg.model.name),
+        "modules_to_save": _modules_to_save(arch), "fan_in_fan_out": False, "init_lora_weights": True,
+        "inference_mode": True, "base_model_name_or_path": str(cfg.model.name),
     }
-    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
-    write_with(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)), TEMPORARY)
-    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
+    return _write_peft(folder, config, renamed)
 
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
@@ -132,7 +165,7 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     folder.mkdir(parents=True, exist_ok=True)
     method = cfg.method
     if list(method.components) == ["vera"]:
-        return _export_files(folder, *_vera_export(tensors, cfg, arch))
+        return _write_peft(folder, *_vera_export(tensors, cfg, arch))
     targets = [target for target in ("query", "key", "value") if target in method.lora_targets]
     modules = list(dict.fromkeys(arch.projections[target][0] for target in targets))
     fused = any(arch.projections[target][1] is not None for target in targets)
@@ -140,7 +173,7 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     config = {
         "peft_type": "LORA", "task_type": "SEQ_CLS", "r": rank, "lora_alpha": float(method.lora_scale) * rank,
         "lora_dropout": 0.0, "target_modules": modules, "bias": "none",
-        "modules_to_save": _head_modules(arch),
+        "modules_to_save": _modules_to_save(arch),
         "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
         "base_model_name_or_path": str(cfg.model.name),
     }
@@ -170,11 +203,8 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
             block = arch.projections[target][1]
             full[block * size : (block + 1) * size] = magnitude
         renamed[f"base_model.model.{module}.lora_magnitude_vector"] = full
-    return _export_files(folder, config, renamed)
+    return _write_peft(folder, config, renamed)
 
-
-def _head_modules(arch) -> list[str]:
-    return list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path))
 
 
 def _vera_export(tensors: dict[str, torch.Tensor], cfg, arch) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -185,21 +215,13 @@ def _vera_export(tensors: dict[str, torch.Tensor], cfg, arch) -> tuple[dict, dic
     config = {
         "peft_type": "VERA", "task_type": "SEQ_CLS", "r": int(method.vera_rank), "target_modules": modules,
         "projection_prng_key": int(cfg.model_seed), "save_projection": True, "vera_dropout": 0.0,
-        "d_initial": float(method.vera_d_initial), "bias": "none", "modules_to_save": _head_modules(arch),
+        "d_initial": float(method.vera_d_initial), "bias": "none", "modules_to_save": _modules_to_save(arch),
         "fan_in_fan_out": False, "init_weights": True, "inference_mode": True,
         "base_model_name_or_path": str(cfg.model.name),
     }
     renamed = {(f"base_model.{name}" if name in ("vera_A", "vera_B") else f"base_model.model.{name}"): tensor
                for name, tensor in tensors.items()}
     return config, renamed
-
-
-def _export_files(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
-    from safetensors.torch import save_file
-
-    write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
-    write_with(folder / "adapter_model.safetensors", lambda path: save_file(tensors, str(path)), TEMPORARY)
-    return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 
 def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, torch.Tensor]:

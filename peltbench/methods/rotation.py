@@ -1,0 +1,155 @@
+"""Rotations of an adapted projection's input (OFT, HRA, BOFT; written once for every orthogonal method):
+
+    y = W (R_mᵀ x)   on the rows of member m,
+with R_m the member's own block-diagonal (count, blocks, b, b) matrix (one dense block for HRA, BOFT), built by its
+method from its parameters, and W the one frozen projection every member shares (never a copy per member). A row
+vector x becomes x R per block, as PEFT's `OFTRotationModule` computes it. Members without a rotation here keep their
+rows as they are. BOFT also scales the output: a method with `OUTPUT_SCALE` gets a trained (out, 1) scale s per
+member, applied after the shared projection around its frozen bias b: y = b + s ⊙ (W R_mᵀ x) (PEFT's `boft_s`).
+
+A method module (oft.py, hra.py, boft.py) gives `PARAMETER` (the name its tensor takes under the projection, PEFT's),
+`shape(method, features)` (one member's parameter shape), `settings(method)` (what else its matrices depend on) and
+`matrices(weight, method)` (member-stacked parameters → member-stacked blocks). Members whose shapes and settings
+agree are rotated in one batched product; a group mixing block sizes loops over its few distinct kinds.
+
+Where the architecture map puts q, k and v in one fused Linear (ModernBERT's Wqkv), they share its input, so they
+share its rotation: targets [query, value] there rotate Wqkv's input once, which k reads too, as PEFT's OFT with
+target_modules=["Wqkv"] does (PEFT cannot rotate part of a Linear's input, nor can anything that keeps W shared and
+one product per Linear). The count is then one rotation per layer where BERT has two (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from .base import Members, PeltModel, mark
+
+TARGETS = ("query", "key", "value")  # the attention projections a rotation may adapt (where: architectures.py)
+
+
+class InputRotation(nn.Module):
+    """One method's rotation of one projection's input, for the members (`users`) that adapt it.
+
+    `weight`: (members, *largest member's shape), zero-padded past each member's own shape; `scale` (BOFT's s):
+    (members, out, 1). Keeps the method's `matrices` function, not its module (a model stays deep-copyable)."""
+
+    def __init__(self, members: Members, users: dict[int, DictConfig], kind, features: int, outputs: int = 0) -> None:
+        super().__init__()
+        self.members = members
+        self.matrices = kind.matrices
+        self.users = tuple(sorted(users))
+        shapes = {m: tuple(kind.shape(method, features)) for m, method in users.items()}
+        largest = tuple(max(sizes) for sizes in zip(*shapes.values()))
+        self.weight = nn.Parameter(torch.zeros(members.count, *largest))
+        if getattr(kind, "OUTPUT_SCALE", None):  # BOFT's s: (members, out, 1), ones
+            self.scale = nn.Parameter(torch.ones(members.count, outputs, 1))
+        groups: dict[tuple, list[int]] = {}
+        for m in sorted(users):
+            groups.setdefault((shapes[m], kind.settings(users[m])), []).append(m)
+        self.groups = [(tuple(slots), shape, users[slots[0]]) for (shape, _), slots in groups.items()]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for users, shape, method in self.groups:
+            selection = self.members.select(users, x.device)
+            if not selection.count:
+                continue
+            weight = self.members.slots_of(self.weight, selection)[(slice(None), *(slice(0, n) for n in shape))]
+            blocks = self.matrices(weight, method)
+            rows = self.members.gather(selection, x)
+            rotated = rotate(rows, blocks.to(rows.dtype), selection.count)
+            x = replace_rows(self.members, selection, x, rotated)
+        return x
+
+    def scale_output(self, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """bias + s_m ⊙ (out − bias) on the rows of the members that have a scale here."""
+        selection = self.members.select(self.users, out.device)
+        if not selection.count:
+            return out
+        rows = self.members.gather(selection, out)
+        scale = self.members.slots_of(self.scale, selection)[:, None, :, 0].to(rows.dtype)  # (count, 1, out)
+        grouped = rows.reshape(selection.count, -1, rows.shape[-1])
+        scaled = grouped * scale if bias is None else bias + (grouped - bias) * scale
+        return replace_rows(self.members, selection, out, scaled.reshape(rows.shape))
+
+
+def rotate(rows: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
+    """x R for each member's rows, block by block: rows (count · n, ..., features), blocks (count, r, b, b)."""
+    members, r, b, _ = blocks.shape
+    grouped = rows.reshape(count, -1, r, b)
+    return torch.einsum("mnrk,mrkc->mnrc", grouped, blocks).reshape(rows.shape)
+
+
+def replace_rows(members: Members, selection, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x with the selected members' rows replaced (out of place: x is a layer's input, which backward may read)."""
+    if selection.every:
+        return rows
+    grouped = members.split(x)
+    return grouped.index_copy(0, selection.positions, rows.reshape(selection.count, *grouped.shape[1:])).view(x.shape)
+
+
+def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str) -> None:
+    """Put `kind`'s rotation on the input of each Linear computing a projection some member targets, in every layer
+    (under the name `kind.PARAMETER` in that module, with a pre-hook that rotates what the module receives). A fused
+    Linear (ModernBERT's Wqkv) is rotated once for a member that targets any of its blocks: they share its input."""
+    linears: dict[str, list[str]] = {}
+    for target in TARGETS:
+        linears.setdefault(model.arch.projections[target][0], []).append(target)
+    for layer in model.layers:
+        attention = model.attention(layer)
+        for name, blocks in linears.items():
+            on_linear = {m: method for m, method in users.items()
+                         if set(blocks) & set(method[f"{component}_targets"])}
+            if not on_linear:
+                continue
+            projection = getattr(attention, name)
+            weighted = _weighted(projection)
+            rotation = InputRotation(model.members, on_linear, kind, weighted.weight.shape[1], weighted.weight.shape[0])
+            projection.add_module(kind.PARAMETER, rotation)
+            if not getattr(projection, "_rotates_input", False):  # one pair of hooks for every method's rotation here
+                projection.register_forward_pre_hook(_rotate_input)
+                projection.register_forward_hook(_scale_output)
+                projection._rotates_input = True
+            mark(model, rotation, on_linear)
+
+
+def member_rotations(model: PeltModel, parameter: str, slot: int) -> list[InputRotation]:
+    """The rotations named `parameter` that member `slot` uses, in model order (the order a separate run builds
+    them: layer after layer, then the attention module's projections)."""
+    return [module for name, module in model.named_modules()
+            if isinstance(module, InputRotation) and name.endswith(parameter) and slot in module.users]
+
+
+def _weighted(module: nn.Module) -> nn.Module:
+    """The module holding a projection's frozen weight under peltbench's wrappers (LoRA's `base`; BitFit's
+    MemberBias holds it itself)."""
+    while not hasattr(module, "weight"):
+        module = module.base
+    return module
+
+
+def _frozen_bias(module: nn.Module) -> torch.Tensor | None:
+    weighted = _weighted(module)
+    return getattr(weighted, "pretrained", weighted.bias)  # MemberBias keeps the pretrained bias as `pretrained`
+
+
+def _rotate_input(module: nn.Module, args: tuple) -> tuple:
+    rotations = [child for child in module.children() if isinstance(child, InputRotation)]
+    x = args[0]
+    for rotation in rotations:  # one per method on this projection, in COMPONENTS order
+        x = rotation(x)
+    return (x, *args[1:])
+
+
+def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    for child in module.children():
+        if isinstance(child, InputRotation) and hasattr(child, "scale"):
+            out = child.scale_output(out, _frozen_bias(module))
+    return out
+
+
+def check(method: DictConfig, component: str) -> None:
+    unknown = sorted(set(method[f"{component}_targets"]) - set(TARGETS))
+    if unknown:
+        raise ValueError(f"{component}_targets: unknown projection(s) {unknown}; choose from {list(TARGETS)}")

@@ -1,0 +1,170 @@
+"""HRA (methods/hra.py, on methods/rotation.py) against PEFT 0.21's HRA, in groups, through peltbench, saved, exported.
+
+Tiny random encoders with O(1) weights (initializer_range 0.2). Tolerances as tests/test_encoders.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_encoder
+from peltbench.methods import member_state, parameter_counts
+from peltbench.methods.hra import reflections
+from test_encoders import batch, build, method, model_inputs
+from test_oft import ARCHITECTURES, O1, PEFT_TARGETS
+
+
+def unpaired(model) -> None:
+    """Non-identity products: the paired columns of PEFT's init (H_i H_i = I) replaced by independent ones."""
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("hra_u.weight"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+
+
+def peft_hra(model_type: str, ours, apply_gs: bool):
+    from peft import HRAConfig, get_peft_model
+
+    config = HRAConfig(r=4, apply_GS=apply_gs, target_modules=PEFT_TARGETS[model_type], task_type="SEQ_CLS")
+    peft = get_peft_model(tiny_encoder(model_type, dropout=0.0, **O1), config)
+    state = member_state(ours, 0)
+    with torch.no_grad():
+        for name, parameter in peft.named_parameters():
+            if name.endswith(".hra_u.default"):
+                parameter.copy_(state[name.removeprefix("base_model.model.").replace(".default", ".weight")])
+    return peft
+
+
+@pytest.mark.parametrize("apply_gs", [False, True], ids=["product", "gram-schmidt"])
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_hra_equals_peft(model_type, apply_gs):
+    """Logits, gradients of every trained tensor and the count equal PEFT's HRA (r = 4)."""
+    pytest.importorskip("peft")
+    ours = build(model_type, method("hra", hra_rank=4, hra_apply_gs=apply_gs), **O1)
+    unpaired(ours)
+    peft = peft_hra(model_type, ours, apply_gs).train()
+    ours.train()
+    ids, mask, types = batch(model_type)
+    labels = torch.tensor([0, 1, 1])
+    logits = ours(ids, mask, types)
+    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
+    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
+    plain = tiny_encoder(model_type, dropout=0.0, **O1)(**model_inputs(model_type, ids, mask, types)).logits
+    assert (logits - plain).abs().max() > 1e-2  # the reflections matter
+    F.cross_entropy(logits, labels).backward()
+    F.cross_entropy(peft_logits, labels).backward()
+    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters()}
+    peft_grads = {n.removeprefix("base_model.model.").replace(".hra_u.default", ".hra_u.weight")
+                  .replace(".default", "").replace(".modules_to_save", ""): p.grad
+                  for n, p in peft.named_parameters() if p.requires_grad}
+    extra = {"pooler.dense.weight", "pooler.dense.bias"} if model_type == "deberta-v2" else set()  # see test_oft
+    assert set(grads) - set(peft_grads) == extra and set(peft_grads) <= set(grads)
+    for name, grad in peft_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-5 if apply_gs else 1e-6, msg=name)
+    reflected = sum(p.numel() for n, p in peft.named_parameters() if ".hra_u." in n)
+    assert parameter_counts(ours)["trainable_params"] == reflected == 2 * 32 * 4 * (1 if model_type == "modernbert" else 2)
+
+
+def test_hra_starts_as_the_identity_and_its_init_is_peft_symmetric_one():
+    """r even: columns drawn in pairs (u_1 = u_2, ...), so R = I and the model is the pretrained one."""
+    model = build("roberta", method("hra"), **O1)
+    u = member_state(model, 0)["roberta.encoder.layer.0.attention.self.query.hra_u.weight"]
+    assert u.shape == (32, 8) and torch.equal(u[:, 0::2], u[:, 1::2]) and u.abs().max() <= 1 / 2  # kaiming: 1/√(r/2)
+    torch.testing.assert_close(reflections(u[None], False)[0], torch.eye(32), rtol=0, atol=1e-6)
+    ids, mask, types = batch("roberta")
+    with torch.no_grad():
+        plain = tiny_encoder("roberta", dropout=0.0, **O1)(**model_inputs("roberta", ids, mask, types)).logits
+        torch.testing.assert_close(model(ids, mask, types), plain, rtol=1e-5, atol=1e-6)
+
+
+def test_roberta_base_count():
+    """HRA r = 8 on q, v of roberta-base: 24 linears · 768 · 8 = 147,456 (ECOSYSTEM.md: PEFT's count)."""
+    from transformers import AutoConfig
+
+    from peltbench.methods import count_method
+
+    assert count_method(method("hra"), AutoConfig.for_model("roberta"))["trainable_params"] == 147_456
+
+
+MIXED = [("hra", {"hra_rank": 4}), ("oft", {"oft_block_size": 8}), ("hra", {"hra_rank": 2, "hra_targets": ["key"]}),
+         ("lora", {}), ("hra", {"hra_rank": 4, "hra_apply_gs": True})]
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_group_with_hra_and_other_methods_computes_each_members_logits_and_gradients(model_type):
+    """HRA members of several ranks and targets beside OFT and LoRA on one shared backbone: each member's logits
+    and gradients equal those of its own model."""
+    from test_oft import skewed
+
+    methods = [method(name, **changes) for name, changes in MIXED]
+    seeds = [42 + i for i in range(len(methods))]
+    group = build(model_type, methods, seeds, **O1)
+    initial = [member_state(group, slot) for slot in range(len(methods))]
+    unpaired(group)
+    skewed(group)
+    ids, mask, types = batch(model_type)
+    rows, count = ids.shape[0], len(methods)
+    repeat = lambda t: None if t is None else t.repeat(count, 1)
+    labels = torch.tensor([0, 1, 1])
+    logits = group(repeat(ids), repeat(mask), repeat(types))
+    F.cross_entropy(logits, labels.repeat(count), reduction="none").view(count, -1).mean(1).sum().backward()
+    gradients = {group.stored_name(n): p.grad for n, p, _, _ in group.member_parameters()}
+    for slot, (config, seed) in enumerate(zip(methods, seeds)):
+        alone = build(model_type, config, seed, **O1)
+        for name, tensor in member_state(alone, 0).items():  # drawn as a separate run draws them
+            assert torch.equal(initial[slot][name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
+        start = member_state(group, slot)
+        with torch.no_grad():
+            for n, parameter, _, _ in alone.member_parameters():
+                parameter[0].copy_(start[alone.stored_name(n)][tuple(slice(0, s) for s in parameter.shape[1:])])
+        alone_logits = alone(ids, mask, types)
+        torch.testing.assert_close(logits[rows * slot : rows * (slot + 1)], alone_logits, rtol=1e-5, atol=1e-6)
+        F.cross_entropy(alone_logits, labels).backward()
+        for n, parameter, _, _ in alone.member_parameters():
+            own = tuple(slice(0, s) for s in parameter.shape[1:])
+            name = alone.stored_name(n)
+            torch.testing.assert_close(gradients[name][slot][own], parameter.grad[0], rtol=1e-5, atol=1e-6,
+                                       msg=f"{model_type} member {slot} {name}")
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
+def test_hra_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    """Through peltbench: HRA fused with OFT gives its separate run's record; save.weights=true keeps the reflection
+    vectors, load_run predicts what the run scored, and peft/ loads in PEFT with the same logits."""
+    pytest.importorskip("peft")
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    extra = ("method.lr=5e-2", "save.weights=true")
+    [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["hra"], False, *extra))
+    fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["oft", "hra"], True, *extra))
+    assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
+    for key in ("train_loss", "dev_main"):
+        assert [h[key] for h in alone.record["history"]] == \
+            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
+    assert alone.record["trainable_params"] == 2 * 32 * 8 * (1 if model_type == "modernbert" else 2)
+    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        logits = loaded.model(ids, mask, types)
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits, logits,
+                                   rtol=1e-5, atol=1e-6)
+        plain = tiny_encoder(model_type, dropout=0.0, **O1)
+        for name in ("classifier", "head"):  # the trained head, so only the reflections can differ from here
+            if hasattr(plain, name) and hasattr(peft_model.base_model.model, name):
+                setattr(plain, name, getattr(peft_model.base_model.model, name))
+        assert (plain(**model_inputs(model_type, ids, mask, types)).logits - logits).abs().max() > 1e-4  # trained

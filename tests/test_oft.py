@@ -1,0 +1,178 @@
+"""OFT (methods/oft.py, on methods/rotation.py) against PEFT 0.21's OFT, in groups, through peltbench, saved, exported.
+
+Tiny random encoders with O(1) weights (initializer_range 0.2: with 0.02 the attention scores are so small that a
+missing path hides in the tolerance). Tolerances as tests/test_encoders.py: 1e-5 relative / 1e-6 absolute.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_encoder
+from peltbench.methods import member_state, parameter_counts
+from peltbench.methods.oft import cayley, skew
+from test_encoders import batch, build, method, model_inputs
+
+ARCHITECTURES = ["bert", "roberta", "deberta-v2", "modernbert"]
+O1 = {"initializer_range": 0.2}
+PEFT_TARGETS = {"bert": ["query", "value"], "roberta": ["query", "value"], "deberta-v2": ["query_proj", "value_proj"],
+                "modernbert": ["Wqkv"]}  # ModernBERT: q, k, v share Wqkv's input, so one rotation of it
+
+
+def skewed(model, scale: float = 0.3) -> None:
+    """Non-identity rotations: random skew parameters where OFT starts at zero (R = I)."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("oft_R.weight"):
+                parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
+
+
+def peft_oft(model_type: str, ours, terms: int):
+    """PEFT's OFT on the plain model, block size 8 (r = 4 on hidden 32), our skew parameters copied in."""
+    from peft import OFTConfig, get_peft_model
+
+    config = OFTConfig(oft_block_size=8, target_modules=PEFT_TARGETS[model_type], use_cayley_neumann=terms > 0,
+                       num_cayley_neumann_terms=max(terms, 1), task_type="SEQ_CLS")
+    peft = get_peft_model(tiny_encoder(model_type, dropout=0.0, **O1), config)
+    state = member_state(ours, 0)
+    with torch.no_grad():
+        for name, parameter in peft.named_parameters():
+            if ".oft_R.default." in name:
+                plain = name.removeprefix("base_model.model.").replace(".default", "")
+                parameter.copy_(state[plain])
+    return peft
+
+
+@pytest.mark.parametrize("terms", [5, 0], ids=["neumann", "exact"])
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_oft_equals_peft(model_type, terms):
+    """Logits, gradients of every trained tensor (rotations and head) and the count equal PEFT's OFT."""
+    pytest.importorskip("peft")
+    ours = build(model_type, method("oft", oft_block_size=8, oft_neumann_terms=terms), **O1)
+    skewed(ours)
+    peft = peft_oft(model_type, ours, terms).train()
+    ours.train()
+    ids, mask, types = batch(model_type)
+    labels = torch.tensor([0, 1, 1])
+    logits = ours(ids, mask, types)
+    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
+    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
+    assert (logits - tiny_encoder(model_type, dropout=0.0, **O1)(**model_inputs(model_type, ids, mask, types)).logits
+            ).abs().max() > 1e-2  # the rotations matter
+    F.cross_entropy(logits, labels).backward()
+    F.cross_entropy(peft_logits, labels).backward()
+    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters()}
+    peft_grads = {n.removeprefix("base_model.model.").replace(".default", "").replace(".modules_to_save", ""): p.grad
+                  for n, p in peft.named_parameters() if p.requires_grad}
+    # PEFT's SEQ_CLS trains `classifier` only: DeBERTa's new pooler.dense, which our head trains, stays frozen there
+    extra = {"pooler.dense.weight", "pooler.dense.bias"} if model_type == "deberta-v2" else set()
+    assert set(grads) - set(peft_grads) == extra and set(peft_grads) <= set(grads)
+    for name, grad in peft_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    rotations = sum(p.numel() for n, p in peft.named_parameters() if ".oft_R." in n)
+    per_linear = 4 * 8 * 7 // 2  # r = 32 / 8 blocks of 8 · 7 / 2 skew entries
+    assert parameter_counts(ours)["trainable_params"] == rotations == \
+        2 * per_linear * (1 if model_type == "modernbert" else 2)
+
+
+def test_cayley_neumann_is_peft_series_and_exact_is_orthogonal():
+    """5 terms: I + 2Q + 2Q² + 2Q³ + Q⁴ (PEFT 0.21's `_cayley_batch`); 0: orthogonal (I − Q)(I + Q)⁻¹."""
+    q = skew(0.1 * torch.randn(3, 6, generator=torch.Generator().manual_seed(0)), 4)
+    eye = torch.eye(4).expand_as(q)
+    torch.testing.assert_close(cayley(q, 5), eye + 2 * q + 2 * q @ q + 2 * q @ q @ q + q @ q @ q @ q)
+    exact = cayley(q, 0)
+    torch.testing.assert_close(exact @ exact.transpose(-1, -2), eye, rtol=0, atol=1e-6)
+    torch.testing.assert_close(exact @ (eye + q), eye - q, rtol=0, atol=1e-6)
+
+
+def test_roberta_base_counts_match_peft():
+    """OFT b = 32 on q, v of roberta-base: 24 linears · 24 blocks · 496 = 285,696 (ECOSYSTEM.md: PEFT's count)."""
+    from transformers import AutoConfig
+
+    from peltbench.methods import count_method
+
+    counts = count_method(method("oft"), AutoConfig.for_model("roberta"))
+    assert counts["trainable_params"] == 285_696
+
+
+def test_block_size_must_divide_the_input_and_a_rotation_has_no_gate():
+    with pytest.raises(ValueError, match="oft_block_size=5 must divide"):
+        build("bert", method("oft", oft_block_size=5))
+    with pytest.raises(ValueError, match="oft has no gate"):
+        build("bert", method("oft", gated=True))
+
+
+MIXED = [("oft", {"oft_block_size": 8}), ("lora", {}), ("oft", {"oft_block_size": 4, "oft_targets": ["key"]}),
+         ("adapter", {}), ("oft", {"oft_block_size": 8, "oft_neumann_terms": 0}), ("prefix", {}), ("bitfit", {}),
+         ("oft", {"components": ["oft", "bitfit"], "oft_block_size": 16})]  # OFT on a BitFit-tuned projection
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_group_with_oft_and_other_methods_computes_each_members_logits_and_gradients(model_type):
+    """OFT members of several block sizes, targets and Cayley forms beside LoRA, adapters and prefixes on one shared
+    backbone: each member's logits and gradients equal those of its own model."""
+    methods = [method(name, **changes) for name, changes in MIXED]
+    seeds = [42 + i for i in range(len(methods))]
+    group = build(model_type, methods, seeds, **O1)
+    skewed(group, 0.1)  # ‖Q‖ < 1 for b = 16 too: 0.3 makes its 5-term R far from orthogonal, with O(10) gradients
+    ids, mask, types = batch(model_type)
+    rows, count = ids.shape[0], len(methods)
+    repeat = lambda t: None if t is None else t.repeat(count, 1)
+    labels = torch.tensor([0, 1, 1])
+    logits = group(repeat(ids), repeat(mask), repeat(types))
+    F.cross_entropy(logits, labels.repeat(count), reduction="none").view(count, -1).mean(1).sum().backward()
+    gradients = {group.stored_name(n): p.grad for n, p, _, _ in group.member_parameters()}
+    for slot, (config, seed) in enumerate(zip(methods, seeds)):
+        alone = build(model_type, config, seed, **O1)
+        start = member_state(group, slot)
+        with torch.no_grad():
+            for n, parameter, _, _ in alone.member_parameters():
+                parameter[0].copy_(start[alone.stored_name(n)][tuple(slice(0, s) for s in parameter.shape[1:])])
+        alone_logits = alone(ids, mask, types)
+        torch.testing.assert_close(logits[rows * slot : rows * (slot + 1)], alone_logits, rtol=1e-5, atol=1e-6)
+        F.cross_entropy(alone_logits, labels).backward()
+        for n, parameter, _, _ in alone.member_parameters():
+            own = tuple(slice(0, s) for s in parameter.shape[1:])
+            name = alone.stored_name(n)
+            torch.testing.assert_close(gradients[name][slot][own], parameter.grad[0], rtol=1e-5, atol=1e-6,
+                                       msg=f"{model_type} member {slot} {name}")
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "modernbert"])  # every encoder: test_encoders.py's run test
+def test_oft_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    """Through peltbench: OFT fused with LoRA gives its separate run's record; save.weights=true keeps the rotations,
+    load_run predicts what the run scored, and peft/ loads in PEFT with the same logits."""
+    pytest.importorskip("peft")
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    extra = ("method.oft_block_size=8", "method.lr=5e-2", "save.weights=true")
+    [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["oft"], False, *extra))
+    fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["oft", "lora"], True, "save.weights=true",
+                            "method.lr=5e-2")[1:] + sweep(checkpoint, glue_dir, tmp_path / "fused", ["oft"], True, *extra))
+    assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
+    for key in ("train_loss", "dev_main"):
+        assert [h[key] for h in alone.record["history"]] == \
+            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
+    assert alone.record["trainable_params"] == 2 * 4 * 28 * (1 if model_type == "modernbert" else 2)
+    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    trained = [p for n, p in loaded.model.named_parameters() if n.endswith("oft_R.weight")]
+    assert trained and all(p.abs().max() > 0 for p in trained)  # the rotations trained away from R = I, and came back
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
+                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)
