@@ -224,7 +224,7 @@ def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("arguments,line", [
     (["method=lora", "task=rte", "seed=111,-1"], "seed=-1: must be a non-negative integer"),
-    (["task=rte,mrpc"], "method= is required: one of adapter,"),
+    (["task=rte,mrpc"], "method= is required: one of adalora, adapter,"),
 ])
 def test_a_run_that_cannot_be_is_a_bad_argument_not_a_missing_run(arguments, line, tmp_path, capsys):
     assert main([*arguments, f"results_dir={tmp_path}"]) == 2
