@@ -47,6 +47,8 @@ class Architecture:
     ffn: str                         # from a layer: post-norm, the FFN output block; pre-norm, the FFN itself
     pre_norm: bool
     head: Head
+    ffn_linear: str = "dense"        # from the `ffn` block: the FFN's second Linear, whose input is the FFN's inner
+    # activation ((IA)³ scales it): BERT's `output.dense`; ModernBERT's `mlp.Wo`, whose input is the GLU's output
     norms: tuple[str, str] = ("attention.output.LayerNorm", "output.LayerNorm")  # from a layer: the attention
     # block's and the FFN block's LayerNorm (post-norm: after the block; pre-norm: before it)
     embeddings_norm: str = "embeddings.LayerNorm"  # from the encoder
@@ -82,7 +84,7 @@ ARCHITECTURES = {
     "modernbert": Architecture(
         "modernbert", layers="layers", attention="attn",
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
-        ffn="mlp", pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
+        ffn="mlp", ffn_linear="Wo", pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
         head=Head(pool="modernbert", out="classifier", dropout="drop")),
 }
 

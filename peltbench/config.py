@@ -40,6 +40,7 @@ COMPONENT_SETTINGS = {
     "prefix": ("prefix_length", "prefix_hidden", "gated", "gate_pooling"),
     "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
+    "ia3": (),
 }
 OPTIONAL_SETTINGS = ("gate_pooling",)  # a method file may leave it out: masked
 

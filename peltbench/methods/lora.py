@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from ..architectures import unwrapped
 from .base import Coefficient, MemberLinear, Members, PeltModel, draw, mark, scale_rows
 
 TARGETS = ("query", "key", "value")  # the attention projections LoRA may adapt (where each sits: architectures.py)
@@ -89,7 +90,7 @@ class FusedLoRA(nn.Module):
 def lora_module(model: PeltModel, layer: nn.Module, target: str) -> LoRALinear:
     """The LoRALinear on `target` (query, key or value) of a layer."""
     name, block = model.arch.projections[target]
-    module = getattr(model.attention(layer), name)
+    module = unwrapped(getattr(model.attention(layer), name))  # under a later wrapper ((IA)³'s scale)
     return module if block is None else getattr(module, target)
 
 
