@@ -26,6 +26,7 @@ METHODS = options("method")
 #   BitFit:        embeddings LN 32 + per layer (96 QKV + 32 + 32 + 64 + 32 + 32) + pooler 32 = 32 + 2·288 + 32 → 640
 #   LN-tuning:     (1 + 2 · layers) LayerNorms × 2 × 32                       → 320
 #   MAM:           prefix L=8 1,024 + parallel adapter (8) 2·(32·8+8 + 8·32+32) = 1,104 → 2,128
+#   (IA)³:         per layer l_k 32 + l_v 32 + l_ff 64                          → 256
 #   fine-tuning:   embeddings 64·32 + 128·32 + 2·32 + 64 = 6,272; per layer 3·1,056 + 1,056 + 64 + 2,112 + 2,080 + 64
 #                  = 8,544; pooler 1,056 → 6,272 + 2·8,544 + 1,056 = 24,416
 TINY_STORED = {
@@ -34,12 +35,14 @@ TINY_STORED = {
     "unipelt_ap_nogate": 6_304 + 1_280, "unipelt_apl_nogate": 6_304 + 1_280 + 2_048,
     "ln": 320, "prefix_ln": 1_280 + 320, "mam": 2_128,
     "mam_he": 30 * 128 + 2 * (32 * 512 + 512 + 512 * 32 + 32),  # prefix L=30 3,840 + parallel adapter (512) 66,624
+    "ia3": 2 * (32 + 32 + 64),
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
     "ft": 109_482_240, "bitfit": 102_912, "adapter": 894_528, "prefix": 184_320, "lora": 294_912,
     "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
     "mam_he": 10_005_504,  # METHODS.md: He et al.'s MAM, prefix L=30 552,960 + parallel adapter (512) 9,452,544
+    "ia3": 12 * (768 + 768 + 3_072),  # (IA)³ paper's three places: 55,296
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -95,7 +98,7 @@ def test_trainable_set(name):
     body = {n for n in names if not n.startswith("head.")}
     expected_fragment = {
         "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
-        "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_",
+        "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_", "ia3": "ia3_l",
     }
     allowed = [expected_fragment[c] for c in config.components]
     if None in allowed:  # fine-tuning: everything
