@@ -61,7 +61,7 @@ def data_location(data_dir: str | None) -> str | None:
 
 # Method settings added after records existed, with the value that reproduces the behaviour from before they
 # existed: at that value they are left out of the identity, so earlier records keep their hash.
-LATER_METHOD_KEYS = {"gate_pooling": "masked"}
+LATER_METHOD_KEYS = {"gate_pooling": "masked", "prefix_projection": True}
 
 
 def semantic_config(cfg: DictConfig) -> dict:

@@ -324,7 +324,8 @@ def test_training_changes_exactly_what_the_method_trains(model_type, name):
 
 MIXED = [("adapter", {}), ("bitfit", {}), ("ln", {}), ("prefix", {}), ("lora", {"lora_rank": 2, "lora_scale": 4.0}),
          ("unipelt_apl", {}), ("mam", {}), ("prefix_ln", {}), ("adapter", {"bottleneck": 4, "gated": True}),
-         ("lora", {"lora_targets": ["query", "key", "value"]}), ("ia3", {})]
+         ("lora", {"lora_targets": ["query", "key", "value"]}), ("ia3", {}),
+         ("ptuning_v2", {}), ("ptuning_v2", {"prefix_length": 3, "gated": True})]
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -387,7 +388,8 @@ OWN_COUNTS = {
     "modernbert": {"bitfit": 800, "ln": 384, "ft": 23_744},
 }
 SAME_EVERYWHERE = {"adapter": 6_304, "prefix": 1_280, "lora": 2_048, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
-                   "mam": 2_128, "ia3": 2 * (32 + 32 + 64)}
+                   "mam": 2_128, "ia3": 2 * (32 + 32 + 64),
+                   "ptuning_v2": 20 * 128}
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

@@ -36,6 +36,7 @@ TINY_STORED = {
     "ln": 320, "prefix_ln": 1_280 + 320, "mam": 2_128,
     "mam_he": 30 * 128 + 2 * (32 * 512 + 512 + 512 * 32 + 32),  # prefix L=30 3,840 + parallel adapter (512) 66,624
     "ia3": 2 * (32 + 32 + 64),
+    "ptuning_v2": 20 * 128,  # P-tuning v2: its L = 20 prefix tensor itself
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
@@ -43,6 +44,7 @@ BERT_BASE_STORED = {
     "unipelt_ap": 1_097_304, "unipelt_apl": 1_410_672, "ln": 38_400, "prefix_ln": 222_720, "mam": 304_224,
     "mam_he": 10_005_504,  # METHODS.md: He et al.'s MAM, prefix L=30 552,960 + parallel adapter (512) 9,452,544
     "ia3": 12 * (768 + 768 + 3_072),  # (IA)³ paper's three places: 55,296
+    "ptuning_v2": 20 * 2 * 12 * 768,  # 368,640
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 

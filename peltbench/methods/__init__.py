@@ -115,7 +115,8 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
     """Counts as docs/protocol.md defines them, for the member in `slot` of a model built for it alone.
 
     `trainable_params`: what must be stored per task, head excluded; the prefix encoder counts its final
-    L × 2 × layers × H tensor instead of its parameters (the MLP is discarded after training).
+    L × 2 × layers × H tensor instead of its parameters (the MLP is discarded after training; P-tuning v2 trains
+    that tensor itself).
     `head_params`: trainable head parameters. `optimizer_params`: everything the optimiser updates.
     """
     counts = {"trainable_params": 0, "head_params": 0, "optimizer_params": 0, "backbone_params": model.backbone_params}
@@ -128,7 +129,7 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
             counts["head_params"] += size
         elif not name.startswith("prefix_encoder."):
             counts["trainable_params"] += size
-    if model.prefix_encoder is not None and model.trains["prefix_encoder.embedding"][slot]:
+    if model.prefix_encoder is not None and slot in model.prefix_encoder.users:
         counts["trainable_params"] += model.prefix_encoder.stored_numel(slot)
     return counts
 
