@@ -41,6 +41,7 @@ COMPONENT_SETTINGS = {
     "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
     "ia3": (),
+    "prompt": ("prompt_length", "prompt_init"),
 }
 OPTIONAL_SETTINGS = ("gate_pooling", "prefix_projection")  # a method file may leave them out: masked; true (the MLP)
 
@@ -112,6 +113,8 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "prefix_length": POSITIVE_INT,
     "prefix_hidden": POSITIVE_INT,
     "prefix_projection": BOOL,
+    "prompt_length": POSITIVE_INT,
+    "prompt_init": (lambda v: v in ("vocab", "random"), "must be vocab (sampled word embeddings) or random (N(0, 1))"),
     "lora_rank": POSITIVE_INT,
     "lora_scale": (_positive_number, "must be a positive number"),
     "adapter_scale": (_positive_number, "must be a positive number"),

@@ -19,7 +19,7 @@ METHODS, TASKS = options("method"), options("task")
 
 def test_menus():
     assert METHODS == sorted(["ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
-                              "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he", "ia3", "ptuning_v2"])
+                              "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he", "ia3", "ptuning_v2", "prompt"])
     assert TASKS == sorted(["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"])
 
 

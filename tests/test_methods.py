@@ -37,6 +37,7 @@ TINY_STORED = {
     "mam_he": 30 * 128 + 2 * (32 * 512 + 512 + 512 * 32 + 32),  # prefix L=30 3,840 + parallel adapter (512) 66,624
     "ia3": 2 * (32 + 32 + 64),
     "ptuning_v2": 20 * 128,  # P-tuning v2: its L = 20 prefix tensor itself
+    "prompt": 20 * 32,       # prompt tuning: P = 20 embeddings of width 32
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
@@ -45,6 +46,7 @@ BERT_BASE_STORED = {
     "mam_he": 10_005_504,  # METHODS.md: He et al.'s MAM, prefix L=30 552,960 + parallel adapter (512) 9,452,544
     "ia3": 12 * (768 + 768 + 3_072),  # (IA)³ paper's three places: 55,296
     "ptuning_v2": 20 * 2 * 12 * 768,  # 368,640
+    "prompt": 20 * 768,  # 15,360
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -101,6 +103,7 @@ def test_trainable_set(name):
     expected_fragment = {
         "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
         "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_", "ia3": "ia3_l",
+        "prompt": "prompt.",
     }
     allowed = [expected_fragment[c] for c in config.components]
     if None in allowed:  # fine-tuning: everything

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adapter, bitfit, full, ia3, ln, lora, parallel_adapter, prefix, randomness
+from . import adapter, bitfit, full, ia3, ln, lora, parallel_adapter, prefix, prompt, randomness
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -28,6 +28,7 @@ COMPONENTS = {
     "lora": lora,
     "parallel_adapter": parallel_adapter,
     "ia3": ia3,  # after LoRA and BitFit: its scales wrap what sits at a projection
+    "prompt": prompt,
 }
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
@@ -105,6 +106,8 @@ def check_method(method: DictConfig) -> None:
         raise ValueError(f"method {method.name}: gate_pooling must be one of {list(GATE_POOLING)}, not {method.gate_pooling!r}")
     if "lora" in method.components:
         lora.check(method)
+    if "prompt" in method.components:
+        prompt.check(method)
     gateless = [c for c in method.components if getattr(COMPONENTS[c], "GATE", "") is None]
     if method.get("gated", False) and gateless:
         raise ValueError(f"method {method.name}: gated: true, but {', '.join(gateless)} has no gate (nothing it adds "
