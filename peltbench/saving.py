@@ -3,8 +3,9 @@
     save.weights=true       weights.safetensors: what the method trains (PELT modules, gates; for fine-tuning the
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
-                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA run
-                            (ungated, nothing else) also writes peft/, which `PeftModel.from_pretrained` loads.
+                            `classifier.weight`); its metadata names the method, model and task. A plain LoRA, (IA)³
+                            or prompt-tuning run (ungated, nothing else) also writes peft/, which
+                            `PeftModel.from_pretrained` loads; a prefix run says in one log line why it does not.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order.
 
 `peltbench.load_run(run_dir)` (runner.py) rebuilds a saved run on its backbone; `read_weights` and `check_weights`
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,8 @@ from . import UserError, __version__
 from .files import write_file, write_with
 from .methods import member_head, member_shapes, member_state
 from .record import config_hash
+
+log = logging.getLogger("peltbench")
 
 WEIGHTS = "weights.safetensors"
 TEMPORARY = ".save."  # files.TEMPORARY_PREFIXES: what a killed run leaves is removed by the next run of the record
@@ -51,9 +55,26 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> 
                 "method": json.dumps(OmegaConf.to_container(cfg.method, resolve=True)), "config_hash": config_hash(cfg)}
     write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
     written = [WEIGHTS]
-    if list(cfg.method.components) == ["lora"] and not cfg.method.get("gated", False):
-        written += export_peft(run_dir / PEFT_DIR, tensors, cfg, arch)
+    exporter = peft_exporter(cfg.method)
+    if exporter is not None:
+        written += exporter(run_dir / PEFT_DIR, tensors, cfg, arch)
+    elif list(cfg.method.components) == ["prefix"]:
+        log.info("%s: no %s/ copy: %s", run_dir, PEFT_DIR, NO_PEFT_PREFIX)
     return written
+
+
+# PEFT's prefix tuning numbers the tokens after the L prefix positions (it passes past_key_values, and shifts
+# position ids it is given), and refuses DeBERTa-v2 and ModernBERT, which take no past_key_values.
+NO_PEFT_PREFIX = ("PEFT's prefix tuning shifts every position id by the prefix length (and cannot run on DeBERTa-v2 "
+                  "or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
+
+
+def peft_exporter(method):
+    """The function that writes a run of `method` in PEFT's format (LoRA, (IA)³, prompt tuning alone, ungated), or
+    None where PEFT has no equal method (a mixture, a gate, adapters, BitFit, LN-tuning, prefixes)."""
+    if method.get("gated", False) or len(method.components) != 1:
+        return None
+    return {"lora": export_peft, "ia3": export_ia3, "prompt": export_prompt}.get(method.components[0])
 
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
@@ -63,9 +84,6 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     fused projection (ModernBERT's Wqkv) PEFT can only adapt the whole Linear: LoRA on its q and v blocks is exported
     exactly as one LoRA of rank 2r on Wqkv, A = [A_q; A_v] and B zero but for B_q in the q rows and B_v in the v rows.
     """
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
     method = cfg.method
     targets = [target for target in ("query", "key", "value") if target in method.lora_targets]
     modules = list(dict.fromkeys(arch.projections[target][0] for target in targets))
@@ -73,8 +91,7 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     rank = int(method.lora_rank) * (len(targets) if fused else 1)
     config = {
         "peft_type": "LORA", "task_type": "SEQ_CLS", "r": rank, "lora_alpha": float(method.lora_scale) * rank,
-        "lora_dropout": 0.0, "target_modules": modules, "bias": "none",
-        "modules_to_save": list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path)),
+        "lora_dropout": 0.0, "target_modules": modules, "bias": "none", "modules_to_save": _head_modules(arch),
         "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
         "base_model_name_or_path": str(cfg.model.name),
     }
@@ -91,8 +108,61 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
         a, b = _fused_lora(parts, targets, arch)
         renamed[f"base_model.model.{module}.lora_A.weight"] = a
         renamed[f"base_model.model.{module}.lora_B.weight"] = b
+    return _write_peft(folder, config, renamed)
+
+
+def export_ia3(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """An (IA)³ run as PEFT's IA3: every scaled module named in full (PEFT matches a listed name as a suffix, and
+    `output.dense` would also catch attention.output.dense); the FFN's as `feedforward_modules` (scaling the input).
+    ModernBERT's key and value vectors scale row blocks of Wqkv: exported as one vector on Wqkv, 1 on the query rows."""
+    renamed, blocks, targets, feedforward = {}, {}, [], []
+    for name, tensor in tensors.items():
+        if not name.endswith(".ia3_l"):
+            renamed[f"base_model.model.{name}"] = tensor
+            continue
+        module = name.removesuffix(".ia3_l")
+        parent, _, target = module.rpartition(".")
+        if target in arch.projections and arch.projections[target][1] is not None:  # a block of a fused projection
+            blocks.setdefault(parent, {})[arch.projections[target][1]] = tensor
+            continue
+        ffn = module.endswith(f".{arch.ffn}.{arch.ffn_linear}")
+        targets.append(module)
+        feedforward += [module] if ffn else []
+        renamed[f"base_model.model.{name}"] = tensor.view(1, -1) if ffn else tensor.view(-1, 1)
+    for module, parts in blocks.items():
+        size = next(iter(parts.values())).numel()
+        vector = torch.cat([parts.get(block, torch.ones(size)) for block in range(len(arch.projections))])
+        targets.append(module)
+        renamed[f"base_model.model.{module}.ia3_l"] = vector.view(-1, 1)
+    config = {"peft_type": "IA3", "task_type": "SEQ_CLS", "target_modules": sorted(targets),
+              "feedforward_modules": sorted(feedforward), "modules_to_save": _head_modules(arch), "fan_in_fan_out": False,
+              "init_ia3_weights": True, "inference_mode": True, "base_model_name_or_path": str(cfg.model.name)}
+    return _write_peft(folder, config, renamed)
+
+
+def export_prompt(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """A prompt-tuning run as PEFT's PROMPT_TUNING: its P × E prompts as `prompt_embeddings`, the head beside."""
+    prompts = tensors["prompt.embedding"]  # PEFT reads the model's heads and layers from its own config
+    config = {"peft_type": "PROMPT_TUNING", "task_type": "SEQ_CLS", "num_virtual_tokens": prompts.shape[0],
+              "token_dim": prompts.shape[1], "num_transformer_submodules": 1, "prompt_tuning_init": "RANDOM", "modules_to_save": _head_modules(arch), "inference_mode": True,
+              "base_model_name_or_path": str(cfg.model.name)}
+    renamed = {("prompt_embeddings" if name == "prompt.embedding" else f"base_model.{name}"): tensor
+               for name, tensor in tensors.items()}
+    return _write_peft(folder, config, renamed)
+
+
+def _head_modules(arch) -> list[str]:
+    """The head's new layers as PEFT's modules_to_save (DeBERTa's pooler too: it is the run's own, not pretrained)."""
+    return list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path))
+
+
+def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.contiguous() for name, tensor in tensors.items()}
     write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
-    write_with(folder / "adapter_model.safetensors", lambda path: save_file(renamed, str(path)), TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_file(tensors, str(path)), TEMPORARY)
     return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 

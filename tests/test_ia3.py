@@ -128,3 +128,38 @@ def test_a_gated_mixture_with_ia3_is_refused_in_one_line():
     mixture.components = ["adapter", "prefix", "ia3"]
     with pytest.raises(ValueError, match=r"^method unipelt_ap: gated: true, but ia3 has no gate .*; set gated: false$"):
         build_pelt_model(tiny_encoder("bert"), mixture, 42)
+
+
+def saved_run_predicts_in_peltbench_and_peft(model_type, name, tmp_path, glue_dir):
+    """A run with save.weights=true: load_run rescores it exactly, and its peft/ loaded by PeftModel.from_pretrained
+    on the plain model gives the logits of the rebuilt run."""
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    [outcome] = run_group(sweep(checkpoint, glue_dir, tmp_path / "runs", [name], False, "save.weights=true",
+                                "train.epochs=2"))
+    assert outcome.status == "ok" and "peft/adapter_model.safetensors" in outcome.record["saved"]
+    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    assert loaded.predict()[0] == pytest.approx(outcome.record["test"], abs=1e-9)
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        ours = loaded.model(ids, mask, types)
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits, ours,
+                                   rtol=1e-5, atol=1e-6)
+        plain = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2).eval()
+        assert (ours - plain(**model_inputs(model_type, ids, mask, types)).logits).abs().max() > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
+def test_a_saved_ia3_run_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    pytest.importorskip("peft")
+    saved_run_predicts_in_peltbench_and_peft(model_type, "ia3", tmp_path, glue_dir)

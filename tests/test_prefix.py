@@ -98,3 +98,24 @@ def test_prefix_projection_is_a_setting_of_prefix_that_keeps_old_identities(tmp_
     assert config_hash(direct) != config_hash(plain)
     with pytest.raises(UserError, match=r"^method.prefix_hidden: the MLP's width, but prefix_projection=false"):
         check_config(compose_config("method=ptuning_v2", "task=rte", "+method.prefix_hidden=512"))
+
+
+def test_a_saved_ptuning_v2_run_reloads_and_says_why_it_writes_no_peft_copy(tmp_path, glue_dir, caplog):
+    """weights.safetensors rebuilds the run (load_run); no peft/, and one log line says why (PEFT shifts positions)."""
+    import logging
+
+    import peltbench
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder("roberta", tmp_path / "ckpt", dropout=0.0, **O1)
+    with caplog.at_level(logging.INFO, logger="peltbench"):
+        [outcome] = run_group(sweep(checkpoint, glue_dir, tmp_path / "runs", ["ptuning_v2"], False, "save.weights=true",
+                                    "train.epochs=2"))
+    assert outcome.status == "ok" and outcome.record["saved"] == ["weights.safetensors"]
+    assert [r.message for r in caplog.records if "no peft/ copy" in r.message][0].endswith(
+        "no peft/ copy: PEFT's prefix tuning shifts every position id by the prefix length (and cannot run on "
+        "DeBERTa-v2 or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
+    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
+    assert peltbench.load_run(run_dir).predict()[0] == pytest.approx(outcome.record["test"], abs=1e-9)

@@ -83,3 +83,11 @@ def test_a_gated_mixture_with_prompts_is_refused_in_one_line():
     mixture.prompt_length, mixture.prompt_init = 20, "vocab"
     with pytest.raises(ValueError, match=r"^method unipelt_ap: gated: true, but prompt has no gate"):
         build_pelt_model(tiny_encoder("bert"), mixture, 42)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "deberta-v2"])
+def test_a_saved_prompt_run_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    pytest.importorskip("peft")
+    from test_ia3 import saved_run_predicts_in_peltbench_and_peft
+
+    saved_run_predicts_in_peltbench_and_peft(model_type, "prompt", tmp_path, glue_dir)
