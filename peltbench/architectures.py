@@ -3,9 +3,10 @@
 The methods are written once, against this map (as PEFT's target-module mapping): where a layer's q/k/v
 projections are (ModernBERT fuses them in one `Wqkv`: a projection is then a row block of it), the attention module
 (prefixes join its keys and values), the FFN block that adapters attach to (post-norm: BERT's output block with its
-LayerNorm; pre-norm: ModernBERT's MLP, whose block has no LayerNorm after it), and the classification head as the
-model's own `*ForSequenceClassification` defines it: how it pools, and which of its layers are new (drawn under the
-model seed, one per run) rather than pretrained (part of the frozen backbone). Where an architecture truly differs,
+LayerNorm; pre-norm: ModernBERT's MLP, whose block has no LayerNorm after it) and the FFN's second Linear ((IA)³
+scales its input), and the classification head as the model's own `*ForSequenceClassification` defines it: how it
+pools, and which of its layers are new (drawn under the model seed, one per run) rather than pretrained (part of the
+frozen backbone). Where an architecture truly differs,
 one hook says so: DeBERTa's disentangled relative-position attention is computed by peltbench (methods/attention.py),
 so that prefixes and a group's members reach its relative bias too.
 
