@@ -60,7 +60,7 @@ class PrefixEncoder(nn.Module):
 
     def forward(self) -> Prefixes | None:
         """The active members' prefixes, computed once per batch for every layer (None: no active member has one)."""
-        device = (self.embedding if self.embedding is not None else self.key_values).device
+        device = self.device
         selection = self.members.select(self.users, device)
         if not selection.count:
             return None
@@ -78,6 +78,10 @@ class PrefixEncoder(nn.Module):
         key_values = flat.view(selection.count, self.length, self.layers, 2, self.heads, -1)
         return Prefixes(selection, key_values, self._classes(selection))
 
+    @property
+    def device(self) -> torch.device:
+        return (self.embedding if self.embedding is not None else self.key_values).device
+
     def _compute(self, selection: Selection, through_mlp: bool) -> torch.Tensor:
         """The selected members' P' (members, L, 2·layers·H): through the MLP, or their own `key_values`."""
         if not through_mlp:
@@ -92,7 +96,7 @@ class PrefixEncoder(nn.Module):
         if key not in self._class_cache:
             active = self.members.active_slots()
             users = [slot for slot in active if slot in self.users]
-            device = (self.embedding if self.embedding is not None else self.key_values).device
+            device = self.device
             classes = []
             for length in sorted({self.member_lengths[slot] for slot in active}):
                 slots = [slot for slot in active if self.member_lengths[slot] == length]
