@@ -3,9 +3,10 @@
 The methods are written once, against this map (as PEFT's target-module mapping): where a layer's q/k/v
 projections are (ModernBERT fuses them in one `Wqkv`: a projection is then a row block of it), the attention module
 (prefixes join its keys and values), the FFN block that adapters attach to (post-norm: BERT's output block with its
-LayerNorm; pre-norm: ModernBERT's MLP, whose block has no LayerNorm after it), and the classification head as the
-model's own `*ForSequenceClassification` defines it: how it pools, and which of its layers are new (drawn under the
-model seed, one per run) rather than pretrained (part of the frozen backbone). Where an architecture truly differs,
+LayerNorm; pre-norm: ModernBERT's MLP, whose block has no LayerNorm after it) and the FFN's second Linear ((IA)³
+scales its input), and the classification head as the model's own `*ForSequenceClassification` defines it: how it
+pools, and which of its layers are new (drawn under the model seed, one per run) rather than pretrained (part of the
+frozen backbone). Where an architecture truly differs,
 one hook says so: DeBERTa's disentangled relative-position attention is computed by peltbench (methods/attention.py),
 so that prefixes and a group's members reach its relative bias too.
 
@@ -48,6 +49,8 @@ class Architecture:
     dense: dict[str, str]            # attention_output / intermediate / output → the Linear's path from a layer
     pre_norm: bool
     head: Head
+    ffn_linear: str = "dense"        # from the `ffn` block: the FFN's second Linear, whose input is the FFN's inner
+    # activation ((IA)³ scales it): BERT's `output.dense`; ModernBERT's `mlp.Wo`, whose input is the GLU's output
     norms: tuple[str, str] = ("attention.output.LayerNorm", "output.LayerNorm")  # from a layer: the attention
     # block's and the FFN block's LayerNorm (post-norm: after the block; pre-norm: before it)
     embeddings_norm: str = "embeddings.LayerNorm"  # from the encoder
@@ -88,7 +91,7 @@ ARCHITECTURES = {
     "modernbert": Architecture(
         "modernbert", layers="layers", attention="attn",
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
-        ffn="mlp", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
+        ffn="mlp", ffn_linear="Wo", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
         pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
         head=Head(pool="modernbert", out="classifier", dropout="drop")),
 }

@@ -73,7 +73,7 @@ GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config gr
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft ia3 prompt",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -81,6 +81,9 @@ METHOD_HELP = {
     "bottleneck": "adapter size (adapter, UniPELT; MAM's parallel adapter); Figure 2 sweeps it",
     "prefix_length": "prefix length L",
     "prefix_hidden": "width of prefix-tuning's reparameterisation MLP",
+    "prefix_projection": "prefixes through the MLP (true, prefix-tuning) or trained directly (false, P-tuning v2)",
+    "prompt_length": "prompt tuning's number of prompt embeddings P",
+    "prompt_init": "prompt tuning's init: vocab (sampled word embeddings) or random (N(0, 1))",
     "lora_rank": "LoRA rank r",
     "lora_scale": "LoRA scale (App. B's alpha); unused while gated; Figure 3 sweeps it",
     "lora_targets": "the projections LoRA adapts, a list from query, key, value",

@@ -39,7 +39,7 @@ COMPONENT_SETTINGS = {
     "bitfit": (),
     "ln": (),
     "adapter": ("bottleneck", "gated", "gate_pooling"),
-    "prefix": ("prefix_length", "prefix_hidden", "gated", "gate_pooling"),
+    "prefix": ("prefix_length", "prefix_hidden", "prefix_projection", "gated", "gate_pooling"),
     "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling", "lora_freeze_a"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
     "dora": ("lora_rank", "lora_scale", "lora_targets"),
@@ -50,8 +50,11 @@ COMPONENT_SETTINGS = {
     "oft": ("oft_block_size", "oft_neumann_terms", "oft_targets"),
     "hra": ("hra_rank", "hra_apply_gs", "hra_targets"),
     "boft": ("boft_block_size", "boft_factors", "boft_targets"),
+    "ia3": (),
+    "prompt": ("prompt_length", "prompt_init"),
 }
-OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a")  # a method file may leave them out: masked, false
+OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a", "prefix_projection")  # a method file may leave them out:
+# masked, false, true (the MLP)
 
 # The optional dependency (module to import = extra to install) of each logger in conf/logger/.
 LOGGER_EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
@@ -135,6 +138,9 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "bottleneck": POSITIVE_INT,
     "prefix_length": POSITIVE_INT,
     "prefix_hidden": POSITIVE_INT,
+    "prefix_projection": BOOL,
+    "prompt_length": POSITIVE_INT,
+    "prompt_init": (lambda v: v in ("vocab", "random"), "must be vocab (sampled word embeddings) or random (N(0, 1))"),
     "lora_rank": POSITIVE_INT,
     "lora_scale": (_positive_number, "must be a positive number"),
     "adapter_scale": (_positive_number, "must be a positive number"),
@@ -199,7 +205,12 @@ def check_method(method: DictConfig) -> None:
         raise UserError(f"method.components={_show(components)}: must be a list of distinct components from "
                         f"{', '.join(COMPONENT_SETTINGS)}")
     read = set(COMMON_SETTINGS).union(*(COMPONENT_SETTINGS[c] for c in components))
+    if method.get("prefix_projection", True) is False:  # P-tuning v2: no MLP, so no MLP width
+        read.discard("prefix_hidden")
     unknown = sorted(set(method.keys()) - read)
+    if "prefix_hidden" in unknown and "prefix" in components:
+        raise UserError("method.prefix_hidden: the MLP's width, but prefix_projection=false trains the prefixes without "
+                        "the MLP (P-tuning v2); remove it (~method.prefix_hidden)")
     if unknown:
         raise UserError(f"method.{unknown[0]}: not a setting of method {method.get('name')} (components "
                         f"{_show(components)}); its settings: {', '.join(sorted(read))}")

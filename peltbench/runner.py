@@ -263,7 +263,8 @@ def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf1
     first = cfgs[0]
     config = load_config(first.model.name, task.num_labels)
     width = 2 if bf16 else 4
-    tokens, length = first.train.batch_size * first.train.max_length, first.train.max_length
+    length = first.train.max_length + (first.method.prompt_length if "prompt" in first.method.components else 0)
+    tokens = first.train.batch_size * length  # a group's runs share one prompt length (peltbench.fusion)
     activations = config.num_hidden_layers * tokens * (
         34 * config.hidden_size * width / 2 + 5 * config.num_attention_heads * length * width / 2)
     counts = [count_method(cfg.method, config) for cfg in cfgs]

@@ -4,8 +4,9 @@
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
                             `classifier.weight`); its metadata names the method, model and task. A plain LoRA, LoRA-FA,
-                            DoRA, VeRA, AdaLoRA, OFT, HRA or BOFT run (ungated, nothing else) also writes peft/, which
-                            `PeftModel.from_pretrained` loads, where PEFT has the method on that encoder (peft_kind).
+                            DoRA, VeRA, AdaLoRA, OFT, HRA, BOFT, (IA)³ or prompt-tuning run (ungated, nothing else) also
+                            writes peft/, which `PeftModel.from_pretrained` loads, where PEFT has the method on that
+                            encoder (peft_kind); a run PEFT cannot express there (a prefix run ...) says why in one log line.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order: its label,
                             the prediction and (classification) the logits.
 
@@ -63,10 +64,14 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
         written += export_peft_adalora(run_dir / PEFT_DIR, tensors, cfg, arch)
     elif kind in ("OFT", "HRA", "BOFT"):
         written += export_rotation(run_dir / PEFT_DIR, tensors, cfg, arch)
+    elif kind == "IA3":
+        written += export_ia3(run_dir / PEFT_DIR, tensors, cfg, arch)
+    elif kind == "PROMPT_TUNING":
+        written += export_prompt(run_dir / PEFT_DIR, tensors, cfg, arch)
     elif kind is not None:
         written += export_peft(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
     elif refusal:
-        log.info("%s: peft/ not written: %s", run_dir, refusal)
+        log.info("%s: no %s/ copy: %s", run_dir, PEFT_DIR, refusal)
     return written
 
 
@@ -75,7 +80,10 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     (None, why not), the reason None for a method PEFT has no single config for (mixtures, prefix, adapters ...)."""
     components, gated = list(method.components), method.get("gated", False)
     fused = any(arch.projections[t][1] is not None for t in method.get("lora_targets", method.get("vera_targets", ())))
-    if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"], ["oft"], ["hra"], ["boft"]):
+    if components == ["prefix"] and not gated:
+        return None, NO_PEFT_PREFIX
+    if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"], ["oft"], ["hra"], ["boft"], ["ia3"],
+                                                 ["prompt"]):
         return None, None
     if components == ["adalora"]:
         fused = [t for t in method.adalora_targets if t in arch.projections and arch.projections[t][1] is not None]
@@ -85,8 +93,14 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     if components == ["vera"] and fused:
         return None, (f"PEFT's VeRA adapts {arch.name}'s whole fused Wqkv with one λ_d and B for q, k and v; "
                       "VeRA on its q and v blocks has no PEFT form (docs/saving.md)")
-    return {"lora": "LORA", "dora": "LORA", "vera": "VERA", "adalora": "ADALORA"}.get(components[0],
-                                                                                   components[0].upper()), None
+    return {"lora": "LORA", "dora": "LORA", "vera": "VERA", "adalora": "ADALORA",
+            "prompt": "PROMPT_TUNING"}.get(components[0], components[0].upper()), None
+
+
+# PEFT's prefix tuning numbers the tokens after the L prefix positions (it passes past_key_values, and shifts
+# position ids it is given), and refuses DeBERTa-v2 and ModernBERT, which take no past_key_values.
+NO_PEFT_PREFIX = ("PEFT's prefix tuning shifts every position id by the prefix length (and cannot run on DeBERTa-v2 "
+                  "or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
 
 
 def _modules_to_save(arch) -> list[str]:
@@ -98,6 +112,7 @@ def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) ->
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.contiguous() for name, tensor in tensors.items()}
     write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
     write_with(folder / "adapter_model.safetensors", lambda path: save_file(tensors, str(path)), TEMPORARY)
     return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
@@ -206,7 +221,6 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     return _write_peft(folder, config, renamed)
 
 
-
 def _vera_export(tensors: dict[str, torch.Tensor], cfg, arch) -> tuple[dict, dict[str, torch.Tensor]]:
     """A VeRA run as PEFT's VeraConfig with save_projection (its A and B kept, at PEFT's names vera_A, vera_B) and the
     model seed as projection_prng_key, from which PEFT would draw the same A and B (tests/test_vera.py)."""
@@ -222,6 +236,46 @@ def _vera_export(tensors: dict[str, torch.Tensor], cfg, arch) -> tuple[dict, dic
     renamed = {(f"base_model.{name}" if name in ("vera_A", "vera_B") else f"base_model.model.{name}"): tensor
                for name, tensor in tensors.items()}
     return config, renamed
+
+
+def export_ia3(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """An (IA)³ run as PEFT's IA3: every scaled module named in full (PEFT matches a listed name as a suffix, and
+    `output.dense` would also catch attention.output.dense); the FFN's as `feedforward_modules` (scaling the input).
+    ModernBERT's key and value vectors scale row blocks of Wqkv: exported as one vector on Wqkv, 1 on the query rows."""
+    renamed, blocks, targets, feedforward = {}, {}, [], []
+    for name, tensor in tensors.items():
+        if not name.endswith(".ia3_l"):
+            renamed[f"base_model.model.{name}"] = tensor
+            continue
+        module = name.removesuffix(".ia3_l")
+        parent, _, target = module.rpartition(".")
+        if target in arch.projections and arch.projections[target][1] is not None:  # a block of a fused projection
+            blocks.setdefault(parent, {})[arch.projections[target][1]] = tensor
+            continue
+        ffn = module.endswith(f".{arch.ffn}.{arch.ffn_linear}")
+        targets.append(module)
+        feedforward += [module] if ffn else []
+        renamed[f"base_model.model.{name}"] = tensor.view(1, -1) if ffn else tensor.view(-1, 1)
+    for module, parts in blocks.items():
+        size = next(iter(parts.values())).numel()
+        vector = torch.cat([parts.get(block, torch.ones(size)) for block in range(len(arch.projections))])
+        targets.append(module)
+        renamed[f"base_model.model.{module}.ia3_l"] = vector.view(-1, 1)
+    config = {"peft_type": "IA3", "task_type": "SEQ_CLS", "target_modules": sorted(targets),
+              "feedforward_modules": sorted(feedforward), "modules_to_save": _modules_to_save(arch), "fan_in_fan_out": False,
+              "init_ia3_weights": True, "inference_mode": True, "base_model_name_or_path": str(cfg.model.name)}
+    return _write_peft(folder, config, renamed)
+
+
+def export_prompt(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """A prompt-tuning run as PEFT's PROMPT_TUNING: its P × E prompts as `prompt_embeddings`, the head beside."""
+    prompts = tensors["prompt.embedding"]  # PEFT reads the model's heads and layers from its own config
+    config = {"peft_type": "PROMPT_TUNING", "task_type": "SEQ_CLS", "num_virtual_tokens": prompts.shape[0],
+              "token_dim": prompts.shape[1], "num_transformer_submodules": 1, "prompt_tuning_init": "RANDOM", "modules_to_save": _modules_to_save(arch), "inference_mode": True,
+              "base_model_name_or_path": str(cfg.model.name)}
+    renamed = {("prompt_embeddings" if name == "prompt.embedding" else f"base_model.{name}"): tensor
+               for name, tensor in tensors.items()}
+    return _write_peft(folder, config, renamed)
 
 
 def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, torch.Tensor]:

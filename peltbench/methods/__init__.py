@@ -14,7 +14,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import adalora, adapter, bitfit, boft, dora, full, hra, ln, lora, oft, parallel_adapter, prefix, randomness, vera
+from . import (adalora, adapter, bitfit, boft, dora, full, hra, ia3, ln, lora, oft, parallel_adapter, prefix, prompt,
+               randomness, vera)
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -33,6 +34,8 @@ COMPONENTS = {
     "oft": oft,  # after lora: a rotation hooks the input of whatever module computes the projection
     "hra": hra,
     "boft": boft,
+    "ia3": ia3,  # after every projection delta and rotation: its scales wrap what sits at a projection
+    "prompt": prompt,
 }
 # Each component module declares `GATE`: what its gate multiplies in a gated method (`gated: true`), or None where
 # it has no gate (check_gates refuses it in a gated method).
@@ -154,7 +157,8 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
     """Counts as docs/protocol.md defines them, for the member in `slot` of a model built for it alone.
 
     `trainable_params`: what must be stored per task, head excluded; the prefix encoder counts its final
-    L × 2 × layers × H tensor instead of its parameters (the MLP is discarded after training).
+    L × 2 × layers × H tensor instead of its parameters (the MLP is discarded after training; P-tuning v2 trains
+    that tensor itself).
     `head_params`: trainable head parameters. `optimizer_params`: everything the optimiser updates.
     """
     counts = {"trainable_params": 0, "head_params": 0, "optimizer_params": 0, "backbone_params": model.backbone_params}
@@ -167,7 +171,7 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
             counts["head_params"] += size
         elif not name.startswith("prefix_encoder."):
             counts["trainable_params"] += size
-    if model.prefix_encoder is not None and model.trains["prefix_encoder.embedding"][slot]:
+    if model.prefix_encoder is not None and slot in model.prefix_encoder.users:
         counts["trainable_params"] += model.prefix_encoder.stored_numel(slot)
     return counts
 

@@ -388,6 +388,7 @@ class PeltModel(nn.Module):
         self.token_types = self.arch.token_types and getattr(config, "type_vocab_size", 0) > 0
         self.prefix_encoder: nn.Module | None = None
         self.components: list[str] = []  # the components installed (training hooks: methods.plan_training ...)
+        self.prompt: nn.Module | None = None  # prompt tuning: turns the inputs into embeddings with prompts in front
         self.trains: dict[str, list[bool]] = {}  # parameter name → does member m train it
         self.unstacked: set[str] = set()  # trained parameters without a member dimension (fine-tuning's backbone)
         self._marked: dict[int, list[bool]] = {}
@@ -423,6 +424,9 @@ class PeltModel(nn.Module):
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
             if self.token_types and token_type_ids is not None:
                 inputs["token_type_ids"] = token_type_ids
+            if self.prompt is not None:  # every row then has P more positions, the mask included
+                inputs = self.prompt(self.encoder, inputs)
+                attention_mask = self.members.token_mask = inputs["attention_mask"]
             output = self.encoder(**inputs)
             return self.head(pool(self.arch, self.backbone, output, attention_mask))
         finally:

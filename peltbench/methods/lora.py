@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from ..architectures import unwrapped
 from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, draw, mark, scale_rows
 
 GATE = "the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s"
@@ -128,14 +129,14 @@ class FusedProjection(nn.Module):
 def frozen_linear(module: nn.Module) -> nn.Module:
     """The pretrained projection under the deltas wrapping it (a Linear, or BitFit's MemberBias with its weight)."""
     while not hasattr(module, "weight"):
-        module = module.base
+        module = module.inner if hasattr(module, "inner") else module.base  # (IA)³'s scale keeps it as `inner`
     return module
 
 
 def delta_module(model: PeltModel, layer: nn.Module, target: str, kind: type) -> ProjectionDelta:
     """The `kind` delta (LoRALinear ...) on `target` (query, key or value) of a layer, among the deltas there."""
     name, block = model.arch.projections[target]
-    module = getattr(model.attention(layer), name)
+    module = unwrapped(getattr(model.attention(layer), name))  # under a later wrapper ((IA)³'s scale)
     module = module if block is None else getattr(module, target)
     while type(module) is not kind:
         module = module.base

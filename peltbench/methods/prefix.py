@@ -1,10 +1,13 @@
-"""Prefix-tuning (Li & Liang 2021; UniPELT Eq. 2), MLP-reparameterised, optionally gated (§3.2).
+"""Prefix-tuning (Li & Liang 2021; UniPELT Eq. 2), MLP-reparameterised, optionally gated (§3.2); and P-tuning v2
+(Liu et al. 2022), the same prefixes trained directly, without the MLP (`prefix_projection: false`, PEFT's
+`prefix_projection=False`).
 
-    P = Embedding(L, H);   P' = Linear(512 → 2·layers·H)(tanh(Linear(H → 512)(P)))
+    P = Embedding(L, H);   P' = Linear(512 → 2·layers·H)(tanh(Linear(H → 512)(P)))     (prefix_projection: true)
+    P' = Embedding(L, 2·layers·H), init N(0, 1) as nn.Embedding's (PEFT's and P-tuning v2's code)   (false)
 One MLP shared by all layers; P' is cut into a key prefix and a value prefix per layer and head, which are
 prepended to that layer's keys and values. Every token may attend to them; attention dropout applies as
 usual. Gated: g = mean_t sigmoid(Linear(h_in,t)) from the attention input multiplies both prefixes.
-Only the final L × 2 × layers × H tensor is needed after training, so that is what is counted.
+Only the final L × 2 × layers × H tensor is needed after training, so that is what is counted (either way).
 
 In a group, the members are attended in classes of equal prefix length (L = 0 for members without one), each
 class with exactly its own prefixes, so no row attends to another member's or to padding. The prefixes reach
@@ -26,20 +29,32 @@ from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, bert
 GATE = "the key and value prefixes of each layer, both by one gate from the attention input (§3.2)"
 
 
+def projected(method: DictConfig) -> bool:
+    """Whether the method's prefixes come from the MLP (prefix-tuning) or are trained directly (P-tuning v2)."""
+    return bool(method.get("prefix_projection", True))
+
+
 class PrefixEncoder(nn.Module):
-    """Each member's P = Embedding(L, H) and its MLP; forward gives every active member's prefixes at once."""
+    """Each member's P = Embedding(L, H) and its MLP, or (P-tuning v2) its P' itself (`key_values`); forward gives
+    every active member's prefixes at once."""
 
     def __init__(self, members: Members, users: dict[int, DictConfig], hidden_size: int, layers: int, heads: int,
                  head_size: int) -> None:
         super().__init__()
         self.members = members
         self.users = tuple(sorted(users))
+        self.projected = tuple(m for m in self.users if projected(users[m]))
+        self.direct = tuple(m for m in self.users if not projected(users[m]))
         length = max(method.prefix_length for method in users.values())
-        width = max(method.prefix_hidden for method in users.values())
-        self.embedding = nn.Parameter(torch.zeros(members.count, length, hidden_size))
-        self.down = MemberLinear(members, hidden_size, width)
         self.attention_size = heads * head_size  # a key's width: H in every supported encoder
-        self.up = MemberLinear(members, width, 2 * layers * self.attention_size)
+        self.embedding = self.down = self.up = self.key_values = None
+        if self.projected:
+            width = max(users[m].prefix_hidden for m in self.projected)
+            self.embedding = nn.Parameter(torch.zeros(members.count, length, hidden_size))
+            self.down = MemberLinear(members, hidden_size, width)
+            self.up = MemberLinear(members, width, 2 * layers * self.attention_size)
+        if self.direct:
+            self.key_values = nn.Parameter(torch.zeros(members.count, length, 2 * layers * self.attention_size))
         self.length, self.hidden_size, self.layers, self.heads = length, hidden_size, layers, heads
         lengths = [users[m].prefix_length if m in users else 0 for m in range(members.count)]
         self.member_lengths = lengths
@@ -47,12 +62,34 @@ class PrefixEncoder(nn.Module):
 
     def forward(self) -> Prefixes | None:
         """The active members' prefixes, computed once per batch for every layer (None: no active member has one)."""
-        selection = self.members.select(self.users, self.embedding.device)
+        device = self.device
+        selection = self.members.select(self.users, device)
         if not selection.count:
             return None
-        hidden = torch.tanh(self.down(self.members.slots_of(self.embedding, selection), selection))
-        key_values = self.up(hidden, selection).view(selection.count, self.length, self.layers, 2, self.heads, -1)
+        parts = []
+        for kind in (self.projected, self.direct):
+            within = self.members.select(kind, device, within=selection) if kind else None
+            if within is not None and within.count:
+                parts.append((within, self._compute(within, kind is self.projected)))
+        if len(parts) == 1:
+            flat = parts[0][1]
+        else:  # both kinds active: each member's prefixes at its place among the selection
+            flat = parts[0][1].new_empty(selection.count, *parts[0][1].shape[1:])
+            for within, values in parts:
+                flat = flat.index_copy(0, within.positions, values)
+        key_values = flat.view(selection.count, self.length, self.layers, 2, self.heads, -1)
         return Prefixes(selection, key_values, self._classes(selection))
+
+    @property
+    def device(self) -> torch.device:
+        return (self.embedding if self.embedding is not None else self.key_values).device
+
+    def _compute(self, selection: Selection, through_mlp: bool) -> torch.Tensor:
+        """The selected members' P' (members, L, 2·layers·H): through the MLP, or their own `key_values`."""
+        if not through_mlp:
+            return self.members.slots_of(self.key_values, selection)
+        hidden = torch.tanh(self.down(self.members.slots_of(self.embedding, selection), selection))
+        return self.up(hidden, selection)
 
     def _classes(self, selection: Selection) -> list:
         """The active members by prefix length: (length, which of the selection, positions among the active members);
@@ -61,7 +98,7 @@ class PrefixEncoder(nn.Module):
         if key not in self._class_cache:
             active = self.members.active_slots()
             users = [slot for slot in active if slot in self.users]
-            device = self.embedding.device
+            device = self.device
             classes = []
             for length in sorted({self.member_lengths[slot] for slot in active}):
                 slots = [slot for slot in active if self.member_lengths[slot] == length]
@@ -76,7 +113,11 @@ class PrefixEncoder(nn.Module):
         return self._class_cache[key]
 
     def init_member(self, slot: int, method: DictConfig) -> None:
-        length, width = method.prefix_length, method.prefix_hidden
+        length = method.prefix_length
+        if not projected(method):  # nn.Embedding's N(0, 1), as PEFT's and P-tuning v2's PrefixEncoder draw it
+            draw(self.key_values[slot, :length], nn.init.normal_)
+            return
+        width = method.prefix_hidden
         draw(self.embedding[slot, :length], bert_normal)
         self.down.init_bert(slot, width, self.hidden_size)
         self.up.init_bert(slot, 2 * self.layers * self.attention_size, width)
@@ -124,7 +165,10 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
         config.hidden_size // heads
     encoder = PrefixEncoder(model.members, users, config.hidden_size, config.num_hidden_layers, heads, head_size)
     model.prefix_encoder = encoder
-    mark(model, encoder, users)
+    if encoder.projected:
+        mark(model, [encoder.embedding, *encoder.down.parameters(), *encoder.up.parameters()], encoder.projected)
+    if encoder.direct:
+        mark(model, [encoder.key_values], encoder.direct)
     gated = [bool(users[m].gated) if m in users else False for m in range(model.members.count)]
     path = model.arch.attention
     for index, layer in enumerate(model.layers):

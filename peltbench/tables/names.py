@@ -32,6 +32,7 @@ METHOD_LABELS = {
     # Two MAMs: the LN-tuning paper's BERT-base setting and He et al.'s own (prefix L = 30, FFN adapter 512).
     "mam": "MAM (LN-paper, L=8, r=8)", "mam_he": "MAM (He et al.)",
     "dora": "DoRA", "lora_fa": "LoRA-FA", "vera": "VeRA",  # issue 19
+    "ia3": "(IA)³", "ptuning_v2": "P-tuning v2", "prompt": "Prompt tuning",
 }
 # Table 4's row order.
 EFFICIENCY_METHODS = ("ft", "bitfit", "prefix", "lora", "adapter", "unipelt_ap", "unipelt_apl")
