@@ -9,6 +9,9 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
      on one (task, K = 100, seed)
   b  the same at K = 1000
   c  one method (UniPELT APL) over the 5 data seeds, K = 100
+  n  the 9 frozen-backbone methods since 2022 (DoRA, LoRA-FA, VeRA, AdaLoRA, OFT, HRA, BOFT, (IA)³, P-tuning v2) on
+     one (task, K = 100, seed); prompt tuning fuses only with prompt runs of its length (scenario p)
+  r  AdaLoRA over the 5 data seeds, K = 100
   o  OFT over the 5 data seeds, K = 100 (each member's rows rotated, then the one shared projection)
   i, v, p  likewise (IA)³, P-tuning v2 and prompt tuning over the 5 data seeds (prompt runs fuse only with runs of
      their prompt length)
@@ -44,9 +47,11 @@ from peltbench.tasks import TaskSpec
 from peltbench.train import fit
 
 SEVEN = ["bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl"]
+SINCE_2022 = ["dora", "lora_fa", "vera", "adalora", "oft", "hra", "boft", "ia3", "ptuning_v2"]  # prompt: own groups
 SCENARIOS = {
     "a": ("7 methods, K=100", [(method, 100, 111) for method in SEVEN]),
     "b": ("7 methods, K=1000", [(method, 1000, 111) for method in SEVEN]),
+    "n": ("9 methods since 2022, K=100", [(method, 100, 111) for method in SINCE_2022]),
     "c": ("unipelt_apl x 5 seeds, K=100", [("unipelt_apl", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "r": ("adalora x 5 seeds, K=100", [("adalora", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "o": ("oft x 5 seeds, K=100", [("oft", 100, seed) for seed in (111, 222, 333, 444, 555)]),  # W shared, inputs rotated
