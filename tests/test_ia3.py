@@ -126,7 +126,7 @@ def test_ia3_starts_as_the_pretrained_model_and_composes_with_lora():
 def test_a_gated_mixture_with_ia3_is_refused_in_one_line():
     mixture = method("unipelt_ap")
     mixture.components = ["adapter", "prefix", "ia3"]
-    with pytest.raises(ValueError, match=r"^method unipelt_ap: gated: true, but ia3 has no gate .*; set gated: false$"):
+    with pytest.raises(ValueError, match=r"^method unipelt_ap: gated: true, but component ia3 has no gate .*: set gated: false or leave ia3 out$"):
         build_pelt_model(tiny_encoder("bert"), mixture, 42)
 
 

@@ -81,7 +81,7 @@ def test_a_gated_mixture_with_prompts_is_refused_in_one_line():
     mixture = method("unipelt_ap")
     mixture.components = ["adapter", "prompt"]
     mixture.prompt_length, mixture.prompt_init = 20, "vocab"
-    with pytest.raises(ValueError, match=r"^method unipelt_ap: gated: true, but prompt has no gate"):
+    with pytest.raises(ValueError, match=r"^method unipelt_ap: gated: true, but component prompt has no gate"):
         build_pelt_model(tiny_encoder("bert"), mixture, 42)
 
 

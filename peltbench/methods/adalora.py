@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from ..architectures import unwrapped
 from .base import Coefficient, FfnOutput, Members, PeltModel, draw, mark, scale_rows
 from .lora import FusedProjection
 
@@ -114,17 +115,22 @@ def _site(model: PeltModel, layer: nn.Module, target: str) -> tuple[nn.Module, s
 def _weight(linear: nn.Module) -> torch.Tensor:
     """The frozen weight of a Linear, under the wrappers other components put on it (LoRA's, BitFit's bias)."""
     while not isinstance(getattr(linear, "weight", None), torch.Tensor):
-        linear = linear.base
+        linear = _under(linear)
     return linear.weight
+
+
+def _under(module: nn.Module) -> nn.Module:
+    """What a wrapper wraps: (IA)³'s scale keeps it as `inner`, LoRA's and the others' as `base`."""
+    return module.inner if "inner" in module._modules else module.base
 
 
 def adalora_module(model: PeltModel, layer: nn.Module, target: str) -> SVDLinear:
     parent, name, block = _site(model, layer, target)
     module = getattr(parent, name)
     if block is not None:
-        return getattr(module, f"adalora_{target}")
+        return getattr(unwrapped(module), f"adalora_{target}")
     while not isinstance(module, SVDLinear):  # it wraps the Linear itself, under any other wrapper
-        module = module.base
+        module = _under(module)
     return module
 
 
