@@ -49,8 +49,6 @@ class Architecture:
     dense: dict[str, str]            # attention_output / intermediate / output → the Linear's path from a layer
     pre_norm: bool
     head: Head
-    ffn_linear: str = "dense"        # from the `ffn` block: the FFN's second Linear, whose input is the FFN's inner
-    # activation ((IA)³ scales it): BERT's `output.dense`; ModernBERT's `mlp.Wo`, whose input is the GLU's output
     norms: tuple[str, str] = ("attention.output.LayerNorm", "output.LayerNorm")  # from a layer: the attention
     # block's and the FFN block's LayerNorm (post-norm: after the block; pre-norm: before it)
     embeddings_norm: str = "embeddings.LayerNorm"  # from the encoder
@@ -61,6 +59,12 @@ class Architecture:
     @property
     def name(self) -> str:
         return NAMES[self.model_type]
+
+    @property
+    def ffn_linear(self) -> str:
+        """From the `ffn` block: the FFN's second Linear (`dense["output"]`), whose input is the FFN's inner activation
+        ((IA)³ scales it): BERT's `output.dense`; ModernBERT's `mlp.Wo`, whose input is the GLU's output."""
+        return self.dense["output"].removeprefix(f"{self.ffn}.")
 
 
 _BERT_PROJECTIONS = {"query": ("query", None), "key": ("key", None), "value": ("value", None)}
@@ -91,7 +95,7 @@ ARCHITECTURES = {
     "modernbert": Architecture(
         "modernbert", layers="layers", attention="attn",
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
-        ffn="mlp", ffn_linear="Wo", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
+        ffn="mlp", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
         pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
         head=Head(pool="modernbert", out="classifier", dropout="drop")),
 }

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..architectures import unwrapped
 from .base import Coefficient, FfnOutput, Members, PeltModel, draw, mark, scale_rows
-from .lora import FusedProjection
+from .lora import FusedProjection, frozen_linear
 
 # The matrices AdaLoRA may adapt: q, k, v (architectures.projections) and the attention output and FFN Linears
 # (architectures.dense). The paper adapts all six (§5.1; the official GLUE scripts' lora_module list).
@@ -114,9 +114,7 @@ def _site(model: PeltModel, layer: nn.Module, target: str) -> tuple[nn.Module, s
 
 def _weight(linear: nn.Module) -> torch.Tensor:
     """The frozen weight of a Linear, under the wrappers other components put on it (LoRA's, BitFit's bias)."""
-    while not isinstance(getattr(linear, "weight", None), torch.Tensor):
-        linear = _under(linear)
-    return linear.weight
+    return frozen_linear(linear).weight
 
 
 def _under(module: nn.Module) -> nn.Module:

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..architectures import get
 from .base import Members, PeltModel, mark
+from .lora import frozen_linear
 
 GATE = None  # a scale has no additive contribution to the frozen path for a gate to multiply: refused when gated
 TARGETS = ("key", "value")  # the attention projections whose outputs are scaled (the paper's l_k, l_v)
@@ -102,9 +103,7 @@ def ffn_block(model: PeltModel, layer: nn.Module) -> nn.Module:
 
 def _features(module: nn.Module) -> tuple[int, int]:
     """(out, in) of a Linear, under any wrapper that keeps it as `inner` or `base` (LoRA, BitFit)."""
-    while not hasattr(module, "weight"):
-        module = getattr(module, "inner", None) or module.base
-    return tuple(module.weight.shape)
+    return tuple(frozen_linear(module).weight.shape)
 
 
 def scales(model: PeltModel, layer: nn.Module) -> dict[str, Scale]:
