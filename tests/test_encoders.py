@@ -335,24 +335,32 @@ def test_a_mixed_group_computes_each_members_logits_and_gradients(model_type):
     seeds = [42 + i % 3 for i in range(len(methods))]
     group = build(model_type, methods, seeds)
     randomise(group)
+    assert_members_equal_their_own_models(model_type, group, methods, seeds, copy_head=True)
+
+
+def assert_members_equal_their_own_models(model_type: str, group, methods, seeds, copy_head: bool = False,
+                                          **changes) -> None:
+    """Each member of `group` (built from `methods` and `seeds`) computes the logits and gradients of its own model,
+    built alone with the member's current weights (`copy_head`: its head too, where the test drew other ones)."""
     ids, mask, types = batch(model_type)
-    rows = ids.shape[0]
-    repeat = lambda t: None if t is None else t.repeat(len(methods), 1)
+    rows, count = ids.shape[0], len(methods)
+    repeat = lambda t: None if t is None else t.repeat(count, 1)
     labels = torch.tensor([0, 1, 1])
     logits = group(repeat(ids), repeat(mask), repeat(types))
-    F.cross_entropy(logits, labels.repeat(len(methods)), reduction="none").view(len(methods), -1).mean(1).sum().backward()
+    F.cross_entropy(logits, labels.repeat(count), reduction="none").view(count, -1).mean(1).sum().backward()
     gradients = {group.stored_name(n): p.grad for n, p, _, _ in group.member_parameters()}
-    start = {slot: member_state(group, slot) for slot in range(len(methods))}
+    start = {slot: member_state(group, slot) for slot in range(count)}
     for slot, (config, seed) in enumerate(zip(methods, seeds)):
-        alone = build(model_type, config, seed)
-        with torch.no_grad():  # the same weights as the member (randomise drew the group's)
+        alone = build(model_type, config, seed, **changes)
+        with torch.no_grad():  # the same weights as the member
             for n, parameter, _, _ in alone.member_parameters():
                 own = tuple(slice(0, s) for s in parameter.shape[1:])
                 parameter[0].copy_(start[slot][alone.stored_name(n)][own])
-            for linear_name, linear in alone.head.linears().items():
-                group_linear = group.head.linears()[linear_name]
-                linear.weight[0].copy_(group_linear.weight[slot])
-                linear.bias[0].copy_(group_linear.bias[slot])
+            if copy_head:
+                for linear_name, linear in alone.head.linears().items():
+                    group_linear = group.head.linears()[linear_name]
+                    linear.weight[0].copy_(group_linear.weight[slot])
+                    linear.bias[0].copy_(group_linear.bias[slot])
         alone_logits = alone(ids, mask, types)
         torch.testing.assert_close(logits[rows * slot : rows * (slot + 1)], alone_logits, rtol=1e-5, atol=1e-6)
         F.cross_entropy(alone_logits, labels).backward()

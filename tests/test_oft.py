@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import tiny_encoder
 from peltbench.methods import member_state, parameter_counts
 from peltbench.methods.oft import cayley, skew
-from test_encoders import batch, build, method, model_inputs
+from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
 
 ARCHITECTURES = ["bert", "roberta", "deberta-v2", "modernbert"]
 O1 = {"initializer_range": 0.2}
@@ -118,27 +118,7 @@ def test_a_group_with_oft_and_other_methods_computes_each_members_logits_and_gra
     seeds = [42 + i for i in range(len(methods))]
     group = build(model_type, methods, seeds, **O1)
     skewed(group, 0.1)  # ‖Q‖ < 1 for b = 16 too: 0.3 makes its 5-term R far from orthogonal, with O(10) gradients
-    ids, mask, types = batch(model_type)
-    rows, count = ids.shape[0], len(methods)
-    repeat = lambda t: None if t is None else t.repeat(count, 1)
-    labels = torch.tensor([0, 1, 1])
-    logits = group(repeat(ids), repeat(mask), repeat(types))
-    F.cross_entropy(logits, labels.repeat(count), reduction="none").view(count, -1).mean(1).sum().backward()
-    gradients = {group.stored_name(n): p.grad for n, p, _, _ in group.member_parameters()}
-    for slot, (config, seed) in enumerate(zip(methods, seeds)):
-        alone = build(model_type, config, seed, **O1)
-        start = member_state(group, slot)
-        with torch.no_grad():
-            for n, parameter, _, _ in alone.member_parameters():
-                parameter[0].copy_(start[alone.stored_name(n)][tuple(slice(0, s) for s in parameter.shape[1:])])
-        alone_logits = alone(ids, mask, types)
-        torch.testing.assert_close(logits[rows * slot : rows * (slot + 1)], alone_logits, rtol=1e-5, atol=1e-6)
-        F.cross_entropy(alone_logits, labels).backward()
-        for n, parameter, _, _ in alone.member_parameters():
-            own = tuple(slice(0, s) for s in parameter.shape[1:])
-            name = alone.stored_name(n)
-            torch.testing.assert_close(gradients[name][slot][own], parameter.grad[0], rtol=1e-5, atol=1e-6,
-                                       msg=f"{model_type} member {slot} {name}")
+    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "modernbert"])  # every encoder: test_encoders.py's run test
