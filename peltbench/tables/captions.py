@@ -13,8 +13,10 @@ from ..protocols import DEFAULT, protocol_file, protocol_settings, run_defaults,
 from .names import TASK_LABELS, TASKS, order_of
 from .protocol import PAPER_MODEL, label_protocol, parse_protocol
 
-# The experiment files that sweep few-shot K only (K = 100, 500, 1000): no full-data protocol runs them.
+# The experiment files that sweep few-shot K only (K = 100, 500, 1000): no full-data protocol runs them; and the one
+# that sweeps K = all only, which a protocol of K rows per class (lmbff) cannot run.
 FEW_SHOT_SWEEPS = ("table1", "table1_prefix_l50", "table2")
+FULL_DATA_SWEEPS = ("table3",)
 # The experiment files that sweep one data seed (Tables 3 and 4): a named protocol's first seed for Table 4's timings,
 # all its seeds for Table 3's statistic.
 ONE_SEED_SWEEPS = ("table4",)
@@ -24,7 +26,7 @@ METRIC_NAMES = {"accuracy": "accuracy", "f1": "F1", "mcc": "Matthews corr.", "sp
 REPORTED = {
     "train": "the official GLUE dev split (GLUE's test labels are not public)",
     "per_class": "the official GLUE dev split (GLUE's test labels are not public)",
-    "glue_dev": "GLUE dev, the set the best epoch was selected on (selection on the reported set)",
+    "glue_dev": "GLUE dev (the selection rows too)",
     "glue_dev_halves": "the part of GLUE dev not used for selection",
 }
 
@@ -109,7 +111,7 @@ def sweep_command(sweep, selection, ks=None, extra=()):
     departures = parse_protocol(selection.protocol)
     if protocol_file(name) is not None and name != DEFAULT:
         count = protocol_settings(name)["k"]
-        if count == "all" and sweep in FEW_SHOT_SWEEPS:
+        if count == "all" and sweep in FEW_SHOT_SWEEPS or count != "all" and sweep in FULL_DATA_SWEEPS:
             return None
         words.append(f"protocol={name}")
         k = "all" if count == "all" else ",".join(ks) if ks else str(run_defaults(name).k)
@@ -123,6 +125,10 @@ def sweep_command(sweep, selection, ks=None, extra=()):
 
 
 def not_under(selection):
-    """Why a few-shot table has no runs and no sweep under a full-data protocol."""
-    return (f"Protocol {named(selection)} trains on the whole train split (K = all) only: this table's few-shot rows "
-            "(K < all) cannot be run under it; its runs are in Table 3")
+    """Why a table has no runs and no sweep under this protocol: a few-shot table under a full-data protocol, or
+    Table 3 (K = all) under a protocol of K rows per class."""
+    if settings(selection)["k"] == "all":
+        return (f"Protocol {named(selection)} trains on the whole train split (K = all) only: this table's few-shot rows "
+                "(K < all) cannot be run under it; its runs are in Table 3")
+    return (f"Protocol {named(selection)} samples K training examples per class: K = all cannot be run under it; its "
+            "runs are in Table 1")

@@ -155,7 +155,8 @@ def write_table3(out, runs, render):
     runs = runs[runs["k"] == "all"]
     below = other_settings_markdown(render.others[render.others["k"] == "all"], render.selection)
     if runs.empty:
-        return write_missing(out, "table3", "Table 3", sweep_command("table3", render.selection), _no_runs(render), below)
+        return write_missing(out, "table3", "Table 3", sweep_command("table3", render.selection),
+                             _missing_why("table3", render), below)
     table = score_table(runs, render.ddof, TABLE3_METHODS, reported(render))
     caption = table3_caption(table, runs, render)
     heading = "GLUE Dev" if settings_dev(render) != "glue_dev_halves" else "the Held-out Part of GLUE Dev"
