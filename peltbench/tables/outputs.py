@@ -103,7 +103,7 @@ def write_table1(out, runs, render):
                                _missing_why("table1", render), below),
                 *write_missing(out, "table2", "Table 2", sweep_command("table2", render.selection),
                                _missing_why("table2", render), below)]
-    table = score_table(runs, render.ddof, TABLE1_METHODS, reported(render))
+    table = score_table(runs, render.ddof, ranked_rows(TABLE1_METHODS, runs, render), reported(render))
     ks = _ks(table)
     results = significance(table)
     flagged = {(row.k, row.method, row.task) for row in results.itertuples() if row.significant}
@@ -157,7 +157,7 @@ def write_table3(out, runs, render):
     if runs.empty:
         return write_missing(out, "table3", "Table 3", sweep_command("table3", render.selection),
                              _missing_why("table3", render), below)
-    table = score_table(runs, render.ddof, TABLE3_METHODS, reported(render))
+    table = score_table(runs, render.ddof, ranked_rows(TABLE3_METHODS, runs, render), reported(render))
     caption = table3_caption(table, runs, render)
     heading = "GLUE Dev" if settings_dev(render) != "glue_dev_halves" else "the Held-out Part of GLUE Dev"
     out.text("table3.md", markdown.score_table_markdown(
@@ -279,6 +279,14 @@ def write_layernorm_figure(out, runs, render):
     out.csv("fig_ln_change.csv", means)
     return [("fig_ln_change.png / .csv", f"LN-tuning paper's Figure 3 on GLUE: change of LayerNorm gain and bias per layer "
                                         f"and task ({k_label(k)}; the CSV has every K, layer 0 = embeddings)")]
+
+
+def ranked_rows(paper_rows, runs, render):
+    """The rows that take bold and underline: beside the paper (its model under its protocol: "ours − paper") only
+    the paper table's own rows, so a method the paper did not run never displaces the paper's best (the others are
+    set apart); in any other render every method, as a paper's table ranks every method it compares."""
+    beside_paper = render.selection.compares_with_paper and label_protocol(render.selection.protocol) == "unipelt"
+    return paper_rows if beside_paper else tuple(sorted(set(runs["method"])))
 
 
 def reported(render):
