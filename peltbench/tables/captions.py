@@ -72,9 +72,10 @@ def reported_rows(selection, k):
     return REPORTED[source]
 
 
-def statistic_words(reported, seeds_text, ddof):
-    return (f"median over {seeds_text} (the protocol's statistic)" if reported == "median"
-            else f"mean and standard deviation over {seeds_text} (std with ddof = {ddof})")
+def statistic_words(reported, seeds_text, ddof, expected):
+    """`Mean and standard deviation over data seeds 111, 222 (std with ddof = 1; 5 seeds expected per cell)`."""
+    return (f"Median over {seeds_text} (the protocol's statistic; {expected} seeds expected per cell)" if reported == "median"
+            else f"Mean and standard deviation over {seeds_text} (std with ddof = {ddof}; {expected} seeds expected per cell)")
 
 
 def main_metrics(runs, tasks):

@@ -300,11 +300,11 @@ def table1_caption(table, render, runs):
     ks = _ks(table)
     median = reported(render) == "median"
     metrics = main_metrics(runs, table.tasks)
-    statistic = statistic_words(reported(render), _seeds(table), render.ddof)
+    statistic = statistic_words(reported(render), _seeds(table), render.ddof, render.expected)
     return (f"Results on GLUE with {k_words(ks, render.selection)}: test performance on "
             f"{reported_rows(render.selection, ks[0])}, main metric x100 ({metric_words(metrics)}). "
             f"Selection rows: {selection_rows(render.selection, ks[0])}. "
-            + f"{statistic[0].upper()}{statistic[1:]} ({render.expected} seeds expected per cell). "
+            + f"{statistic}. "
             + f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then "
             f"{'the median' if median else 'mean and std'} over the seeds that have "
             "every task. Best and 2nd best per column and K are bold and underlined. " + _selected(render)
