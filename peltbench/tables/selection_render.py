@@ -5,13 +5,14 @@ from . import latex
 from .formatting import MISSING, is_missing, number
 from .markdown import frame_markdown
 from .names import TASKS, k_label, method_label, order_of, task_label
+from .captions import selection_rows
 from .selection import DEFAULT_STATISTIC, chosen_cells, describe
 
 
 def write_selection(out, chosen, render, statistic=DEFAULT_STATISTIC):
     """selection.md / .tex / .csv of a selection (selection.select_settings); returns index entries."""
     out.csv("selection.csv", chosen.rows)
-    caption = " ".join([describe(chosen, statistic, render.ddof), render.selection.caption()])
+    caption = " ".join([describe(chosen, statistic, render.ddof), _dev_rows(chosen, render), render.selection.caption()])
     cells = chosen_cells(chosen, statistic)
     out.text("selection.md", selection_markdown(cells, chosen, caption, render.expected))
     missing = (" Grids with missing seeds (compared only on the seeds all candidates share): " + "; ".join(chosen.notes) + "."
@@ -21,6 +22,18 @@ def write_selection(out, chosen, render, statistic=DEFAULT_STATISTIC):
         render.notes.append(f"selection: {note}")
     return [("selection.md / .tex / .csv", f"{chosen.label} chosen on dev per method, task and K; the CSV lists every "
                                            "candidate with its seeds, dev mean and test mean ± std")]
+
+
+def _dev_rows(chosen, render):
+    """Which rows the setting was chosen on, as the protocol has them (captions.selection_rows): under full_median
+    and full_mean GLUE dev, the reported set itself."""
+    ks = sorted(set(chosen.rows["k"]), key=lambda k: (k == "all", k))
+    rows = {selection_rows(render.selection, k) for k in ks}
+    if not rows:
+        return ""
+    what = "; ".join(sorted(rows))
+    return (f"Dev rows (they choose the setting and, within a run, the best epoch): {what}."
+            + (" A setting chosen on the reported set is optimistic, as the papers that do so say." if "selection on the reported set" in what else ""))
 
 
 def _tasks(cells):
