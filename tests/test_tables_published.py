@@ -82,3 +82,20 @@ def test_a_csv_without_its_metric_row_is_one_line(tmp_path):
     (tmp_path / "published" / "roberta_base_glue.csv").write_text("method,params,rte,avg\nlora,1,78.4,78.4\n")
     with pytest.raises(UserError, match="needs one `metric` row"):
         load_published(tmp_path)
+
+
+def test_with_select_the_published_table_compares_the_chosen_setting(tmp_path):
+    """Issue 26 item 3: after --select, ours beside the paper is each cell's chosen learning rate, and the caption
+    says so."""
+    for lr, (dev, test) in {4e-4: (60.0, 70.0), 5e-4: (80.0, 75.0)}.items():  # 5e-4: the better dev
+        for seed in range(3):
+            write_record(tmp_path / "runs", "lora", "rte", "all", seed, test + seed, model="roberta-base",
+                         variant=f"lora_lr{lr}", settings={"lr": lr}, dev_best={"main": dev},
+                         test={"main": test + seed, "accuracy": test + seed})
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(PAPER), "--seeds", "3",
+                 "--select", "method.lr"]) == 0
+    text = (out / "published_roberta_base_glue.md").read_text()
+    [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
+    assert lora[5] == "76.0 (n = 3) [78.4]"  # lr 5e-4 (dev 80): the mean of 75, 76, 77
+    assert "Settings chosen on dev (--select method.lr)" in text

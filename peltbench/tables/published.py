@@ -129,14 +129,13 @@ def write_published(out, runs, render, paper_dir, statistic="mean"):
     what = "median" if statistic == "median" else "mean"
     protocol = TABLES[stem][2]
     pooled = label_protocol(render.selection.protocol)
-    warning = ("" if pooled == protocol else
-               f"**Warning: these runs are of protocol {pooled}, the published table's is {protocol}: not like with like.** ")
-    caption = (warning + f"Published: results/paper/published/{stem}.csv (its header names the source), protocol {protocol}; "
-               f"each column's metric as the paper's caption or header states it (the CSV's metric row: {_metric_list(metrics)}), numbers with the "
-               f"paper's {' or '.join(map(str, places))} decimal(s). Ours: the {what} over data seeds of K = all runs on "
-               "the same metric, rounded as the paper's number beside it. "
-               + (f"{render.selected} " if getattr(render, "selected", "") else "")
-               + render.selection.caption())
+    warning = ("" if pooled == protocol else f"**Warning: these runs are of protocol {pooled}, the published table's "
+               f"is {protocol}: not like with like.** ")
+    caption = (warning + f"Published: results/paper/published/{stem}.csv (its header names the source), protocol "
+               f"{protocol}; each column's metric as the paper's caption or header states it (the CSV's metric row: "
+               f"{_metric_list(metrics)}), numbers with the paper's {' or '.join(map(str, places))} decimal(s). Ours: "
+               f"the {what} over data seeds of K = all runs on the same metric, rounded as the paper's number beside it. "
+               + (f"{render.selected} " if render.selected else "") + render.selection.caption())
     out.text(f"published_{stem}.md", published_markdown(table, ours(runs, metrics, statistic), stem, caption))
     return [(f"published_{stem}.md", f"ours beside the published {stem} table (K = all, {what} over seeds, on each "
                                      "column's published metric)")]
