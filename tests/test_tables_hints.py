@@ -110,14 +110,14 @@ def test_captions_follow_the_protocol(tmp_path):
     lmbff = render(tmp_path / "a", "lmbff", runs)
     table1 = (lmbff / "table1.md").read_text()
     assert "K = 16 training examples per class" in table1 and "K = {16}" not in table1
-    assert "Selection rows: the best evaluation on a dev set of K train rows per class" in table1
+    assert "Best epoch (or evaluation step) chosen on: a dev set of K train rows per class" in table1
     assert "STS-B Spearman corr." in table1 and "Mean and standard deviation over data seeds 13, 21 (std with ddof = 1; 5 seeds expected per cell)" in table1
     assert "Table 1: results on GLUE with K training examples per class (test)" in table1
     halves = render(tmp_path / "b", "full_halves", runs)
     table3 = (halves / "table3.md").read_text()
     assert "best performance on the GLUE dev split" not in table3.lower()
     assert "best-epoch performance on the part of GLUE dev not used for selection" in table3
-    assert "Selection rows: the best epoch on one part of GLUE dev, never on a reported row" in table3
+    assert "Best epoch chosen on: one part of GLUE dev (never a reported row)" in table3
     assert "Best Performance on the Held-out Part of GLUE Dev" in (halves / "table3.tex").read_text()
 
 

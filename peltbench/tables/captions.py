@@ -51,17 +51,17 @@ def k_words(ks, selection):
 
 
 def selection_rows(selection, k):
-    """Which rows select the best epoch (or evaluation step) of a run of K `k`."""
+    """The rows that choose the best epoch (or evaluation step) of a run of K `k`, and any setting chosen on dev."""
     source = settings(selection)["dev"]
     if source == "train" and k == "all":
-        return "the best epoch on the official GLUE dev split, which is also the reported set (selection on the reported set)"
+        return "the official GLUE dev split, which is also the reported set (selection on the reported set)"
     if source == "train":
         size = parse_protocol(selection.protocol).get("dev_size", run_defaults(named(selection)).dev_size)
-        return f"the best epoch on {size} train rows held out as dev (none of them trained on)"
+        return f"{size} train rows held out as dev (none of them trained on)"
     return {
-        "per_class": "the best evaluation on a dev set of K train rows per class (none of them trained on)",
-        "glue_dev": "the best epoch on GLUE dev, which is also the reported set (selection on the reported set)",
-        "glue_dev_halves": "the best epoch on one part of GLUE dev, never on a reported row",
+        "per_class": "a dev set of K train rows per class (none of them trained on)",
+        "glue_dev": "GLUE dev, which is also the reported set (selection on the reported set)",
+        "glue_dev_halves": "one part of GLUE dev (never a reported row)",
     }[source]
 
 
@@ -107,6 +107,7 @@ def sweep_command(sweep, selection, ks=None, extra=()):
     (a few-shot table under a full-data protocol: `not_under`). `ks`: the K of the cells shown (default: the
     experiment file's, or the protocol's K where the protocol fixes it)."""
     name = named(selection)
+    ks = None if sweep in FULL_DATA_SWEEPS else ks
     model = selection.model.rpartition("#")[0] or selection.model  # records.split_architectures' PATH#roberta
     words = ["peltbench", "-m", f"+experiment={sweep}", *extra]
     departures = parse_protocol(selection.protocol)

@@ -128,6 +128,7 @@ def render_tables(args):
     runs = default_runs(chosen) if selected is None else selected_runs(chosen, selected)
     if selected is not None:
         render_context.selected = table_caption(selected)
+    render_context.ks = tuple(sorted({k for k in runs["k"] if k != "all"}, key=int))  # the K a hint's sweep fills
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable, runs)
     _say_selection(selection, ledger, args, render_context)
     compared = runs

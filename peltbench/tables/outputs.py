@@ -76,6 +76,7 @@ class Render:
     others: pd.DataFrame   # runs of other models / protocols, listed below Tables 1 and 3
     say: object = print    # one line to the console
     notes: list = field(default_factory=list)
+    ks: tuple = ()         # the K < all of the pooled runs: what a hint's sweep fills
     selected: str = ""     # with --select: the caption's sentence on the settings chosen on dev (selection.table_caption)
 
 
@@ -91,7 +92,7 @@ def write_missing(out, name, title, command, why="No runs for this table yet", b
 
 def _missing_why(sweep, render):
     """Why a table is empty: no runs yet, or (a few-shot table under a full-data protocol) none can be."""
-    return _no_runs(render) if sweep_command(sweep, render.selection) else not_under(render.selection)
+    return _no_runs(render) if _sweep(sweep, render) else not_under(render.selection)
 
 
 def write_table1(out, runs, render):
@@ -99,9 +100,9 @@ def write_table1(out, runs, render):
     runs = runs[runs["k"] != "all"]
     below = other_settings_markdown(render.others[render.others["k"] != "all"], render.selection)
     if runs.empty:
-        return [*write_missing(out, "table1", "Table 1", sweep_command("table1", render.selection),
+        return [*write_missing(out, "table1", "Table 1", _sweep("table1", render),
                                _missing_why("table1", render), below),
-                *write_missing(out, "table2", "Table 2", sweep_command("table2", render.selection),
+                *write_missing(out, "table2", "Table 2", _sweep("table2", render),
                                _missing_why("table2", render), below)]
     table = score_table(runs, render.ddof, ranked_rows(TABLE1_METHODS, runs, render), reported(render))
     ks = _ks(table)
@@ -117,7 +118,7 @@ def write_table1(out, runs, render):
         "tab:table1", lambda k: f"[${k_label(k)}$] Test Performance", render.expected, "Table 1", flagged))
     out.csv("table1.csv", table.cells.astype({"rank": "Int64"}))
     hint = "" if len(results) else (f"\nNo setup has UniPELT and a single method both scored yet: "
-                                    f"`{sweep_command('table1', render.selection, ks)}` runs them.\n")
+                                    f"`{_sweep('table1', render, ks)}` runs them.\n")
     out.text("significance.md", markdown.significance_markdown(results) + hint)
     out.csv("significance.csv", results)
     entries = [("table1.md / .tex / .csv", f"Table 1: mean ± std over data seeds per method, task and K (runs left out: {len(table.problems)})")]
@@ -136,7 +137,7 @@ def write_table2(out, table, render, ks=None):
                + _selected(render) + render.selection.caption())
     values = bounds.reindex(columns=["upper_ap", "unipelt_ap", "upper_apl", "unipelt_apl"])
     hint = "" if values.notna().any().any() else (
-        f"\nNo K has UniPELT and all its submodules on every task yet: `{sweep_command('table2', render.selection, ks)}` "
+        f"\nNo K has UniPELT and all its submodules on every task yet: `{_sweep('table2', render, ks)}` "
         "runs them.\n")
     out.text("table2.md", markdown.upper_bound_markdown(bounds, caption) + hint)
     out.text("table2.tex", latex.upper_bound_latex(bounds, caption, "tab:table2"))
@@ -155,7 +156,7 @@ def write_table3(out, runs, render):
     runs = runs[runs["k"] == "all"]
     below = other_settings_markdown(render.others[render.others["k"] == "all"], render.selection)
     if runs.empty:
-        return write_missing(out, "table3", "Table 3", sweep_command("table3", render.selection),
+        return write_missing(out, "table3", "Table 3", _sweep("table3", render),
                              _missing_why("table3", render), below)
     table = score_table(runs, render.ddof, ranked_rows(TABLE3_METHODS, runs, render), reported(render))
     caption = table3_caption(table, runs, render)
@@ -186,7 +187,7 @@ def diff_caption(selection):
 def write_table4(out, runs, render):
     table = efficiency_table(runs)
     if table.empty:
-        return write_missing(out, "table4", "Table 4", sweep_command("table4", render.selection), _no_runs(render),
+        return write_missing(out, "table4", "Table 4", _sweep("table4", render), _no_runs(render),
                              other_settings_markdown(render.others, render.selection))
     caption = table4_caption(runs, table, render.selection).replace(
         render.selection.caption(), _selected(render) + render.selection.caption())
@@ -194,7 +195,7 @@ def write_table4(out, runs, render):
     beside = f" **{warning}**" if render.paper and warning else ""  # the paper's numbers stand beside ours
     untimed = "" if table["train_time_percent"].notna().any() else (
         f"\nNo time columns yet: they need fine-tuning and the other methods on the same (task, K), trained unfused "
-        f"(fuse=false): `{sweep_command('table4', render.selection)}`.\n")
+        f"(fuse=false): `{_sweep('table4', render)}`.\n")
     out.text("table4.md", markdown.efficiency_markdown(
         table, render.paper["table4"] if render.paper else None,
         caption + " Column setups: the (task, K) setups a method's time ratios average over." + beside) + untimed)
@@ -234,7 +235,7 @@ def write_figures(out, runs, render):
     for name, (draw, title, sweep) in FIGURES.items():
         figure = draw(runs, render.ddof, expected=render.expected)
         if figure is None:
-            entries.append((name, f"not drawn: no runs for it yet (`{sweep_command(sweep, render.selection)}`)"))
+            entries.append((name, f"not drawn: no runs for it yet (`{_sweep(sweep, render)}`)"))
             continue
         out.figure(name, _name_the_runs(figure, render.selection))
         entries.append((name, title))
@@ -303,7 +304,7 @@ def table1_caption(table, render, runs):
     statistic = statistic_words(reported(render), _seeds(table), render.ddof, render.expected)
     return (f"Results on GLUE with {k_words(ks, render.selection)}: test performance on "
             f"{reported_rows(render.selection, ks[0])}, main metric x100 ({metric_words(metrics)}). "
-            f"Selection rows: {selection_rows(render.selection, ks[0])}. "
+            f"Best epoch (or evaluation step) chosen on: {selection_rows(render.selection, ks[0])}. "
             + f"{statistic}. "
             + f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then "
             f"{'the median' if median else 'mean and std'} over the seeds that have "
@@ -317,7 +318,7 @@ def table3_caption(table, runs, render):
     metrics = main_metrics(runs, table.tasks)
     return ("Results on GLUE when all training examples are used (K = all): best-epoch performance on "
             f"{reported_rows(render.selection, 'all')}, main metric x100 ({metric_words(metrics)}). "
-            f"Selection rows: {selection_rows(render.selection, 'all')}. "
+            f"Best epoch chosen on: {selection_rows(render.selection, 'all')}. "
             f"{'Median' if reported(render) == 'median' else 'Mean'} over {_seeds(table)}; "
             f"Avg. over the {_count(len(table.tasks), 'task')}. "
             "Best and 2nd best per column are bold and underlined. " + _selected(render) + render.selection.caption())
@@ -339,9 +340,16 @@ def _per(render):
 LN_SWEEP_SETTINGS = ("method=ln", "save.weights=true")  # LN runs that keep their trained LayerNorms (layernorm.SWEEP)
 
 
+def _sweep(sweep, render, ks=None, extra=()):
+    """The sweep that fills an output of this render (captions.sweep_command): at `ks`, the K of the cells a table
+    shows; under a protocol of K per class (whose K no experiment file has), at the K of the pooled runs."""
+    per_class = protocol_node(render.selection)["k"] == "per_class"
+    return sweep_command(sweep, render.selection, ks or (render.ks if per_class else None) or None, extra)
+
+
 def _any_k_sweep(render, extra=()):
     """Table 1's sweep (with `extra` settings), or Table 3's where the protocol runs no few-shot K."""
-    return sweep_command("table1", render.selection, extra=extra) or sweep_command("table3", render.selection, extra=extra)
+    return _sweep("table1", render, extra=extra) or _sweep("table3", render, extra=extra)
 
 
 def _selected(render):

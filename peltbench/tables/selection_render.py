@@ -32,7 +32,7 @@ def _dev_rows(chosen, render):
     if not rows:
         return ""
     what = "; ".join(sorted(rows))
-    return (f"Dev rows (they choose the setting and, within a run, the best epoch): {what}."
+    return (f"Chosen on (the setting, and each run's best epoch): {what}."
             + (" A setting chosen on the reported set is optimistic, as the papers that do so say." if "selection on the reported set" in what else ""))
 
 
