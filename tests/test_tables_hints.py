@@ -113,6 +113,7 @@ def test_captions_follow_the_protocol(tmp_path):
     assert "Best epoch (or evaluation step) chosen on: a dev set of K train rows per class" in table1
     assert "STS-B Spearman corr." in table1 and "Mean and standard deviation over data seeds 13, 21 (std with ddof = 1; 5 seeds expected per cell)" in table1
     assert "Table 1: results on GLUE with K training examples per class (test)" in table1
+    assert "[$K = 16$ per class] Test Performance" in (lmbff / "table1.tex").read_text()
     halves = render(tmp_path / "b", "full_halves", runs)
     table3 = (halves / "table3.md").read_text()
     assert "best performance on the GLUE dev split" not in table3.lower()

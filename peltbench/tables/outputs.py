@@ -115,7 +115,7 @@ def write_table1(out, runs, render):
         + below)
     out.text("table1.tex", latex.score_table_latex(
         table, caption + (" *: differs from the best single method, paired t-test over data seeds p < 0.05." if flagged else ""),
-        "tab:table1", lambda k: f"[${k_label(k)}$] Test Performance", render.expected, "Table 1", flagged))
+        "tab:table1", lambda k: f"[${k_label(k)}${' per class' if _per(render) == 'per class' else ''}] Test Performance", render.expected, "Table 1", flagged))
     out.csv("table1.csv", table.cells.astype({"rank": "Int64"}))
     hint = "" if len(results) else (f"\nNo setup has UniPELT and a single method both scored yet: "
                                     f"`{_sweep('table1', render, ks)}` runs them.\n")
