@@ -160,3 +160,21 @@ def test_with_select_table1_shows_the_chosen_settings_and_says_so(tmp_path):
     assert "in selection.csv only" not in caption
     readme = (out / "README.md").read_text()
     assert "4 in the tables" in readme and "only in selection.csv (candidates not chosen)" in readme
+
+
+def test_failed_cells_and_single_candidates_are_said(tmp_path):
+    """A cell whose every candidate failed keeps its failures in Table 1 (never a silent gap); a method with one
+    candidate per cell is named as not chosen on dev."""
+    write_grid(tmp_path / "runs")
+    for seed in (111, 222):
+        write_record(tmp_path / "runs", "lora", "mrpc", 100, seed, None, variant="lora_mrpc", settings={"lr": 1e-4})
+        write_record(tmp_path / "runs", "ft", "rte", 100, seed, 50.0, dev_best={"main": 50.0})
+    runs = load_records(tmp_path / "runs")
+    chosen = select_settings(runs, ("lr",))
+    assert ("lora, mrpc, K = 100: no candidate has a dev and a test score (failed runs): nothing chosen, its runs are "
+            "shown as they are") in chosen.notes
+    assert any(note.startswith("ft: one candidate in each cell (method.lr = ") for note in chosen.notes)
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr", "--seeds", "2"]) == 0
+    table = pd.read_csv(out / "table1.csv").set_index(["method", "task"])
+    assert table.loc[("lora", "mrpc"), "failed"] == 2 and table.loc[("ft", "rte"), "mean"] == 50.0

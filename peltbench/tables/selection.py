@@ -115,8 +115,23 @@ def select_settings(runs, keys, ddof=1):
                  for row in cell_rows]
         if note:
             notes.append(f"{method}, {task}, K = {k}: {note}")
+    unscored = sorted(set(zip(runs["method"], runs["task"], runs["k"])) - set(zip(usable["method"], usable["task"], usable["k"])))
+    notes += [f"{method}, {task}, K = {k}: no candidate has a dev and a test score (failed runs): nothing chosen, "
+              "its runs are shown as they are" for method, task, k in unscored]
     frame = pd.DataFrame(rows, columns=COLUMNS)
+    notes += _single_candidates(frame, keys)
     return Chosen(keys, paper_order(frame).reset_index(drop=True) if len(frame) else frame, notes)
+
+
+def _single_candidates(frame, keys):
+    """One note per method whose every cell has one candidate: shown at that setting, which dev did not choose."""
+    notes = []
+    for method, rows in frame.groupby("method", sort=False):
+        if rows.groupby(["task", "k"]).size().max() == 1:
+            values = ", ".join(sorted(set(rows["value"]), key=_value_order))
+            notes.append(f"{method}: one candidate in each cell ({', '.join(f'method.{key}' for key in keys)} = {values}): "
+                         "shown at that setting, nothing chosen on dev")
+    return notes
 
 
 def _cell(cell, ddof):
@@ -168,7 +183,9 @@ def selected_runs(runs, chosen):
     candidates = candidate_runs(runs, chosen.keys)
     picked = chosen.rows[chosen.rows["chosen"]]
     keys = set(zip(picked["method"], picked["task"], picked["k"], picked["value"]))
-    inside = [key in keys for key in zip(candidates["method"], candidates["task"], candidates["k"], candidates["value"])]
+    scored = set(zip(chosen.rows["method"], chosen.rows["task"], chosen.rows["k"]))
+    inside = [key in keys or key[:3] not in scored  # a cell whose every run failed: its failures are shown
+              for key in zip(candidates["method"], candidates["task"], candidates["k"], candidates["value"])]
     return candidates[inside]
 
 

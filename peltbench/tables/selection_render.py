@@ -15,7 +15,8 @@ def write_selection(out, chosen, render, statistic=DEFAULT_STATISTIC):
     caption = " ".join([describe(chosen, statistic, render.ddof), _dev_rows(chosen, render), render.selection.caption()])
     cells = chosen_cells(chosen, statistic)
     out.text("selection.md", selection_markdown(cells, chosen, caption, render.expected))
-    missing = (" Grids with missing seeds (compared only on the seeds all candidates share): " + "; ".join(chosen.notes) + "."
+    missing = (" Notes (grids with missing seeds are compared only on the seeds all candidates share): "
+               + "; ".join(chosen.notes) + "."
                if chosen.notes else "")
     out.text("selection.tex", selection_latex(cells, caption + missing, render.expected))
     for note in chosen.notes:
@@ -65,7 +66,8 @@ def selection_markdown(cells, chosen, caption, expected):
                  for method, by_task in rows]
         parts += [f"## {k_label(k)}", "", frame_markdown(pd.DataFrame(lines, columns=["Method", *map(task_label, tasks)])), ""]
     if chosen.notes:
-        parts += ["Grids with missing seeds (never compared on unequal seed sets):", "", *(f"- {note}" for note in chosen.notes), ""]
+        parts += ["Notes (a grid with missing seeds is never compared on unequal seed sets):", "",
+                  *(f"- {note}" for note in chosen.notes), ""]
     return "\n".join(parts)
 
 
