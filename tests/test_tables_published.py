@@ -50,9 +50,9 @@ def test_ours_beside_the_published_numbers(tmp_path):
     # the main Spearman and F1; one decimal, as the paper prints
     [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
     assert lora == ["LoRA", "– [95.1]", "87.2 (n = 3) [89.7]", "– [63.4]", "– [93.3]", "74.0 (n = 3) [78.4]",
-                    "89.7 (n = 3) [91.5]"]
+                    "89.7 (n = 3) [91.5]", "– [85.2]"]  # no average of ours without every task
     assert header(text) == ["Method", "SST-2 (Acc.)", "MRPC (Acc.)", "CoLA (MCC)", "QNLI (Acc.)", "RTE (Acc.)",
-                            "STS-B (Pearson)"]
+                            "STS-B (Pearson)", "Avg."]
     assert "| vera " in text.lower() and "protocol full_median" in text  # a published row without runs shows too
     assert "Warning: these runs are of protocol unipelt, the published table's is full_median" in text
 
@@ -99,3 +99,13 @@ def test_with_select_the_published_table_compares_the_chosen_setting(tmp_path):
     [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
     assert lora[5] == "76.0 (n = 3) [78.4]"  # lr 5e-4 (dev 80): the mean of 75, 76, 77
     assert "Settings chosen on dev (--select method.lr)" in text
+
+
+def test_our_average_over_every_task_beside_the_papers():
+    from peltbench.tables.published import published_markdown
+
+    table = load_published(PAPER)["roberta_base_glue"]
+    scores = dict(zip(["sst2", "mrpc", "cola", "qnli", "rte", "stsb"], [90.0, 85.0, 60.0, 91.0, 70.0, 88.04]))
+    text = published_markdown(table, {("lora", task): (value, 5) for task, value in scores.items()}, "roberta_base_glue", "")
+    [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
+    assert lora[-1] == f"{sum(scores.values()) / 6:.1f} [85.2]" == "80.7 [85.2]"

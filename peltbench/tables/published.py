@@ -56,8 +56,9 @@ def _read(path):
     for column in frame.columns.drop("method"):
         frame[column] = pd.to_numeric(frame[column].replace("", np.nan), errors="coerce")
     frame.attrs["metrics"] = metrics
-    frame.attrs["printed"] = {(method, task): rows.at[index, task].strip()
-                              for index, method in rows["method"].items() for task in tasks}
+    printed = [*tasks, *(column for column in AVERAGES if column in rows.columns)]
+    frame.attrs["printed"] = {(method, column): rows.at[index, column].strip()
+                              for index, method in rows["method"].items() for column in printed}
     return frame
 
 
@@ -91,15 +92,20 @@ def decimals(printed):
 def published_markdown(table, cells, stem, caption):
     tasks = list(table.attrs["metrics"])
     printed = table.attrs["printed"]
+    average = next((column for column in AVERAGES if column in table.columns), None)
     rows = []
     for method in [*table["method"], *sorted({m for m, _ in cells} - set(table["method"]))]:
-        rows.append([method_label(method), *(_cell(cells.get((method, task)), printed.get((method, task)), task, printed)
-                                             for task in tasks)])
+        row = [method_label(method), *(_cell(cells.get((method, task)), printed.get((method, task)), task, printed)
+                                       for task in tasks)]
+        if average:
+            row.append(_average_cell(method, cells, tasks, table, average))
+        rows.append(row)
     header = ["Method", *(f"{task_label(task)} ({METRIC_WORDS.get(table.attrs['metrics'][task], table.attrs['metrics'][task])})"
-                          for task in tasks)]
+                          for task in tasks), *(["Avg."] if average else [])]
     return "\n".join([f"# {stem}: ours beside the published numbers", "", caption, "",
                       "Each cell: ours (n = seeds), the published number in brackets, both on the metric its column "
-                      "names and with the paper's decimals.", "",
+                      "names and with the paper's decimals. Avg.: the mean over the table's tasks (ours only with every "
+                      "task), beside the paper's average column.", "",
                       frame_markdown(pd.DataFrame(rows, columns=header)), ""])
 
 
@@ -110,6 +116,18 @@ def _cell(ours_cell, theirs, task, printed):
                                                   if column == task and text), default=2)
     mine = MISSING if ours_cell is None else f"{_rounded(ours_cell[0], places)} (n = {ours_cell[1]})"
     return f"{mine} [{theirs or MISSING}]"
+
+
+def _average_cell(method, cells, tasks, table, column):
+    """The papers' average column beside ours: the mean of our cells over the table's tasks (only when we have every
+    one), with the decimals the paper prints it with."""
+    text = table.attrs["printed"].get((method, column)) or MISSING
+    places = decimals(text) if text != MISSING else max(
+        (decimals(printed) for (_, name), printed in table.attrs["printed"].items() if name == column and printed), default=2)
+    ours_cells = [cells.get((method, task)) for task in tasks]
+    mine = (MISSING if any(cell is None for cell in ours_cells)
+            else _rounded(float(np.mean([cell[0] for cell in ours_cells])), places))
+    return f"{mine} [{text}]"
 
 
 def _rounded(value, places):
