@@ -129,3 +129,16 @@ def test_a_tasks_metric_is_the_one_its_records_rank_by(tmp_path):
         write_run(runs, "lmbff", "lora", "stsb", 16, seed, 70.0, "task.main_metric=pearson")
     text = (render(tmp_path, "lmbff", runs) / "table1.md").read_text()
     assert "STS-B Pearson corr." in text and "Spearman" not in text
+
+
+def test_a_tasks_metric_is_the_one_its_main_score_is(tmp_path):
+    """Whatever the config says, the caption names the metric whose value test.main holds."""
+    runs = tmp_path / "runs"
+    for seed in (13, 21):
+        write_run(runs, "lmbff", "lora", "stsb", 16, seed, 70.0)
+        path = runs / "lmbff" / "lora" / "stsb" / "k16" / f"seed{seed}" / "result.json"
+        record = json.loads(path.read_text())
+        record["test"] = {"main": 70.0 + seed, "pearson": 70.0 + seed, "spearman": 60.0}
+        path.write_text(json.dumps(record))
+    text = (render(tmp_path, "lmbff", runs) / "table1.md").read_text()
+    assert "STS-B Pearson corr." in text and "Spearman" not in text

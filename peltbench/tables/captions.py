@@ -79,15 +79,30 @@ def statistic_words(reported, seeds_text, ddof, expected):
 
 
 def main_metrics(runs, tasks):
-    """{task: metric name} each task's records rank by (`config.task.main_metric`, the most common; a record without
-    it: conf/task/<task>.yaml's)."""
+    """{task: metric name} each task's records rank by: the test metric whose value their `test.main` is (most
+    records'), else their `config.task.main_metric`, else conf/task/<task>.yaml's. However a protocol sets it (lmbff
+    may rank STS-B by Pearson), the caption names what the numbers are."""
     metrics = {}
     for task in tasks:
-        found = [config.get("task", {}).get("main_metric") for config in runs.loc[runs["task"] == task, "config"]
-                 if isinstance(config, dict)]
-        found = [name for name in found if name]
-        metrics[task] = max(set(found), key=found.count) if found else _task_file_metric(task)
+        rows = runs[runs["task"] == task]
+        found = [name for _, row in rows.iterrows() for name in _metrics_equal_to_main(row)]
+        if not found:
+            found = [config.get("task", {}).get("main_metric") for config in rows["config"] if isinstance(config, dict)]
+            found = [name for name in found if name]
+        metrics[task] = max(sorted(set(found)), key=found.count) if found else _task_file_metric(task)
     return metrics
+
+
+def _metrics_equal_to_main(row):
+    """The names of a record's test metrics whose value is its test.main (one, unless two coincide)."""
+    main = row.get("main")
+    if main is None or main != main:
+        return []
+    names = [column.removeprefix("test_") for column in row.index
+             if column.startswith("test_") and column != "test_main" and row[column] == main]
+    config = row.get("config")
+    configured = config.get("task", {}).get("main_metric") if isinstance(config, dict) else None
+    return [configured] if len(names) > 1 and configured in names else names
 
 
 def _task_file_metric(task):
