@@ -11,15 +11,15 @@ from pathlib import Path
 import pandas as pd
 
 from . import latex, markdown
+from .captions import (k_words, main_metrics, metric_words, not_under, reported_rows, selection_rows,
+                       statistic_words, sweep_command)
+from .captions import settings as protocol_node
 from .efficiency import efficiency_table, is_fused, machines, without_units
 from .figures import bottleneck_figure, gate_figure, gate_runs, lora_scale_figure, most_runs_k
 from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_ln_runs
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
 from .others import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .captions import (k_words, main_metrics, metric_words, not_under, reported_rows, selection_rows,
-                       statistic_words, sweep_command)
-from .captions import settings as protocol_node
 from .protocol import Selection, label_protocol
 from .scores import score_table, statistic, upper_bounds
 from .significance import significance
@@ -115,13 +115,15 @@ def write_table1(out, runs, render):
         + below)
     out.text("table1.tex", latex.score_table_latex(
         table, caption + (" *: differs from the best single method, paired t-test over data seeds p < 0.05." if flagged else ""),
-        "tab:table1", lambda k: f"[${k_label(k)}${' per class' if _per(render) == 'per class' else ''}] Test Performance", render.expected, "Table 1", flagged))
+        "tab:table1", lambda k: f"[${k_label(k)}${' per class' if _per(render) == 'per class' else ''}] Test Performance",
+        render.expected, "Table 1", flagged))
     out.csv("table1.csv", table.cells.astype({"rank": "Int64"}))
     hint = "" if len(results) else (f"\nNo setup has UniPELT and a single method both scored yet: "
                                     f"`{_sweep('table1', render, ks)}` runs them.\n")
     out.text("significance.md", markdown.significance_markdown(results) + hint)
     out.csv("significance.csv", results)
-    entries = [("table1.md / .tex / .csv", f"Table 1: mean ± std over data seeds per method, task and K (runs left out: {len(table.problems)})")]
+    entries = [("table1.md / .tex / .csv", f"Table 1: {'median' if reported(render) == 'median' else 'mean ± std'} over "
+                                          f"data seeds per method, task and K (runs left out: {len(table.problems)})")]
     if render.paper is not None:
         entries += write_diff(out, "table1", "Table 1", diff_cells(table.cells, render.paper["table1"]), table.tasks, render)
     entries.append(("significance.md / .csv", "UniPELT vs. the best single method per task and K (paired over data seeds)"))
