@@ -165,9 +165,10 @@ def write_table3(out, runs, render):
     heading = "GLUE Dev" if settings_dev(render) != "glue_dev_halves" else "the Held-out Part of GLUE Dev"
     out.text("table3.md", markdown.score_table_markdown(
         table, f"Table 3: results with all training examples ({'dev' if heading == 'GLUE Dev' else 'held-out part of dev'})",
-        caption, 1, "Table 3") + below)
+        caption, table3_seeds(render), "Table 3") + below)
     out.text("table3.tex", latex.score_table_latex(
-        table, caption, "tab:table3", lambda k: f"[$K = all$] Best Performance on {heading}", 1, "Table 3"))
+        table, caption, "tab:table3", lambda k: f"[$K = all$] Best Performance on {heading}", table3_seeds(render),
+        "Table 3"))
     out.csv("table3.csv", table.cells.astype({"rank": "Int64"}))
     entries = [("table3.md / .tex / .csv", "Table 3: K = all, including UniPELT-NoGate")]
     if render.paper is not None:
@@ -321,9 +322,18 @@ def table3_caption(table, runs, render):
     return ("Results on GLUE when all training examples are used (K = all): best-epoch performance on "
             f"{reported_rows(render.selection, 'all')}, main metric x100 ({metric_words(metrics)}). "
             f"Best epoch chosen on: {selection_rows(render.selection, 'all')}. "
-            f"{'Median' if reported(render) == 'median' else 'Mean'} over {_seeds(table)}; "
+            f"{'Median' if reported(render) == 'median' else 'Mean'} over {_seeds(table)} ({table3_seeds(render)} "
+            f"seed{'s' if table3_seeds(render) > 1 else ''} expected per cell); "
             f"Avg. over the {_count(len(table.tasks), 'task')}. "
             "Best and 2nd best per column are bold and underlined. " + _selected(render) + render.selection.caption())
+
+
+def table3_seeds(render):
+    """The data seeds a Table 3 cell expects: one under UniPELT's protocol (conf/experiment/table3.yaml), a named
+    full-data protocol's seeds otherwise (its statistic is over them)."""
+    if label_protocol(render.selection.protocol) == "unipelt":
+        return 1
+    return len(protocol_node(render.selection).get("seeds") or [1])
 
 
 def settings_dev(render):
