@@ -120,6 +120,7 @@ def test_captions_follow_the_protocol(tmp_path):
     assert "best-epoch performance on the part of GLUE dev not used for selection" in table3
     assert "Best epoch chosen on: one part of GLUE dev (never a reported row)" in table3
     assert "Best Performance on the Held-out Part of GLUE Dev" in (halves / "table3.tex").read_text()
+    assert "Mean over data seeds 42, 43 (5 seeds expected per cell)" in table3 and "(n=2)" in table3  # full_halves' 5
 
 
 def test_a_tasks_metric_is_the_one_its_records_rank_by(tmp_path):
