@@ -147,7 +147,7 @@ def write_table2(out, table, render, ks=None):
     entries = [("table2.md / .tex / .csv", "Table 2: UniPELT vs. the upper bound of its submodules, per K")]
     if render.paper is not None:
         diff = diff_upper_bounds(bounds, render.paper["table2"])
-        out.text("diff_table2.md", markdown.diff_upper_bound_markdown(diff, diff_caption(render.selection)))
+        out.text("diff_table2.md", markdown.diff_upper_bound_markdown(diff, _selected(render) + diff_caption(render.selection)))
         out.csv("diff_table2.csv", diff)
         entries.append(("diff_table2.md / .csv", "Table 2, ours − paper per cell"))
     return entries
@@ -177,7 +177,7 @@ def write_table3(out, runs, render):
 
 
 def write_diff(out, name, title, diff, tasks, render):
-    out.text(f"diff_{name}.md", markdown.diff_markdown(diff, f"{title}: ours − paper", tasks, diff_caption(render.selection)))
+    out.text(f"diff_{name}.md", markdown.diff_markdown(diff, f"{title}: ours − paper", tasks, _selected(render) + diff_caption(render.selection)))
     out.csv(f"diff_{name}.csv", diff)
     return [(f"diff_{name}.md / .csv", f"{title}, ours − paper per cell (paper's number beside it)")]
 
