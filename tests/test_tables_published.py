@@ -3,7 +3,6 @@ synthetic records of the tables' model."""
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from peltbench import UserError
