@@ -139,8 +139,9 @@ def test_hints_name_the_model_and_protocol_they_render(tmp_path, capsys):
     assert status == 0
     sweep = "model.name=/ckpt/mini train.epochs=5 dev_size=200 precision=fp32"
     assert f"`peltbench -m +experiment=table3 {sweep}`, then `make tables`" in (out / "table3.md").read_text()
-    assert f"`peltbench -m +experiment=table2 {sweep}` runs them" in (out / "table2.md").read_text()
-    assert f"`peltbench -m +experiment=table1 {sweep}` runs them" in (out / "significance.md").read_text()
+    # the K of the cells shown (MRPC K = 500), not the experiment file's three
+    assert f"`peltbench -m +experiment=table2 k=500 {sweep}` runs them" in (out / "table2.md").read_text()
+    assert f"`peltbench -m +experiment=table1 k=500 {sweep}` runs them" in (out / "significance.md").read_text()
     assert f"trained unfused (fuse=false): `peltbench -m +experiment=table4 {sweep}`" in (out / "table4.md").read_text()
     assert f"`peltbench -m +experiment=fig3_lora_scale {sweep}`" in (out / "README.md").read_text()
     from matplotlib import image

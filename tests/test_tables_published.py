@@ -3,13 +3,20 @@ synthetic records of the tables' model."""
 import shutil
 from pathlib import Path
 
-import pandas as pd
+import pytest
+
+from peltbench import UserError
 
 from peltbench.tables.command import main
 from peltbench.tables.published import load_published, matching_table
 from test_tables import write_record
 
 PAPER = Path(__file__).resolve().parents[1] / "results" / "paper"
+
+
+def header(text):
+    line = next(line for line in text.splitlines() if line.startswith("| Method"))
+    return [cell.strip() for cell in line.split("|")[1:-1]]
 
 
 def test_the_published_tables_are_copied_as_printed():
@@ -23,16 +30,81 @@ def test_the_published_tables_are_copied_as_printed():
 
 
 def test_ours_beside_the_published_numbers(tmp_path):
-    for seed, (rte, pearson) in enumerate([(70.0, 88.0), (72.0, 90.0), (80.0, 91.0)]):
-        write_record(tmp_path / "runs", "lora", "rte", "all", seed, rte, model="roberta-base")
+    """Issue 26 item 4: each column on the metric the paper prints (RoBERTa: MRPC accuracy, STS-B Pearson), ours with
+    the paper's decimals (one)."""
+    for seed, (rte, pearson, f1, accuracy) in enumerate([(70.0, 88.0, 91.0, 86.0), (72.0, 90.0, 92.0, 87.0),
+                                                          (80.0, 91.0, 93.0, 88.5)]):
+        write_record(tmp_path / "runs", "lora", "rte", "all", seed, rte, model="roberta-base",
+                     test={"main": rte, "accuracy": rte})
         write_record(tmp_path / "runs", "lora", "stsb", "all", seed, 50.0, model="roberta-base",
                      test={"main": 50.0, "pearson": pearson, "spearman": 50.0})
+        write_record(tmp_path / "runs", "lora", "mrpc", "all", seed, f1, model="roberta-base",
+                     test={"main": f1, "f1": f1, "accuracy": accuracy})
     shutil.copytree(PAPER, tmp_path / "paper")
     out = tmp_path / "tables"
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(tmp_path / "paper"),
                  "--seeds", "3"]) == 0
     text = (out / "published_roberta_base_glue.md").read_text()
-    # the mean of 70, 72, 80 beside the printed 78.4; STS-B on Pearson (the table's metric), not the main Spearman
+    # the mean of 70, 72, 80 beside the printed 78.4; STS-B on Pearson, MRPC on accuracy (the table's metrics), not
+    # the main Spearman and F1; one decimal, as the paper prints
     [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
-    assert lora == ["LoRA", "– [95.10]", "– [89.70]", "– [63.40]", "– [93.30]", "74.00 (n = 3) [78.40]", "89.67 (n = 3) [91.50]"]
+    assert lora == ["LoRA", "– [95.1]", "87.2 (n = 3) [89.7]", "– [63.4]", "– [93.3]", "74.0 (n = 3) [78.4]",
+                    "89.7 (n = 3) [91.5]", "– [85.2]"]  # no average of ours without every task
+    assert header(text) == ["Method", "SST-2 (Acc.)", "MRPC (Acc.)", "CoLA (MCC)", "QNLI (Acc.)", "RTE (Acc.)",
+                            "STS-B (Pearson)", "Avg."]
     assert "| vera " in text.lower() and "protocol full_median" in text  # a published row without runs shows too
+    assert "Warning: these runs are of protocol unipelt, the published table's is full_median" in text
+
+
+def test_deberta_on_its_printed_metrics_with_two_decimals(tmp_path):
+    """QQP's 92.40 is accuracy (the table prints Acc/F1 and the CSV keeps Acc), MRPC accuracy, STS-B Pearson."""
+    tables = load_published(PAPER)
+    deberta = tables["deberta_v3_base_glue"]
+    assert deberta.attrs["metrics"] == {"mnli": "accuracy", "sst2": "accuracy", "cola": "mcc", "qqp": "accuracy",
+                                        "qnli": "accuracy", "rte": "accuracy", "mrpc": "accuracy", "stsb": "pearson"}
+    assert tables["roberta_base_glue"].attrs["metrics"]["mrpc"] == "accuracy"
+    assert deberta.attrs["printed"][("ft", "qqp")] == "92.40" and "metric" not in set(deberta["method"])
+    model = "microsoft/deberta-v3-base"
+    for seed in range(3):
+        write_record(tmp_path / "runs", "ft", "qqp", "all", seed, 80.0, model=model,
+                     test={"main": 80.0, "f1": 80.0, "accuracy": 90.0 + seed})
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(PAPER)]) == 0
+    text = (out / "published_deberta_v3_base_glue.md").read_text()
+    [ft] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| Fine-tuning ")]
+    assert ft[4] == "91.00 (n = 3) [92.40]"  # QQP accuracy (not the main F1, 80), two decimals
+    assert header(text)[4] == "QQP (Acc.)" and "MNLI matched" in text
+
+
+def test_a_csv_without_its_metric_row_is_one_line(tmp_path):
+    (tmp_path / "published").mkdir()
+    (tmp_path / "published" / "roberta_base_glue.csv").write_text("method,params,rte,avg\nlora,1,78.4,78.4\n")
+    with pytest.raises(UserError, match="needs one `metric` row"):
+        load_published(tmp_path)
+
+
+def test_with_select_the_published_table_compares_the_chosen_setting(tmp_path):
+    """Issue 26 item 3: after --select, ours beside the paper is each cell's chosen learning rate, and the caption
+    says so."""
+    for lr, (dev, test) in {4e-4: (60.0, 70.0), 5e-4: (80.0, 75.0)}.items():  # 5e-4: the better dev
+        for seed in range(3):
+            write_record(tmp_path / "runs", "lora", "rte", "all", seed, test + seed, model="roberta-base",
+                         variant=f"lora_lr{lr}", settings={"lr": lr}, dev_best={"main": dev},
+                         test={"main": test + seed, "accuracy": test + seed})
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(PAPER), "--seeds", "3",
+                 "--select", "method.lr"]) == 0
+    text = (out / "published_roberta_base_glue.md").read_text()
+    [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
+    assert lora[5] == "76.0 (n = 3) [78.4]"  # lr 5e-4 (dev 80): the mean of 75, 76, 77
+    assert "Settings chosen on dev (--select method.lr)" in text
+
+
+def test_our_average_over_every_task_beside_the_papers():
+    from peltbench.tables.published import published_markdown
+
+    table = load_published(PAPER)["roberta_base_glue"]
+    scores = dict(zip(["sst2", "mrpc", "cola", "qnli", "rte", "stsb"], [90.0, 85.0, 60.0, 91.0, 70.0, 88.04]))
+    text = published_markdown(table, {("lora", task): (value, 5) for task, value in scores.items()}, "roberta_base_glue", "")
+    [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
+    assert lora[-1] == f"{sum(scores.values()) / 6:.1f} [85.2]" == "80.7 [85.2]"

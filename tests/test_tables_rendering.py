@@ -62,6 +62,24 @@ def test_methods_outside_the_paper_table_are_apart_and_unranked(tmp_path):
     assert "LN-tuning & 90.00 & 90.00" in tex
 
 
+def test_every_method_has_a_label_and_a_place_in_the_rankings(tmp_path):
+    """Issue 26 item 4: every method file has a display label and a row position; away from the paper (another model
+    or protocol) every method is ranked, so AdaLoRA or OFT can take the bold."""
+    from peltbench.packaged import options
+    from peltbench.tables.names import METHOD_LABELS, METHODS
+
+    assert set(options("method")) <= set(METHOD_LABELS) and set(options("method")) <= set(METHODS)
+    assert len(set(METHOD_LABELS.values())) == len(METHOD_LABELS)  # no two methods read the same
+    for method, score in (("lora", 60.0), ("adalora", 70.0), ("oft", 65.0), ("hra", 50.0)):
+        write_record(tmp_path, method, "rte", 100, 111, score, model="/ckpt/mini")
+    _, out = render(tmp_path, tmp_path, "--seeds", "1", "--ddof", "0")
+    text = (out / "table1.md").read_text()
+    rows = markdown_rows(text)
+    assert [row[0] for row in markdown_body(text)] == ["LoRA", "AdaLoRA", "OFT", "HRA"]  # names.METHODS' order
+    assert (rows["AdaLoRA"][0], rows["OFT"][0], rows["LoRA"][0]) == ("**70.00**", "<ins>65.00</ins>", "60.00")
+    assert "Not in the paper's" not in text
+
+
 def test_nogate_ap_is_a_paper_row_of_table3(tmp_path):
     for method, score in (("unipelt_ap", 80.0), ("unipelt_ap_nogate", 81.0), ("unipelt_apl_nogate", 99.0), ("bitfit", 98.0)):
         write_record(tmp_path, method, "rte", "all", 111, score)

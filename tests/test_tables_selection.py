@@ -1,5 +1,7 @@
 """`peltbench-tables --select`: a method setting chosen on dev per method × task × K (issue 20 item 2), recomputed
 here from the synthetic records with plain pandas."""
+import shutil
+
 import pandas as pd
 import pytest
 
@@ -98,3 +100,81 @@ def test_after_a_selection_paired_and_cost_compare_the_chosen_settings(tmp_path)
     assert paired[["method", "reference", "n", "difference"]].values.tolist() == [["lora", "adapter", 2, 8.0]]
     cost = pd.read_csv(out / "fig_cost.csv").set_index(["task", "method"])
     assert cost.loc[("rte", "lora"), "score"] == 59.0
+
+
+def test_a_key_nobody_varied_is_refused_in_one_line(tmp_path, capsys):
+    """Issue 26 item 3: `--select method.bottleneck` on an lr grid chose adapter's one bottleneck and exited 0."""
+    write_grid(tmp_path / "runs")
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+                 "--select", "method.bottleneck"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == ("peltbench-tables: --select method.bottleneck: no method, task and K has runs at two values of it "
+                    "(adapter: 48 only), so nothing is chosen on dev; settings these runs vary: method.lora_rank, method.lr")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UserError, match="--select method.lora_rank: no method, task and K has runs at two values"):
+        # lora_rank 4 is one run at lr 5e-4 beside rank 8 at 5e-4: two values, but only with lr kept at its default
+        select_settings(load_records(write_grid(tmp_path / "b")).query("variant != 'lora_lr0.0005'"), ("lora_rank",))
+
+
+def test_a_method_outside_the_selection_is_named_never_dropped(tmp_path, capsys):
+    """Without its default-lr runs, every LoRA run changes lr (or rank): a bottleneck selection has no candidate of
+    LoRA's, and says so in the notes, the console and selection.md."""
+    shutil.rmtree(write_grid(tmp_path / "runs") / "lr0.0005" / "lora_lr0.0005")
+    for seed in (111, 222):
+        write_record(tmp_path / "runs" / "bn", "adapter", "rte", 100, seed, 40.0, variant="adapter_bn8",
+                     settings={"bottleneck": 8}, dev_best={"main": 90.0})
+    runs = load_records(tmp_path / "runs")
+    chosen = select_settings(runs, ("bottleneck",))
+    assert ("lora, rte, K = 100: not in the selection: its 5 run(s) change method.lora_rank, method.lr (not selected; "
+            "add it to --select to choose it too)") in chosen.notes
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.bottleneck",
+                 "--seeds", "2"]) == 0
+    assert "lora, rte, K = 100: not in the selection" in (out / "selection.md").read_text()
+    assert "selection: lora, rte, K = 100: not in the selection" in capsys.readouterr().out
+
+
+def test_with_select_table1_shows_the_chosen_settings_and_says_so(tmp_path):
+    """Issue 26 item 3: Table 1 stayed on the defaults (no LoRA row when LoRA had no default-lr run) while
+    selection.md showed the chosen settings. Recomputed here with pandas from the records."""
+    write_grid(tmp_path / "runs")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr", "--seeds", "2"]) == 0
+    runs = load_records(tmp_path / "runs")
+    runs = runs[runs["changed"].map(lambda changed: set(changed) <= {"lr"})]
+    lr = runs["settings"].map(lambda settings: settings["lr"])
+    expected = {}
+    for method, group in runs.assign(lr=lr).groupby("method"):
+        shared = set.intersection(*(set(rows["seed"]) for _, rows in group.groupby("lr")))
+        dev = group[group["seed"].isin(shared)].groupby("lr")["dev_main"].mean()
+        best = dev[dev == dev.max()].index.min()
+        expected[method] = group.loc[group["lr"] == best, "main"].mean()
+    table = pd.read_csv(out / "table1.csv").query("task == 'rte'").set_index("method")
+    assert set(table.index) == {"adapter", "lora"}
+    for method, mean in expected.items():
+        assert table.loc[method, "mean"] == pytest.approx(mean)
+    assert table.loc["lora", "mean"] == pytest.approx(59.0)  # lr 3e-4, not the default 5e-4's 65
+    caption = (out / "table1.md").read_text()
+    assert "Settings chosen on dev (--select method.lr)" in caption
+    assert "Settings chosen on dev (--select method.lr)" in (out / "table1.tex").read_text()
+    assert "in selection.csv only" not in caption
+    readme = (out / "README.md").read_text()
+    assert "4 in the tables" in readme and "only in selection.csv (candidates not chosen)" in readme
+
+
+def test_failed_cells_and_single_candidates_are_said(tmp_path):
+    """A cell whose every candidate failed keeps its failures in Table 1 (never a silent gap); a method with one
+    candidate per cell is named as not chosen on dev."""
+    write_grid(tmp_path / "runs")
+    for seed in (111, 222):
+        write_record(tmp_path / "runs", "lora", "mrpc", 100, seed, None, variant="lora_mrpc", settings={"lr": 1e-4})
+        write_record(tmp_path / "runs", "ft", "rte", 100, seed, 50.0, dev_best={"main": 50.0})
+    runs = load_records(tmp_path / "runs")
+    chosen = select_settings(runs, ("lr",))
+    assert ("lora, mrpc, K = 100: no candidate has a dev and a test score (failed runs): nothing chosen, its runs are "
+            "shown as they are") in chosen.notes
+    assert any(note.startswith("ft: one candidate in each cell (method.lr = ") for note in chosen.notes)
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr", "--seeds", "2"]) == 0
+    table = pd.read_csv(out / "table1.csv").set_index(["method", "task"])
+    assert table.loc[("lora", "mrpc"), "failed"] == 2 and table.loc[("ft", "rte"), "mean"] == 50.0

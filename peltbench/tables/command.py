@@ -24,7 +24,7 @@ from ..protocols import statistic
 from .protocol import label_protocol, pooled, render_options, select
 from .records import (architecture_conflicts, default_runs, known_names, known_runs, one_record_per_seed,
                       read_records)
-from .selection import parse_keys, select_settings, selected_runs
+from .selection import parse_keys, select_settings, selected_runs, table_caption
 from .selection_render import write_selection
 
 PROG = "peltbench-tables"
@@ -122,12 +122,16 @@ def render_tables(args):
     chosen, duplicates = one_record_per_seed(known[same].assign(protocol=selection.protocol))  # see `pooled`
     paper = load_paper(args.paper_dir) if selection.compares_with_paper else None
     render_context = Render(selection, args.seeds, args.ddof, paper, known[~same])
-    ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable)
-    _say_selection(selection, ledger, args, render_context)
-    runs = default_runs(chosen)
     reported = statistic(label_protocol(selection.protocol))  # mean ± std, or the median the protocol reports
     selected = select_settings(chosen, args.select_keys, args.ddof) if args.select_keys else None
-    compared = runs if selected is None else selected_runs(chosen, selected)  # the chosen setting of each cell
+    # Tables 1-4, paired tests, the cost view and the published tables: each cell's chosen setting after --select
+    runs = default_runs(chosen) if selected is None else selected_runs(chosen, selected)
+    if selected is not None:
+        render_context.selected = table_caption(selected)
+    render_context.ks = tuple(sorted({k for k in runs["k"] if k != "all"}, key=int))  # the K a hint's sweep fills
+    ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable, runs)
+    _say_selection(selection, ledger, args, render_context)
+    compared = runs
     check_baseline(compared, args.baseline)
     out = Output(args.out)
     out.folder.mkdir(parents=True, exist_ok=True)
@@ -170,15 +174,26 @@ def render_models(args, known):
     return 0
 
 
-def account(chosen, duplicates, pooled, other_settings, unknown, unreadable):
-    """The Ledger of one render (see others.py): each readable record in exactly one place."""
-    non_default = chosen[chosen["changed"].map(len) > 0]
-    plotted = non_default["path"].isin(swept_paths(chosen))
+def account(chosen, duplicates, pooled, other_settings, unknown, unreadable, in_tables=None):
+    """The Ledger of one render (see others.py): each readable record in exactly one place. `in_tables`: the runs
+    the tables use (default settings, or the settings --select chose); the other candidates of a selection are
+    in selection.csv only."""
+    in_tables = default_runs(chosen) if in_tables is None else in_tables
+    rest = chosen[~chosen["path"].isin(in_tables["path"])]
+    plotted = rest["path"].isin(swept_paths(chosen))
+    candidate = ~plotted & (rest["changed"].map(len) == 0) | rest["path"].isin(_selection_candidates(chosen, in_tables))
     return Ledger(
-        in_tables=default_runs(chosen), only_in_figures=non_default[plotted], not_plotted=non_default[~plotted],
+        in_tables=in_tables, only_in_figures=rest[plotted], not_plotted=rest[~plotted & ~candidate],
         other_settings=other_settings, unknown=unknown, duplicates=duplicates,
-        duplicates_left_out=pooled - len(chosen), unreadable=unreadable,
+        duplicates_left_out=pooled - len(chosen), unreadable=unreadable, only_in_selection=rest[~plotted & candidate],
     )
+
+
+def _selection_candidates(chosen, in_tables):
+    """Paths of the runs that differ from the defaults only in settings some table run changes (a selection's
+    candidates that were not chosen)."""
+    selected = {key for changed in in_tables["changed"] for key in changed}
+    return chosen.loc[chosen["changed"].map(lambda changed: 0 < len(changed) and set(changed) <= selected), "path"]
 
 
 def _say_unknown(unknown):

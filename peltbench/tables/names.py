@@ -18,6 +18,8 @@ METHODS = (
     "ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora",
     "unipelt_ap", "unipelt_ap_nogate", "unipelt_apl", "unipelt_apl_nogate",
     "ln", "prefix_ln", "mam", "mam_he",
+    # the later methods (issue 19 on), in the order their papers first appeared (arXiv)
+    "prompt", "ptuning_v2", "ia3", "adalora", "oft", "lora_fa", "vera", "boft", "dora", "hra",
 )
 # The rows each paper table has. Other methods are set apart below them and take no bold / underline,
 # so a method the paper did not run never displaces the paper's best (issue 8).
@@ -33,6 +35,7 @@ METHOD_LABELS = {
     "mam": "MAM (LN-paper, L=8, r=8)", "mam_he": "MAM (He et al.)",
     "dora": "DoRA", "lora_fa": "LoRA-FA", "vera": "VeRA",  # issue 19
     "ia3": "(IA)³", "ptuning_v2": "P-tuning v2", "prompt": "Prompt tuning",
+    "adalora": "AdaLoRA", "oft": "OFT", "boft": "BOFT", "hra": "HRA",
 }
 # Table 4's row order.
 EFFICIENCY_METHODS = ("ft", "bitfit", "prefix", "lora", "adapter", "unipelt_ap", "unipelt_apl")

@@ -24,6 +24,7 @@ class Ledger:
     duplicates: pd.DataFrame       # every record of a seed recorded more than once (column `duplicate`)
     duplicates_left_out: int      # how many of those were not counted
     unreadable: list
+    only_in_selection: pd.DataFrame = None  # --select's candidates that were not chosen (selection.csv lists them)
 
     def summary(self):
         """One console line that adds up: every record is in exactly one of these counts."""
@@ -33,9 +34,11 @@ class Ledger:
             "unknown method or task": len(self.unknown),
             "repeated seeds not counted": self.duplicates_left_out,
         }
-        total = len(self.in_tables) + len(self.only_in_figures) + sum(listed.values())
+        candidates = 0 if self.only_in_selection is None else len(self.only_in_selection)
+        total = len(self.in_tables) + len(self.only_in_figures) + candidates + sum(listed.values())
         details = ", ".join(f"{count} {what}" for what, count in listed.items() if count)
-        text = (f"{total} records: {len(self.in_tables)} in the tables, {len(self.only_in_figures)} only in figures, "
+        chosen = f"{candidates} only in selection.csv (candidates not chosen), " if candidates else ""
+        text = (f"{total} records: {len(self.in_tables)} in the tables, {len(self.only_in_figures)} only in figures, {chosen}"
                 f"{sum(listed.values())} listed in other_runs.md" + (f" ({details})" if details else ""))
         return text + (f"; {len(self.unreadable)} unreadable files skipped" if self.unreadable else "")
 

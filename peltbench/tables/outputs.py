@@ -5,21 +5,22 @@ sweep that fills it; any other file of this tool's names that an earlier render 
 not write is removed (`Output.prune`), so no output outlives its records.
 """
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from . import latex, markdown
+from .captions import (k_words, main_metrics, metric_words, not_under, reported_rows, selection_rows,
+                       statistic_words, sweep_command)
+from .captions import settings as protocol_node
 from .efficiency import efficiency_table, is_fused, machines, without_units
 from .figures import bottleneck_figure, gate_figure, gate_runs, lora_scale_figure, most_runs_k
-from .layernorm import SWEEP as LN_SWEEP
 from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_ln_runs
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
 from .others import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .protocol import PAPER_MODEL, Selection, label_protocol, parse_protocol
+from .protocol import Selection, label_protocol
 from .scores import score_table, statistic, upper_bounds
 from .significance import significance
 
@@ -75,26 +76,23 @@ class Render:
     others: pd.DataFrame   # runs of other models / protocols, listed below Tables 1 and 3
     say: object = print    # one line to the console
     notes: list = field(default_factory=list)
-
-
-def sweep_command(sweep, selection):
-    """`peltbench -m +experiment=table3 model.name=DIR train.epochs=5 precision=fp32`: the sweep that fills an output
-    for the model and protocol this render pools (the experiment file alone would run the paper's model and protocol:
-    for table3, 56 bert-base-uncased runs from the Hub)."""
-    model = selection.model.rpartition("#")[0] or selection.model  # records.split_architectures' PATH#roberta
-    settings = [] if model == PAPER_MODEL else [f"model.name={model}"]
-    settings += [f"{key}={value}" for key, value in parse_protocol(selection.protocol).items()]
-    return shlex.join(["peltbench", "-m", f"+experiment={sweep}", *settings])
+    ks: tuple = ()         # the K < all of the pooled runs: what a hint's sweep fills
+    selected: str = ""     # with --select: the caption's sentence on the settings chosen on dev (selection.table_caption)
 
 
 def write_missing(out, name, title, command, why="No runs for this table yet", below=""):
     """A table with no runs: a note in each format naming the sweep that fills it for this render's model and
     protocol (and, in Markdown, the runs of other models or protocols that could)."""
-    note = f"{why}: `{command}`, then `make tables`."
+    note = f"{why}: `{command}`, then `make tables`." if command else f"{why}."
     out.text(f"{name}.md", f"# {title}\n\n{note}\n{below}")
     out.text(f"{name}.tex", f"% {title}: {note}\n")
     out.text(f"{name}.csv", "")
-    return [(f"{name}.md / .tex / .csv", f"{title}: no runs yet (`{command}`)")]
+    return [(f"{name}.md / .tex / .csv", f"{title}: no runs yet (`{command}`)" if command else f"{title}: {why}")]
+
+
+def _missing_why(sweep, render):
+    """Why a table is empty: no runs yet, or (a few-shot table under a full-data protocol) none can be."""
+    return _no_runs(render) if _sweep(sweep, render) else not_under(render.selection)
 
 
 def write_table1(out, runs, render):
@@ -102,40 +100,46 @@ def write_table1(out, runs, render):
     runs = runs[runs["k"] != "all"]
     below = other_settings_markdown(render.others[render.others["k"] != "all"], render.selection)
     if runs.empty:
-        return [*write_missing(out, "table1", "Table 1", sweep_command("table1", render.selection), _no_runs(render), below),
-                *write_missing(out, "table2", "Table 2", sweep_command("table2", render.selection), _no_runs(render), below)]
-    table = score_table(runs, render.ddof, TABLE1_METHODS, reported(render))
+        return [*write_missing(out, "table1", "Table 1", _sweep("table1", render),
+                               _missing_why("table1", render), below),
+                *write_missing(out, "table2", "Table 2", _sweep("table2", render),
+                               _missing_why("table2", render), below)]
+    table = score_table(runs, render.ddof, ranked_rows(TABLE1_METHODS, runs, render), reported(render))
+    ks = _ks(table)
     results = significance(table)
     flagged = {(row.k, row.method, row.task) for row in results.itertuples() if row.significant}
-    caption = table1_caption(table, render)
+    caption = table1_caption(table, render, runs)
     out.text("table1.md", markdown.score_table_markdown(
-        table, "Table 1: results on GLUE with K training examples (test)", caption, render.expected, "Table 1", flagged)
+        table, f"Table 1: results on GLUE with K training examples {_per(render)} (test)", caption, render.expected,
+        "Table 1", flagged)
         + below)
     out.text("table1.tex", latex.score_table_latex(
         table, caption + (" *: differs from the best single method, paired t-test over data seeds p < 0.05." if flagged else ""),
-        "tab:table1", lambda k: f"[${k_label(k)}$] Test Performance", render.expected, "Table 1", flagged))
+        "tab:table1", lambda k: f"[${k_label(k)}${' per class' if _per(render) == 'per class' else ''}] Test Performance",
+        render.expected, "Table 1", flagged))
     out.csv("table1.csv", table.cells.astype({"rank": "Int64"}))
     hint = "" if len(results) else (f"\nNo setup has UniPELT and a single method both scored yet: "
-                                    f"`{sweep_command('table1', render.selection)}` runs them.\n")
+                                    f"`{_sweep('table1', render, ks)}` runs them.\n")
     out.text("significance.md", markdown.significance_markdown(results) + hint)
     out.csv("significance.csv", results)
-    entries = [("table1.md / .tex / .csv", f"Table 1: mean ± std over data seeds per method, task and K (runs left out: {len(table.problems)})")]
+    entries = [("table1.md / .tex / .csv", f"Table 1: {'median' if reported(render) == 'median' else 'mean ± std'} over "
+                                          f"data seeds per method, task and K (runs left out: {len(table.problems)})")]
     if render.paper is not None:
         entries += write_diff(out, "table1", "Table 1", diff_cells(table.cells, render.paper["table1"]), table.tasks, render)
     entries.append(("significance.md / .csv", "UniPELT vs. the best single method per task and K (paired over data seeds)"))
-    return entries + write_table2(out, table, render)
+    return entries + write_table2(out, table, render, ks)
 
 
-def write_table2(out, table, render):
+def write_table2(out, table, render, ks=None):
     bounds = upper_bounds(table.cells)
     caption = ("Average test performance over the tasks of Table 1: each UniPELT variant (the average of its "
                "per-task means, equal to Table 1's Avg. when every seed is present) against the upper bound that "
                "takes, on each task, the best mean of its submodules (max over adapter and prefix-tuning for AP; "
                "adapter, prefix-tuning and LoRA for APL). The larger of each pair is bold. "
-               + render.selection.caption())
+               + _selected(render) + render.selection.caption())
     values = bounds.reindex(columns=["upper_ap", "unipelt_ap", "upper_apl", "unipelt_apl"])
     hint = "" if values.notna().any().any() else (
-        f"\nNo K has UniPELT and all its submodules on every task yet: `{sweep_command('table2', render.selection)}` "
+        f"\nNo K has UniPELT and all its submodules on every task yet: `{_sweep('table2', render, ks)}` "
         "runs them.\n")
     out.text("table2.md", markdown.upper_bound_markdown(bounds, caption) + hint)
     out.text("table2.tex", latex.upper_bound_latex(bounds, caption, "tab:table2"))
@@ -143,7 +147,7 @@ def write_table2(out, table, render):
     entries = [("table2.md / .tex / .csv", "Table 2: UniPELT vs. the upper bound of its submodules, per K")]
     if render.paper is not None:
         diff = diff_upper_bounds(bounds, render.paper["table2"])
-        out.text("diff_table2.md", markdown.diff_upper_bound_markdown(diff, diff_caption(render.selection)))
+        out.text("diff_table2.md", markdown.diff_upper_bound_markdown(diff, _selected(render) + diff_caption(render.selection)))
         out.csv("diff_table2.csv", diff)
         entries.append(("diff_table2.md / .csv", "Table 2, ours − paper per cell"))
     return entries
@@ -154,16 +158,17 @@ def write_table3(out, runs, render):
     runs = runs[runs["k"] == "all"]
     below = other_settings_markdown(render.others[render.others["k"] == "all"], render.selection)
     if runs.empty:
-        return write_missing(out, "table3", "Table 3", sweep_command("table3", render.selection), _no_runs(render), below)
-    table = score_table(runs, render.ddof, TABLE3_METHODS, reported(render))
-    caption = ("Results on GLUE when all training examples are used (K = all): best performance on the GLUE dev "
-               f"split, main metric x100, {'median' if reported(render) == 'median' else 'mean'} over {_seeds(table)}; "
-               f"Avg. over the {_count(len(table.tasks), 'task')}. "
-               "Best and 2nd best per column are bold and underlined. " + render.selection.caption())
+        return write_missing(out, "table3", "Table 3", _sweep("table3", render),
+                             _missing_why("table3", render), below)
+    table = score_table(runs, render.ddof, ranked_rows(TABLE3_METHODS, runs, render), reported(render))
+    caption = table3_caption(table, runs, render)
+    heading = "GLUE Dev" if settings_dev(render) != "glue_dev_halves" else "the Held-out Part of GLUE Dev"
     out.text("table3.md", markdown.score_table_markdown(
-        table, "Table 3: results with all training examples (dev)", caption, 1, "Table 3") + below)
+        table, f"Table 3: results with all training examples ({'dev' if heading == 'GLUE Dev' else 'held-out part of dev'})",
+        caption, table3_seeds(render), "Table 3") + below)
     out.text("table3.tex", latex.score_table_latex(
-        table, caption, "tab:table3", lambda k: "[$K = all$] Best Performance on GLUE Dev", 1, "Table 3"))
+        table, caption, "tab:table3", lambda k: f"[$K = all$] Best Performance on {heading}", table3_seeds(render),
+        "Table 3"))
     out.csv("table3.csv", table.cells.astype({"rank": "Int64"}))
     entries = [("table3.md / .tex / .csv", "Table 3: K = all, including UniPELT-NoGate")]
     if render.paper is not None:
@@ -172,7 +177,7 @@ def write_table3(out, runs, render):
 
 
 def write_diff(out, name, title, diff, tasks, render):
-    out.text(f"diff_{name}.md", markdown.diff_markdown(diff, f"{title}: ours − paper", tasks, diff_caption(render.selection)))
+    out.text(f"diff_{name}.md", markdown.diff_markdown(diff, f"{title}: ours − paper", tasks, _selected(render) + diff_caption(render.selection)))
     out.csv(f"diff_{name}.csv", diff)
     return [(f"diff_{name}.md / .csv", f"{title}, ours − paper per cell (paper's number beside it)")]
 
@@ -185,14 +190,15 @@ def diff_caption(selection):
 def write_table4(out, runs, render):
     table = efficiency_table(runs)
     if table.empty:
-        return write_missing(out, "table4", "Table 4", sweep_command("table4", render.selection), _no_runs(render),
+        return write_missing(out, "table4", "Table 4", _sweep("table4", render), _no_runs(render),
                              other_settings_markdown(render.others, render.selection))
-    caption = table4_caption(runs, table, render.selection)
+    caption = table4_caption(runs, table, render.selection).replace(
+        render.selection.caption(), _selected(render) + render.selection.caption())
     warning = render.selection.warning()
     beside = f" **{warning}**" if render.paper and warning else ""  # the paper's numbers stand beside ours
     untimed = "" if table["train_time_percent"].notna().any() else (
         f"\nNo time columns yet: they need fine-tuning and the other methods on the same (task, K), trained unfused "
-        f"(fuse=false): `{sweep_command('table4', render.selection)}`.\n")
+        f"(fuse=false): `{_sweep('table4', render)}`.\n")
     out.text("table4.md", markdown.efficiency_markdown(
         table, render.paper["table4"] if render.paper else None,
         caption + " Column setups: the (task, K) setups a method's time ratios average over." + beside) + untimed)
@@ -232,7 +238,7 @@ def write_figures(out, runs, render):
     for name, (draw, title, sweep) in FIGURES.items():
         figure = draw(runs, render.ddof, expected=render.expected)
         if figure is None:
-            entries.append((name, f"not drawn: no runs for it yet (`{sweep_command(sweep, render.selection)}`)"))
+            entries.append((name, f"not drawn: no runs for it yet (`{_sweep(sweep, render)}`)"))
             continue
         out.figure(name, _name_the_runs(figure, render.selection))
         entries.append((name, title))
@@ -243,7 +249,7 @@ def write_figures(out, runs, render):
                             "have another number of layers than the rest: "
                             + "; ".join(f"{path} ({why})" for path, why in left_out))
     if figure is None:
-        entries.append(("fig_gates.png", f"not drawn: no UniPELT runs yet (`{sweep_command('table1', render.selection)}`)"))
+        entries.append(("fig_gates.png", f"not drawn: no UniPELT runs yet (`{_any_k_sweep(render)}`)"))
     else:
         out.figure("fig_gates.png", _name_the_runs(figure, render.selection))
         entries.append(("fig_gates.png", "UniPELT's mean gate per layer and submodule, per task"))
@@ -263,7 +269,7 @@ def write_layernorm_figure(out, runs, render):
     saved = saved_ln_runs(runs[runs["changed"].map(len) == 0])
     why = None
     if saved.empty:
-        why = f"no LN-tuning run saved its weights; `{LN_SWEEP}` fills it"
+        why = f"no LN-tuning run saved its weights; `{_any_k_sweep(render, LN_SWEEP_SETTINGS)}` fills it"
     else:
         changes = layernorm_changes(saved, render.say)
         if changes.empty:
@@ -279,21 +285,88 @@ def write_layernorm_figure(out, runs, render):
                                         f"and task ({k_label(k)}; the CSV has every K, layer 0 = embeddings)")]
 
 
+def ranked_rows(paper_rows, runs, render):
+    """The rows that take bold and underline: beside the paper (its model under its protocol: "ours − paper") only
+    the paper table's own rows, so a method the paper did not run never displaces the paper's best (the others are
+    set apart); in any other render every method, as a paper's table ranks every method it compares."""
+    beside_paper = render.selection.compares_with_paper and label_protocol(render.selection.protocol) == "unipelt"
+    return paper_rows if beside_paper else tuple(sorted(set(runs["method"])))
+
+
 def reported(render):
     """The statistic the pooled runs' protocol reports: "mean" or "median" (peltbench.protocols.statistic)."""
     return statistic(label_protocol(render.selection.protocol))
 
 
-def table1_caption(table, render):
-    ks = ", ".join(sorted(set(table.cells["k"]), key=int))
-    return (f"Results on GLUE with K = {{{ks}}} training examples: test performance (the official dev split), "
-            "main metric x100 (CoLA Matthews corr., MRPC and QQP F1, STS-B Spearman, accuracy for the rest; MNLI matched). "
-            + (f"Median over {_seeds(table)} ({render.expected} seeds expected per cell; the protocol's statistic). "
-               if reported(render) == "median" else
-               f"Mean and standard deviation over {_seeds(table)} (std with ddof = {render.ddof}; {render.expected} seeds expected per cell). ")
+def table1_caption(table, render, runs):
+    """K (in total or per class), the reported rows, each task's metric, the rows that select the best epoch, the
+    statistic and the settings (the default or the ones chosen on dev), all as the pooled runs' protocol has them."""
+    ks = _ks(table)
+    median = reported(render) == "median"
+    metrics = main_metrics(runs, table.tasks)
+    statistic = statistic_words(reported(render), _seeds(table), render.ddof, render.expected)
+    return (f"Results on GLUE with {k_words(ks, render.selection)}: test performance on "
+            f"{reported_rows(render.selection, ks[0])}, main metric x100 ({metric_words(metrics)}). "
+            f"Best epoch (or evaluation step) chosen on: {selection_rows(render.selection, ks[0])}. "
+            + f"{statistic}. "
             + f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then "
-            f"{'the median' if reported(render) == 'median' else 'mean and std'} over the seeds that have "
-            "every task. Best and 2nd best per column and K are bold and underlined. " + render.selection.caption())
+            f"{'the median' if median else 'mean and std'} over the seeds that have "
+            "every task. Best and 2nd best per column and K are bold and underlined. " + _selected(render)
+            + render.selection.caption())
+
+
+def table3_caption(table, runs, render):
+    """Table 3's caption: the reported rows and the selection rows as the protocol has them (full_halves reports the
+    part of GLUE dev it did not select on), each task's metric, the statistic."""
+    metrics = main_metrics(runs, table.tasks)
+    return ("Results on GLUE when all training examples are used (K = all): best-epoch performance on "
+            f"{reported_rows(render.selection, 'all')}, main metric x100 ({metric_words(metrics)}). "
+            f"Best epoch chosen on: {selection_rows(render.selection, 'all')}. "
+            f"{'Median' if reported(render) == 'median' else 'Mean'} over {_seeds(table)} ({table3_seeds(render)} "
+            f"seed{'s' if table3_seeds(render) > 1 else ''} expected per cell); "
+            f"Avg. over the {_count(len(table.tasks), 'task')}. "
+            "Best and 2nd best per column are bold and underlined. " + _selected(render) + render.selection.caption())
+
+
+def table3_seeds(render):
+    """The data seeds a Table 3 cell expects: one under UniPELT's protocol (conf/experiment/table3.yaml), a named
+    full-data protocol's seeds otherwise (its statistic is over them)."""
+    if label_protocol(render.selection.protocol) == "unipelt":
+        return 1
+    return len(protocol_node(render.selection).get("seeds") or [1])
+
+
+def settings_dev(render):
+    """The dev source of the render's protocol (`protocol.dev`)."""
+    return protocol_node(render.selection)["dev"]
+
+
+def _ks(table):
+    return sorted(set(table.cells["k"]), key=lambda k: (k == "all", int(k) if k != "all" else 0))
+
+
+def _per(render):
+    return "per class" if protocol_node(render.selection)["k"] == "per_class" else "in total"
+
+
+LN_SWEEP_SETTINGS = ("method=ln", "save.weights=true")  # LN runs that keep their trained LayerNorms (layernorm.SWEEP)
+
+
+def _sweep(sweep, render, ks=None, extra=()):
+    """The sweep that fills an output of this render (captions.sweep_command): at `ks`, the K of the cells a table
+    shows; under a protocol of K per class (whose K no experiment file has), at the K of the pooled runs."""
+    per_class = protocol_node(render.selection)["k"] == "per_class"
+    return sweep_command(sweep, render.selection, ks or (render.ks if per_class else None) or None, extra)
+
+
+def _any_k_sweep(render, extra=()):
+    """Table 1's sweep (with `extra` settings), or Table 3's where the protocol runs no few-shot K."""
+    return _sweep("table1", render, extra=extra) or _sweep("table3", render, extra=extra)
+
+
+def _selected(render):
+    """With --select, the sentence that says the cells are the settings chosen on dev (empty otherwise)."""
+    return f"{render.selected} " if render.selected else ""
 
 
 def _backbone_size(table):

@@ -1,81 +1,138 @@
 """Published GLUE tables beyond UniPELT (results/paper/published/*.csv, as printed) beside ours: published_<name>.md.
 
-A published table stands beside a render that pools its model (`TABLES`). Ours per cell: the reported statistic
-(mean, or median where the protocol reports medians) over the data seeds of each method's compared runs (default
-settings, or the setting `--select` chose) with K = all, on the metric the table prints (`METRICS`: the table's
-header names it; else peltbench's main metric). Compare a row only under the protocol the table used (`TABLES`):
-the caption names both.
+A published table stands beside a render that pools its model (`TABLES`). Each CSV's `metric` row names the metric
+the paper prints in each task's column (its caption's: e.g. MRPC accuracy, STS-B Pearson, QQP accuracy), and each
+number is kept as printed, so its decimals are the paper's. Ours per cell: the reported statistic (mean, or median
+where the protocol reports medians) over the data seeds of each method's compared runs (default settings, or the
+setting `--select` chose) with K = all, on that same metric (`test_<metric>` of the records), printed with the same
+number of decimals as the paper's number beside it. Compare a row only under the protocol the table used (`TABLES`):
+the caption names both, and warns when they differ.
 """
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .formatting import MISSING, is_missing, number
+from .. import UserError
+from .formatting import MISSING
 from .markdown import frame_markdown
 from .names import method_label, task_label
-from .protocol import normalize_model
+from .protocol import label_protocol, normalize_model
 
-# file stem -> (the model it is of, its ids, the protocol it used, the metric of a task where not peltbench's main)
+# file stem -> (the model it is of, its ids, the protocol it used)
 TABLES = {
-    "roberta_base_glue": ("roberta-base", ("roberta-base", "FacebookAI/roberta-base"), "full_median", {"stsb": "pearson"}),
-    "deberta_v3_base_glue": ("microsoft/deberta-v3-base", ("microsoft/deberta-v3-base",), "full_mean", {}),
+    "roberta_base_glue": ("roberta-base", ("roberta-base", "FacebookAI/roberta-base"), "full_median"),
+    "deberta_v3_base_glue": ("microsoft/deberta-v3-base", ("microsoft/deberta-v3-base",), "full_mean"),
 }
 ROW_NAMES = {"lora_r8": "lora", "oft_b16": "oft", "boft_m2_b8": "boft", "hra_r8": "hra"}  # as printed -> config name
 AVERAGES = ("avg", "all")  # the papers' average column
+METRIC_ROW = "metric"      # the CSV row naming each column's metric (a record's test_<metric>)
+METRIC_WORDS = {"accuracy": "Acc.", "f1": "F1", "mcc": "MCC", "pearson": "Pearson", "spearman": "Spearman"}
 
 
 def load_published(paper_dir):
-    """{stem: DataFrame (method, params, one column per task, avg)} for every published table found."""
+    """{stem: DataFrame (method, params, one column per task, avg)} for every published table found, numbers as
+    floats; `frame.attrs["metrics"]`: {task: metric}, `frame.attrs["printed"]`: {(method, task): the text as printed}."""
     folder = Path(paper_dir) / "published"
     tables = {}
     for stem in TABLES:
         path = folder / f"{stem}.csv"
         if path.is_file():
-            frame = pd.read_csv(path, comment="#")
-            tables[stem] = frame.assign(method=frame["method"].map(lambda name: ROW_NAMES.get(name, name)))
+            tables[stem] = _read(path)
     return tables
+
+
+def _read(path):
+    text = pd.read_csv(path, comment="#", dtype=str, keep_default_na=False)
+    tasks = [column for column in text.columns if column not in ("method", "params", *AVERAGES)]
+    metric_rows = text[text["method"] == METRIC_ROW]
+    if len(metric_rows) != 1 or any(not metric_rows.iloc[0][task] for task in tasks):
+        raise UserError(f"{path}: needs one `{METRIC_ROW}` row naming the metric each task's column prints "
+                        f"({', '.join(METRIC_WORDS)})")
+    metrics = {task: metric_rows.iloc[0][task].strip() for task in tasks}
+    rows = text[text["method"] != METRIC_ROW].reset_index(drop=True)
+    rows["method"] = rows["method"].map(lambda name: ROW_NAMES.get(name, name))
+    frame = rows.copy()
+    for column in frame.columns.drop("method"):
+        frame[column] = pd.to_numeric(frame[column].replace("", np.nan), errors="coerce")
+    frame.attrs["metrics"] = metrics
+    printed = [*tasks, *(column for column in AVERAGES if column in rows.columns)]
+    frame.attrs["printed"] = {(method, column): rows.at[index, column].strip()
+                              for index, method in rows["method"].items() for column in printed}
+    return frame
 
 
 def matching_table(published, model):
     """The stem of the published table of `model` (a render's pooled model), or None."""
-    for stem, (_, ids, _, _) in TABLES.items():
+    for stem, (_, ids, _) in TABLES.items():
         if stem in published and normalize_model(model) in {normalize_model(name) for name in ids}:
             return stem
     return None
 
 
-def ours(runs, stem, tasks, statistic="mean"):
-    """{(method, task): (value, seeds)} of runs with K = all, on the table's metric for each task."""
-    metrics = TABLES[stem][3]
+def ours(runs, metrics, statistic="mean"):
+    """{(method, task): (value, seeds)} of runs with K = all, on the metric the table prints for each task."""
     full = runs[(runs["k"] == "all") & (runs["status"] == "ok")]
     cells = {}
     for (method, task), rows in full.groupby(["method", "task"]):
-        if task not in tasks:
+        if task not in metrics:
             continue
-        column = f"test_{metrics[task]}" if task in metrics else "main"
+        column = f"test_{metrics[task]}"
         values = pd.to_numeric(rows[column], errors="coerce").dropna() if column in rows else pd.Series(dtype=float)
         if len(values):
             cells[method, task] = (float(np.median(values) if statistic == "median" else values.mean()), len(values))
     return cells
 
 
+def decimals(printed):
+    """How many decimals a number has as printed: 1 for `78.4`, 2 for `92.40`, 0 for `92`."""
+    return len(printed.partition(".")[2]) if printed else 2
+
+
 def published_markdown(table, cells, stem, caption):
-    tasks = [column for column in table.columns if column not in ("method", "params", *AVERAGES)]
+    tasks = list(table.attrs["metrics"])
+    printed = table.attrs["printed"]
+    average = next((column for column in AVERAGES if column in table.columns), None)
     rows = []
     for method in [*table["method"], *sorted({m for m, _ in cells} - set(table["method"]))]:
-        printed = table.set_index("method").loc[method] if method in set(table["method"]) else None
-        rows.append([method_label(method), *(_cell(cells.get((method, task)), printed, task) for task in tasks)])
-    header = ["Method", *(task_label(task) for task in tasks)]
+        row = [method_label(method), *(_cell(cells.get((method, task)), printed.get((method, task)), task, printed)
+                                       for task in tasks)]
+        if average:
+            row.append(_average_cell(method, cells, tasks, table, average))
+        rows.append(row)
+    header = ["Method", *(f"{task_label(task)} ({METRIC_WORDS.get(table.attrs['metrics'][task], table.attrs['metrics'][task])})"
+                          for task in tasks), *(["Avg."] if average else [])]
     return "\n".join([f"# {stem}: ours beside the published numbers", "", caption, "",
-                      "Each cell: ours (n = seeds), the published number in brackets.", "",
+                      "Each cell: ours (n = seeds), the published number in brackets, both on the metric its column "
+                      "names and with the paper's decimals. Avg.: the mean over the table's tasks (ours only with every "
+                      "task), beside the paper's average column.", "",
                       frame_markdown(pd.DataFrame(rows, columns=header)), ""])
 
 
-def _cell(ours_cell, printed, task):
-    theirs = MISSING if printed is None or is_missing(printed.get(task)) else f"{printed[task]:.2f}"
-    mine = MISSING if ours_cell is None else f"{number(ours_cell[0])} (n = {ours_cell[1]})"
-    return f"{mine} [{theirs}]"
+def _cell(ours_cell, theirs, task, printed):
+    """`74.0 (n = 3) [78.4]`: ours rounded as the paper prints that number (its column's decimals where the paper
+    has no number in the row)."""
+    places = decimals(theirs) if theirs else max((decimals(text) for (_, column), text in printed.items()
+                                                  if column == task and text), default=2)
+    mine = MISSING if ours_cell is None else f"{_rounded(ours_cell[0], places)} (n = {ours_cell[1]})"
+    return f"{mine} [{theirs or MISSING}]"
+
+
+def _average_cell(method, cells, tasks, table, column):
+    """The papers' average column beside ours: the mean of our cells over the table's tasks (only when we have every
+    one), with the decimals the paper prints it with."""
+    text = table.attrs["printed"].get((method, column)) or MISSING
+    places = decimals(text) if text != MISSING else max(
+        (decimals(printed) for (_, name), printed in table.attrs["printed"].items() if name == column and printed), default=2)
+    ours_cells = [cells.get((method, task)) for task in tasks]
+    mine = (MISSING if any(cell is None for cell in ours_cells)
+            else _rounded(float(np.mean([cell[0] for cell in ours_cells])), places))
+    return f"{mine} [{text}]"
+
+
+def _rounded(value, places):
+    text = f"{value:.{places}f}"
+    return text.replace("-", "", 1) if float(text) == 0 else text  # never -0.0
 
 
 def write_published(out, runs, render, paper_dir, statistic="mean"):
@@ -85,13 +142,23 @@ def write_published(out, runs, render, paper_dir, statistic="mean"):
     if stem is None:
         return []
     table = published[stem]
-    tasks = [column for column in table.columns if column not in ("method", "params", *AVERAGES)]
-    metrics = TABLES[stem][3]
+    metrics = table.attrs["metrics"]
+    places = sorted({decimals(text) for text in table.attrs["printed"].values() if text})
     what = "median" if statistic == "median" else "mean"
-    caption = (f"Published: results/paper/published/{stem}.csv (its header names the source), protocol {TABLES[stem][2]}. "
-               f"Ours: the {what} over data seeds of K = all runs, on "
-               + (", ".join(f"{task_label(t)} {m}" for t, m in metrics.items()) + " and " if metrics else "")
-               + "each other task's main metric. " + render.selection.caption()
-               + f" Compare only runs of protocol {TABLES[stem][2]}.")
-    out.text(f"published_{stem}.md", published_markdown(table, ours(runs, stem, tasks, statistic), stem, caption))
-    return [(f"published_{stem}.md", f"ours beside the published {stem} table (K = all, {what} over seeds)")]
+    protocol = TABLES[stem][2]
+    pooled = label_protocol(render.selection.protocol)
+    warning = ("" if pooled == protocol else f"**Warning: these runs are of protocol {pooled}, the published table's "
+               f"is {protocol}: not like with like.** ")
+    caption = (warning + f"Published: results/paper/published/{stem}.csv (its header names the source), protocol "
+               f"{protocol}; each column's metric as the paper's caption or header states it (the CSV's metric row: "
+               f"{_metric_list(metrics)}), numbers with the paper's {' or '.join(map(str, places))} decimal(s). Ours: "
+               f"the {what} over data seeds of K = all runs on the same metric, rounded as the paper's number beside it. "
+               + (f"{render.selected} " if render.selected else "") + render.selection.caption())
+    out.text(f"published_{stem}.md", published_markdown(table, ours(runs, metrics, statistic), stem, caption))
+    return [(f"published_{stem}.md", f"ours beside the published {stem} table (K = all, {what} over seeds, on each "
+                                     "column's published metric)")]
+
+
+def _metric_list(metrics):
+    words = ", ".join(f"{task_label(task)} {METRIC_WORDS.get(metric, metric)}" for task, metric in metrics.items())
+    return words + ("; MNLI matched" if "mnli" in metrics else "")

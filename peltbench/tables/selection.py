@@ -67,19 +67,71 @@ def candidate_runs(runs, keys):
     return runs.assign(value=values)
 
 
+def varied_keys(runs):
+    """The method settings some pooled run changes from its method's defaults: what a selection can choose among."""
+    return sorted({key for changed in runs["changed"] for key in changed})
+
+
+def check_varied(runs, keys):
+    """UserError (one line) for a selected key that takes one value only in every method × task × K: nothing to
+    choose on dev (a key nobody swept), so the selection would pass off a default as chosen."""
+    candidates = candidate_runs(runs, keys)
+    for key in keys:
+        values = candidates["settings"].map(lambda settings: canonical(settings[key]) if key in settings else None)
+        present = candidates.assign(_value=values)[values.notna()]
+        counts = present.groupby(["method", "task", "k"])["_value"].nunique()
+        if not (counts > 1).any():
+            single = present.groupby("method")["_value"].agg(lambda found: "/".join(sorted(set(found))))
+            held = "; ".join(f"{method}: {value} only" for method, value in single.items()) or "no candidate run"
+            varied = ", ".join(f"method.{name}" for name in varied_keys(runs)) or "none"
+            raise UserError(f"--select method.{key}: no method, task and K has runs at two values of it ({held}), so "
+                            f"nothing is chosen on dev; settings these runs vary: {varied}")
+
+
+def left_out(runs, keys):
+    """Notes for the methods × tasks × K whose pooled runs are all outside the selection (each changes a setting
+    that is not selected): never dropped silently."""
+    candidates = candidate_runs(runs, keys)
+    inside = set(zip(candidates["method"], candidates["task"], candidates["k"]))
+    notes = []
+    for (method, task, k), cell in runs.groupby(["method", "task", "k"], sort=False):
+        if (method, task, k) not in inside:
+            others = sorted({name for changed in cell["changed"] for name in changed} - set(keys))
+            notes.append(f"{method}, {task}, K = {k}: not in the selection: its {len(cell)} run(s) change "
+                         f"{', '.join(f'method.{name}' for name in others)} (not selected; add it to --select to choose it too)")
+    return notes
+
+
 def select_settings(runs, keys, ddof=1):
     """The Chosen of `runs` (one model and protocol, one record per seed) over the method settings `keys`."""
+    check_varied(runs, keys)
+    notes = left_out(runs, keys)
     runs = candidate_runs(runs, keys)
     usable = runs[(runs["status"] == "ok") & runs["dev_main"].notna() & runs["main"].notna()]
-    rows, notes = [], []
+    rows = []
     for (method, task, k), cell in usable.groupby(["method", "task", "k"], sort=False):
         cell_rows, note = _cell(cell, ddof)
         rows += [{"method": method, "task": task, "k": k, "key": ",".join(f"method.{key}" for key in keys), **row}
                  for row in cell_rows]
         if note:
             notes.append(f"{method}, {task}, K = {k}: {note}")
+    unscored = sorted(set(zip(runs["method"], runs["task"], runs["k"])) - set(zip(usable["method"], usable["task"], usable["k"])))
+    notes += [f"{method}, {task}, K = {k}: no candidate has a dev and a test score (failed runs): nothing chosen, "
+              "its runs are shown as they are" for method, task, k in unscored]
     frame = pd.DataFrame(rows, columns=COLUMNS)
+    notes += _single_candidates(frame, keys)
     return Chosen(keys, paper_order(frame).reset_index(drop=True) if len(frame) else frame, notes)
+
+
+def _single_candidates(frame, keys):
+    """One note per method whose every cell has one candidate: shown at that setting, which dev did not choose."""
+    notes = []
+    for method, rows in frame.groupby("method", sort=False):
+        if rows.groupby(["task", "k"]).size().max() == 1:
+            values = ", ".join(sorted(set(rows["value"]), key=_value_order))
+            notes.append(f"{method}: one candidate in each cell ({', '.join(f'method.{key}' for key in keys)} = {values}): "
+                         "shown at that setting, nothing chosen on dev")
+    return notes
 
 
 def _cell(cell, ddof):
@@ -131,7 +183,9 @@ def selected_runs(runs, chosen):
     candidates = candidate_runs(runs, chosen.keys)
     picked = chosen.rows[chosen.rows["chosen"]]
     keys = set(zip(picked["method"], picked["task"], picked["k"], picked["value"]))
-    inside = [key in keys for key in zip(candidates["method"], candidates["task"], candidates["k"], candidates["value"])]
+    scored = set(zip(chosen.rows["method"], chosen.rows["task"], chosen.rows["k"]))
+    inside = [key in keys or key[:3] not in scored  # a cell whose every run failed: its failures are shown
+              for key in zip(candidates["method"], candidates["task"], candidates["k"], candidates["value"])]
     return candidates[inside]
 
 
@@ -153,3 +207,11 @@ def describe(chosen, statistic=DEFAULT_STATISTIC, ddof=1):
             "best-epoch dev score has the highest mean over the data seeds every candidate of the cell has (ties: the "
             f"smaller value); runs differ from the method's defaults in {chosen.label} only. Each cell: the chosen "
             f"setting's {reported} over its data seeds, the chosen value in brackets. selection.csv lists every candidate.")
+
+
+def table_caption(chosen):
+    """What a table rendered from the chosen settings (`selected_runs`) says about them."""
+    return (f"Settings chosen on dev (--select {chosen.label}): each cell is its method's run at the value of "
+            f"{chosen.label} whose mean best-epoch dev score is highest for that task and K (selection.md names each "
+            "chosen value, selection.csv every candidate), not the method's default.")
+

@@ -5,22 +5,36 @@ from . import latex
 from .formatting import MISSING, is_missing, number
 from .markdown import frame_markdown
 from .names import TASKS, k_label, method_label, order_of, task_label
+from .captions import selection_rows
 from .selection import DEFAULT_STATISTIC, chosen_cells, describe
 
 
 def write_selection(out, chosen, render, statistic=DEFAULT_STATISTIC):
     """selection.md / .tex / .csv of a selection (selection.select_settings); returns index entries."""
     out.csv("selection.csv", chosen.rows)
-    caption = " ".join([describe(chosen, statistic, render.ddof), render.selection.caption()])
+    caption = " ".join([describe(chosen, statistic, render.ddof), _dev_rows(chosen, render), render.selection.caption()])
     cells = chosen_cells(chosen, statistic)
     out.text("selection.md", selection_markdown(cells, chosen, caption, render.expected))
-    missing = (" Grids with missing seeds (compared only on the seeds all candidates share): " + "; ".join(chosen.notes) + "."
+    missing = (" Notes (grids with missing seeds are compared only on the seeds all candidates share): "
+               + "; ".join(chosen.notes) + "."
                if chosen.notes else "")
     out.text("selection.tex", selection_latex(cells, caption + missing, render.expected))
     for note in chosen.notes:
         render.notes.append(f"selection: {note}")
     return [("selection.md / .tex / .csv", f"{chosen.label} chosen on dev per method, task and K; the CSV lists every "
                                            "candidate with its seeds, dev mean and test mean ± std")]
+
+
+def _dev_rows(chosen, render):
+    """Which rows the setting was chosen on, as the protocol has them (captions.selection_rows): under full_median
+    and full_mean GLUE dev, the reported set itself."""
+    ks = sorted(set(chosen.rows["k"]), key=lambda k: (k == "all", k))
+    rows = {selection_rows(render.selection, k) for k in ks}
+    if not rows:
+        return ""
+    what = "; ".join(sorted(rows))
+    return (f"Chosen on (the setting, and each run's best epoch): {what}."
+            + (" A setting chosen on the reported set is optimistic, as the papers that do so say." if "selection on the reported set" in what else ""))
 
 
 def _tasks(cells):
@@ -52,7 +66,8 @@ def selection_markdown(cells, chosen, caption, expected):
                  for method, by_task in rows]
         parts += [f"## {k_label(k)}", "", frame_markdown(pd.DataFrame(lines, columns=["Method", *map(task_label, tasks)])), ""]
     if chosen.notes:
-        parts += ["Grids with missing seeds (never compared on unequal seed sets):", "", *(f"- {note}" for note in chosen.notes), ""]
+        parts += ["Notes (a grid with missing seeds is never compared on unequal seed sets):", "",
+                  *(f"- {note}" for note in chosen.notes), ""]
     return "\n".join(parts)
 
 

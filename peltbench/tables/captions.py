@@ -1,0 +1,151 @@
+"""What a table's caption and its fill-in hints say, read from the pooled runs' protocol (conf/protocol/<name>.yaml).
+
+Captions state how K counts (in total or per class), which rows select the best epoch (or step), which rows are
+reported, the statistic over seeds, and each task's main metric as the records name it. A hint is a sweep for the
+cells a table shows, under the render's model and protocol: the protocol's K and seeds where the experiment file's
+(UniPELT's) cannot run under it, or no command where no run of the protocol can fill the table (few-shot tables
+under a full-data protocol).
+"""
+import shlex
+
+from ..packaged import options, packaged_config
+from ..protocols import DEFAULT, protocol_file, protocol_settings, run_defaults, sweep_seeds
+from .names import TASK_LABELS, TASKS, order_of
+from .protocol import PAPER_MODEL, label_protocol, parse_protocol
+
+# The experiment files that sweep few-shot K only (K = 100, 500, 1000): no full-data protocol runs them; and the one
+# that sweeps K = all only, which a protocol of K rows per class (lmbff) cannot run.
+FEW_SHOT_SWEEPS = ("table1", "table1_prefix_l50", "table2")
+FULL_DATA_SWEEPS = ("table3",)
+# The experiment files that sweep one data seed (Tables 3 and 4): a named protocol's first seed for Table 4's timings,
+# all its seeds for Table 3's statistic.
+ONE_SEED_SWEEPS = ("table4",)
+METRIC_NAMES = {"accuracy": "accuracy", "f1": "F1", "mcc": "Matthews corr.", "spearman": "Spearman corr.",
+                "pearson": "Pearson corr."}
+# What each dev source reports on (the test set of a run), for captions.
+REPORTED = {
+    "train": "the official GLUE dev split (GLUE's test labels are not public)",
+    "per_class": "the official GLUE dev split (GLUE's test labels are not public)",
+    "glue_dev": "GLUE dev (the selection rows too)",
+    "glue_dev_halves": "the part of GLUE dev not used for selection",
+}
+
+
+def named(selection):
+    """The named protocol of a render (`unipelt` unless the label names another)."""
+    return label_protocol(selection.protocol)
+
+
+def settings(selection):
+    """The `protocol` node of the render's protocol (UniPELT's for a protocol this version does not know)."""
+    name = named(selection)
+    return protocol_settings(name if protocol_file(name) is not None else DEFAULT)
+
+
+def k_words(ks, selection):
+    """`K = {100, 500} training examples in total`, `K = 16 training examples per class`."""
+    shown = ", ".join(ks)
+    shown = f"{{{shown}}}" if len(ks) > 1 else shown
+    per = "per class" if settings(selection)["k"] == "per_class" else "in total"
+    return f"K = {shown} training examples {per}"
+
+
+def selection_rows(selection, k):
+    """The rows that choose the best epoch (or evaluation step) of a run of K `k`, and any setting chosen on dev."""
+    source = settings(selection)["dev"]
+    if source == "train" and k == "all":
+        return "the official GLUE dev split, which is also the reported set (selection on the reported set)"
+    if source == "train":
+        size = parse_protocol(selection.protocol).get("dev_size", run_defaults(named(selection)).dev_size)
+        return f"{size} train rows held out as dev (none of them trained on)"
+    return {
+        "per_class": "a dev set of K train rows per class (none of them trained on)",
+        "glue_dev": "GLUE dev, which is also the reported set (selection on the reported set)",
+        "glue_dev_halves": "one part of GLUE dev (never a reported row)",
+    }[source]
+
+
+def reported_rows(selection, k):
+    source = settings(selection)["dev"]
+    if source == "train" and k == "all":
+        return REPORTED["glue_dev"]
+    return REPORTED[source]
+
+
+def statistic_words(reported, seeds_text, ddof, expected):
+    """`Mean and standard deviation over data seeds 111, 222 (std with ddof = 1; 5 seeds expected per cell)`."""
+    return (f"Median over {seeds_text} (the protocol's statistic; {expected} seeds expected per cell)" if reported == "median"
+            else f"Mean and standard deviation over {seeds_text} (std with ddof = {ddof}; {expected} seeds expected per cell)")
+
+
+def main_metrics(runs, tasks):
+    """{task: metric name} each task's records rank by: the test metric whose value their `test.main` is (most
+    records'), else their `config.task.main_metric`, else conf/task/<task>.yaml's. However a protocol sets it (lmbff
+    may rank STS-B by Pearson), the caption names what the numbers are."""
+    metrics = {}
+    for task in tasks:
+        rows = runs[runs["task"] == task]
+        found = [name for _, row in rows.iterrows() for name in _metrics_equal_to_main(row)]
+        if not found:
+            found = [config.get("task", {}).get("main_metric") for config in rows["config"] if isinstance(config, dict)]
+            found = [name for name in found if name]
+        metrics[task] = max(sorted(set(found)), key=found.count) if found else _task_file_metric(task)
+    return metrics
+
+
+def _metrics_equal_to_main(row):
+    """The names of a record's test metrics whose value is its test.main (one, unless two coincide)."""
+    main = row.get("main")
+    if main is None or main != main:
+        return []
+    names = [column.removeprefix("test_") for column in row.index
+             if column.startswith("test_") and column != "test_main" and row[column] == main]
+    config = row.get("config")
+    configured = config.get("task", {}).get("main_metric") if isinstance(config, dict) else None
+    return [configured] if len(names) > 1 and configured in names else names
+
+
+def _task_file_metric(task):
+    return packaged_config(f"task/{task}.yaml").main_metric if task in options("task") else "main"
+
+
+def metric_words(metrics):
+    """`CoLA Matthews corr., MRPC F1, STS-B Pearson corr., ... (MNLI matched)`: each task's main metric."""
+    tasks = sorted(metrics, key=lambda task: order_of(task, TASKS))
+    words = ", ".join(f"{TASK_LABELS.get(task, task)} {METRIC_NAMES.get(metrics[task], metrics[task])}" for task in tasks)
+    return words + ("; MNLI matched" if "mnli" in metrics else "")
+
+
+def sweep_command(sweep, selection, ks=None, extra=()):
+    """The sweep that fills an output for the model and protocol this render pools, e.g. `peltbench -m
+    +experiment=table1 protocol=lmbff k=16 seed=13,21,42,87,100`; None where the protocol cannot run that sweep
+    (a few-shot table under a full-data protocol: `not_under`). `ks`: the K of the cells shown (default: the
+    experiment file's, or the protocol's K where the protocol fixes it)."""
+    name = named(selection)
+    ks = None if sweep in FULL_DATA_SWEEPS else ks
+    model = selection.model.rpartition("#")[0] or selection.model  # records.split_architectures' PATH#roberta
+    words = ["peltbench", "-m", f"+experiment={sweep}", *extra]
+    departures = parse_protocol(selection.protocol)
+    if protocol_file(name) is not None and name != DEFAULT:
+        count = protocol_settings(name)["k"]
+        if count == "all" and sweep in FEW_SHOT_SWEEPS or count != "all" and sweep in FULL_DATA_SWEEPS:
+            return None
+        words.append(f"protocol={name}")
+        k = "all" if count == "all" else ",".join(ks) if ks else str(run_defaults(name).k)
+        seeds = sweep_seeds(name) or ""
+        words += [f"k={k}", f"seed={seeds.split(',')[0] if sweep in ONE_SEED_SWEEPS else seeds}"]
+    elif ks:
+        words.append(f"k={','.join(ks)}")
+    words += [] if model == PAPER_MODEL else [f"model.name={model}"]
+    words += [f"{key}={value}" for key, value in departures.items() if key != "protocol"]
+    return shlex.join(words)
+
+
+def not_under(selection):
+    """Why a table has no runs and no sweep under this protocol: a few-shot table under a full-data protocol, or
+    Table 3 (K = all) under a protocol of K rows per class."""
+    if settings(selection)["k"] == "all":
+        return (f"Protocol {named(selection)} trains on the whole train split (K = all) only: this table's few-shot rows "
+                "(K < all) cannot be run under it; its runs are in Table 3")
+    return (f"Protocol {named(selection)} samples K training examples per class: K = all cannot be run under it; its "
+            "runs are in Table 1")
