@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
 from .config import CPU_BF16, check_config
-from .data import dev_halves, encode, few_shot_split, lmbff_split, load_split
+from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
 from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
                       member_state)
 from .metrics import majority_score
@@ -236,7 +236,8 @@ def split_rows(cfg: DictConfig, task: TaskSpec, train_split, test_split) -> tupl
     dev = cfg.protocol.dev if cfg.get("protocol") is not None else "train"
     everything = np.arange(len(test_split))
     if dev == "per_class":  # LM-BFF: K train and K dev rows per class
-        train_rows, dev_rows = lmbff_split(train_split.labels, cfg.k, cfg.seed, task.is_regression)
+        chain = lmbff_chain(cfg.seed, headerless=not task.tsv.header)
+        train_rows, dev_rows = lmbff_split(train_split.labels, cfg.k, cfg.seed, task.is_regression, chain)
         return train_rows, dev_rows, everything, train_split
     if cfg.k != "all":  # UniPELT §4.1: K rows, then dev_size rows, of one seeded permutation
         train_rows, dev_rows = few_shot_split(len(train_split), cfg.k, cfg.seed, cfg.dev_size)

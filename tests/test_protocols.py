@@ -24,9 +24,12 @@ def script_split(path: Path, task: str, k: int, seed: int) -> tuple[list[str], l
     with the global numpy generator, as the script does): the lines it writes to train.tsv and dev.tsv."""
     with open(path) as handle:
         lines = handle.readlines()
-    train_lines = lines if task == "CoLA" else lines[1:]  # split_header: CoLA has none
-    np.random.seed(seed)
-    np.random.shuffle(train_lines)
+    for loop_seed in (100, 13, 21, 42, 87):  # the script's default --seed list, its outer loop
+        train_lines = lines if task == "CoLA" else lines[1:]  # split_header: CoLA's list itself, else a fresh slice
+        np.random.seed(loop_seed)
+        np.random.shuffle(train_lines)
+        if loop_seed == seed:
+            break
 
     def get_label(line):
         line = line.strip().split("\t")
@@ -44,12 +47,12 @@ def script_split(path: Path, task: str, k: int, seed: int) -> tuple[list[str], l
 
 
 def our_split(glue: Path, task_name: str, folder: str, k: int, seed: int) -> tuple[list[str], list[str], np.ndarray]:
-    from peltbench.data import lmbff_split, load_split
+    from peltbench.data import lmbff_chain, lmbff_split, load_split
     from peltbench.tasks import TaskSpec
 
     task = TaskSpec.from_config(compose_config("method=lora", f"task={task_name}").task)
     split = load_split(task, str(glue), "train")
-    train, dev = lmbff_split(split.labels, k, seed, task.is_regression)
+    train, dev = lmbff_split(split.labels, k, seed, task.is_regression, lmbff_chain(seed, not task.tsv.header))
     lines = (glue / folder / "train.tsv").read_text().splitlines(keepends=True)
     data = lines if folder == "CoLA" else lines[1:]
     return [data[i] for i in train], [data[i] for i in dev], split.labels
