@@ -334,8 +334,9 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     for run in runs:
         run.logger = open_logger(run.cfg, run.path.parent, run.label)
 
-    def on_epoch(index: int, epoch: int, metrics: dict) -> None:
-        runs[index].logger.log_epoch(epoch, metrics)
+    def on_epoch(index: int, evaluation: int, metrics: dict) -> None:  # logged at its step when dev is every N steps
+        every = runs[index].cfg.train.get("eval_every")
+        runs[index].logger.log_epoch(evaluation * every if every else evaluation, metrics)
 
     def on_done(index: int, result: MemberResult) -> None:
         runs[index].record["peak_memory"] = peak_memory(device, len(runs))
@@ -366,7 +367,9 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
         else:
             run.logger.log_test({**{f"test_{key}": value for key, value in result.test.items() if key != "main"},
                                  **{f"dev_best_{key}": value for key, value in result.dev_best.items() if key != "main"},
-                                 "best_epoch": result.best_epoch}, epoch=result.best_epoch)
+                                 **({"best_step": result.best_step} if result.best_step is not None else
+                                    {"best_epoch": result.best_epoch})},
+                                epoch=result.best_step if result.best_step is not None else result.best_epoch)
     return _record(run, result, task)
 
 
