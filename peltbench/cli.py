@@ -27,7 +27,7 @@ from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
 from .packaged import options
-from .protocols import protocol_name, sweep_seeds
+from .protocols import protocol_name, run_defaults, sweep_seeds
 
 log = logging.getLogger("peltbench")
 
@@ -186,12 +186,14 @@ def preflight(arguments: list[str]) -> str | None:
             config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
             shown = []
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
-                loggers = {}
+                loggers, protocols = {}, set()
                 for overrides, job in _jobs(loader, config, mode):
                     check_config(job)
+                    protocols.add(protocol_name(job))
                     loggers.setdefault(OmegaConf.to_yaml(job.get("logger") or {}), job.get("logger"))
                     if sweep_cfg:
                         shown.append((overrides, job))
+                check_protocol_sweep(sorted(protocols), list(args.overrides))
                 if args.cfg is None:  # runs will start: their loggers must be able to
                     for logger in loggers.values():
                         check_can_start(logger)
@@ -200,6 +202,18 @@ def preflight(arguments: list[str]) -> str | None:
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null
             raise UserError(one_line(error, arguments)) from None
     return _sweep_configs(shown, args.package, args.resolve) if sweep_cfg else None
+
+
+def check_protocol_sweep(protocols: list[str], overrides: list[str]) -> None:
+    """A sweep over several protocols runs them all on one list of seeds (Hydra takes a sweep's default seeds from one
+    protocol file), so without `seed=...` each protocol but one would run on seeds that are not its own: refused."""
+    if len(protocols) < 2 or any(o.lstrip("+~").split("=")[0] == "seed" for o in overrides):
+        return
+    own = "; ".join(f"{name}: seed={sweep_seeds(name) or run_defaults(name).seed}" for name in protocols)
+    rest = " ".join(o for o in overrides if o.lstrip("+~").split("=")[0] != "protocol")
+    raise UserError(f"protocol={','.join(protocols)}: one sweep cannot run each protocol on its own seeds ({own}); "
+                    f"sweep one protocol at a time, e.g. `peltbench -m protocol={protocols[0]} {rest}` "
+                    f"(or give seed=... for all of them)")
 
 
 def _sweep_configs(jobs: list[tuple[list[str], DictConfig]], package: str | None, resolve: bool) -> str:

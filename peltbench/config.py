@@ -15,7 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import UserError
 from .packaged import options, packaged_config
-from .protocols import DEV_SOURCES, K_COUNTS, STATISTICS
+from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
@@ -267,6 +267,14 @@ def check_protocol(cfg: DictConfig) -> None:
     if (node.dev == "per_class") != (node.k == "per_class"):
         raise UserError(f"protocol.dev={node.dev} with protocol.k={node.k}: a dev set of K rows per class goes with "
                         f"K train rows per class")
+    if name in options("protocol"):  # a packaged protocol's name stands for its settings: a record labelled with it
+        own = protocol_settings(str(name))  # must have run them
+        differ = [key for key in ("k", "dev", "statistic") if node.get(key) != own[key]]
+        if differ:
+            raise UserError(f"protocol.name={name} with protocol.{differ[0]}={node.get(differ[0])}: protocol {name} has "
+                            f"{differ[0]}={own[differ[0]]}; choose a protocol with protocol=NAME (not protocol.name=NAME)")
+    if node.dev != "train" and cfg.get("dev_size") is not None and cfg.dev_size != run_defaults(str(name)).dev_size:
+        raise UserError(f"dev_size={cfg.dev_size}: protocol={name} does not use it ({SELECTION[node.dev]}); drop it")
 
 
 def check_logger(logger: DictConfig | None) -> None:

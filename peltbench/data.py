@@ -21,6 +21,7 @@ import torch
 from . import UserError
 from .hub import use_hub
 from .progress import progress
+from .protocols import LMBFF_SEED_ORDER, lmbff_chain  # noqa: F401  (re-exported: the split's definition)
 from .tasks import TaskSpec
 
 HUB_DATASET = "nyu-mll/glue"
@@ -226,7 +227,8 @@ def few_shot_split(num_train: int, k: int, seed: int, dev_size: int) -> tuple[np
 STSB_CLASS_THRESHOLD = 2.5
 
 
-def lmbff_split(labels: np.ndarray, k: int, seed: int, regression: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def lmbff_split(labels: np.ndarray, k: int, seed: int, regression: bool = False,
+                chain: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Train and dev row indices of LM-BFF's split (Gao et al. 2021; princeton-nlp/LM-BFF
     tools/generate_k_shot_data.py), the rows that script writes for the same seed:
 
@@ -238,11 +240,13 @@ def lmbff_split(labels: np.ndarray, k: int, seed: int, regression: bool = False)
         for line in label_list[label][k:k*dev_rate]:    # dev.tsv, dev_rate = 2
 
     Shuffling row indices consumes numpy's legacy stream exactly as shuffling the lines does. `labels` are the train
-    rows' labels in file order (STS-B: scores, classed at 2.5). A class with fewer than 2K rows is refused: the
-    script would silently write a smaller dev set.
+    rows' labels in file order (STS-B: scores, classed at 2.5). `chain`: the seeds whose shuffles came first, in order
+    (lmbff_chain: CoLA's in-place shuffles). A class with fewer than 2K rows is refused: the script would silently
+    write a smaller dev set.
     """
     order = list(range(len(labels)))
-    np.random.RandomState(seed).shuffle(order)  # = np.random.seed(seed); np.random.shuffle(train_lines)
+    for earlier in (*chain, seed):
+        np.random.RandomState(earlier).shuffle(order)  # = np.random.seed(seed); np.random.shuffle(train_lines)
     classes = (labels >= STSB_CLASS_THRESHOLD).astype(np.int64) if regression else labels
     groups: dict = {}
     for row in order:

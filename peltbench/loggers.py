@@ -140,6 +140,13 @@ def run_params(cfg: DictConfig) -> dict[str, object]:
     return flat
 
 
+def step_unit(cfg: DictConfig) -> str:
+    """What the loggers' step counts: `epoch`, or `step` (optimiser steps) when dev is evaluated every
+    `train.eval_every` steps (LM-BFF): then each evaluation is logged at its step and the result at the best one."""
+    train = cfg.get("train") or {}
+    return "step" if train.get("eval_every") else "epoch"
+
+
 class CsvLogger:
     """`metrics.csv` beside result.json: a row per epoch; the result (`test_*`, scored with the best dev epoch's state,
     `dev_best_*` and `best_epoch`) joins the best epoch's row, the step the other loggers log it at, so `epoch` stays
@@ -150,15 +157,16 @@ class CsvLogger:
     def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
         self.path = run_dir / "metrics.csv"
         self.rows: list[dict[str, object]] = []
+        self.unit = step_unit(cfg)  # the first column: `epoch`, or `step` when dev is evaluated every N steps
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
-        self.rows.append({"epoch": epoch, **metrics})
+        self.rows.append({self.unit: epoch, **metrics})
         self._write()
 
     def log_test(self, epoch: int, metrics: dict[str, float]) -> None:
-        row = next((row for row in self.rows if row["epoch"] == epoch), None)
+        row = next((row for row in self.rows if row[self.unit] == epoch), None)
         if row is None:
-            row = {"epoch": epoch}
+            row = {self.unit: epoch}
             self.rows.append(row)
         row.update(metrics)
         self._write()

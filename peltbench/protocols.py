@@ -104,3 +104,18 @@ def describe(name: str) -> str:
     k = {"per_class": "K train rows per class", "total": "K train rows in total", "all": "the whole train split"}[settings["k"]]
     return (f"protocol {name}: {k}; {SELECTION[settings['dev']]}; "
             f"{'median' if settings['statistic'] == 'median' else 'mean ± std'} over the seeds")
+
+
+# generate_k_shot_data.py's default `--seed` list, in the order its loop runs them (the outer loop; tasks inside it).
+LMBFF_SEED_ORDER = (100, 13, 21, 42, 87)
+
+
+def lmbff_chain(seed: int, headerless: bool) -> tuple[int, ...]:
+    """The seeds whose shuffles LM-BFF's script applies to a task's train rows before `seed`'s own (lmbff_split's
+    `chain`). Its split_header() returns a fresh slice `lines[1:]` for a file with a header, but the list itself for
+    a headerless file (CoLA), which np.random.shuffle then shuffles in place, seed after seed of the loop: the released
+    CoLA split of a seed is the chain of shuffles over the default seeds up to it. A seed outside the default list is
+    split as `--seed SEED` alone splits it: one shuffle of the file order."""
+    if not headerless or seed not in LMBFF_SEED_ORDER:
+        return ()
+    return LMBFF_SEED_ORDER[: LMBFF_SEED_ORDER.index(seed)]

@@ -27,7 +27,7 @@ from . import UserError, __version__
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
 from .packaged import packaged_config
-from .protocols import DEFAULT as DEFAULT_PROTOCOL, identity as protocol_identity, method_overrides, protocol_name, run_defaults
+from .protocols import DEFAULT as DEFAULT_PROTOCOL, identity as protocol_identity, lmbff_chain, method_overrides, protocol_name, run_defaults
 
 log = logging.getLogger("peltbench")
 
@@ -85,6 +85,9 @@ def semantic_config(cfg: DictConfig) -> dict:
     protocol = protocol_identity(cfg)  # None at unipelt: records from before protocols keep their hash
     if protocol is not None:
         identity["protocol"] = protocol
+        if protocol.get("dev") == "per_class" and lmbff_chain(int(cfg.seed), headerless=not cfg.task.tsv.header):
+            identity["split"] = "lmbff-chained"  # CoLA as LM-BFF released it (protocols.lmbff_chain): records before
+            # this key split CoLA from file order for every seed, another split, so they are another run
     return identity
 
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
 from .config import CPU_BF16, check_config
-from .data import dev_halves, encode, few_shot_split, lmbff_split, load_split
+from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
 from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
                       member_state)
 from .metrics import majority_score
@@ -236,7 +236,8 @@ def split_rows(cfg: DictConfig, task: TaskSpec, train_split, test_split) -> tupl
     dev = cfg.protocol.dev if cfg.get("protocol") is not None else "train"
     everything = np.arange(len(test_split))
     if dev == "per_class":  # LM-BFF: K train and K dev rows per class
-        train_rows, dev_rows = lmbff_split(train_split.labels, cfg.k, cfg.seed, task.is_regression)
+        chain = lmbff_chain(cfg.seed, headerless=not task.tsv.header)
+        train_rows, dev_rows = lmbff_split(train_split.labels, cfg.k, cfg.seed, task.is_regression, chain)
         return train_rows, dev_rows, everything, train_split
     if cfg.k != "all":  # UniPELT §4.1: K rows, then dev_size rows, of one seeded permutation
         train_rows, dev_rows = few_shot_split(len(train_split), cfg.k, cfg.seed, cfg.dev_size)
@@ -333,8 +334,9 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     for run in runs:
         run.logger = open_logger(run.cfg, run.path.parent, run.label)
 
-    def on_epoch(index: int, epoch: int, metrics: dict) -> None:
-        runs[index].logger.log_epoch(epoch, metrics)
+    def on_epoch(index: int, evaluation: int, metrics: dict) -> None:  # logged at its step when dev is every N steps
+        every = runs[index].cfg.train.get("eval_every")
+        runs[index].logger.log_epoch(evaluation * every if every else evaluation, metrics)
 
     def on_done(index: int, result: MemberResult) -> None:
         runs[index].record["peak_memory"] = peak_memory(device, len(runs))
@@ -365,7 +367,9 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
         else:
             run.logger.log_test({**{f"test_{key}": value for key, value in result.test.items() if key != "main"},
                                  **{f"dev_best_{key}": value for key, value in result.dev_best.items() if key != "main"},
-                                 "best_epoch": result.best_epoch}, epoch=result.best_epoch)
+                                 **({"best_step": result.best_step} if result.best_step is not None else
+                                    {"best_epoch": result.best_epoch})},
+                                epoch=result.best_step if result.best_step is not None else result.best_epoch)
     return _record(run, result, task)
 
 

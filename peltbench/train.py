@@ -527,7 +527,9 @@ def _log_epoch(members, active, epoch, losses, scores, seconds, task) -> None:
         return
     values = [s["main"] for s in scores if s["main"] is not None]
     spread = f"{min(values):.2f}..{max(values):.2f}" if values else "n/a"
-    log.info("epoch %d  %d of %d runs training  loss %.4f..%.4f  dev %s %s  %.1fs", epoch, len(active), len(members),
+    every = members[0].settings.eval_every  # a group's members share train.* (peltbench.fusion)
+    where = f"step {epoch * every}/{members[0].settings.steps}" if every is not None else f"epoch {epoch}"
+    log.info("%s  %d of %d runs training  loss %.4f..%.4f  dev %s %s  %.1fs", where, len(active), len(members),
              min(losses), max(losses), task.main_metric, spread, seconds)
 
 

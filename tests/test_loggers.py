@@ -358,3 +358,26 @@ def test_a_logger_that_fails_during_a_run_is_dropped_and_the_run_goes_on(tmp_pat
     assert [record.getMessage() for record in caplog.records] == [
         f"logger mlflow could not start for {RUN} and is left out; the run goes on: no answer",
         f"logger tensorboard failed for {RUN} and is dropped; the run goes on: the server went away"]
+
+
+def test_step_based_training_logs_each_evaluation_at_its_step_and_the_result_at_the_best_step(
+        tiny_checkpoint, glue_dir, tmp_path):
+    """Under train.eval_every (LM-BFF) the csv's first column is the optimiser step, and the test metrics join the
+    best evaluation's row with `best_step`, alone and in a fused group (issue 25 item 5)."""
+    from conftest import compose_config, tiny_run_overrides
+
+    from peltbench.runner import run_group
+
+    base = [o for o in tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path) if not o.startswith(("k=", "train.", "dev_size="))]
+    cfgs = [compose_config("method=lora", "task=rte", "device=cpu", "protocol=lmbff", "k=8", "train.max_steps=9",
+                           "train.eval_every=3", f"seed={seed}", *base) for seed in (13, 21)]
+    from peltbench.record import record_path
+
+    for cfg, outcome in zip(cfgs, run_group(cfgs)):
+        record = outcome.record
+        with open(record_path(cfg, Path(cfg.results_dir)).parent / "metrics.csv") as handle:
+            rows = list(csv.DictReader(handle))
+        assert list(rows[0])[0] == "step" and [row["step"] for row in rows] == ["3", "6", "9"]
+        [best] = [row for row in rows if row.get("test_accuracy")]
+        assert int(best["step"]) == record["best_step"] == int(float(best["best_step"]))
+        assert float(best["test_accuracy"]) == pytest.approx(record["test"]["accuracy"])

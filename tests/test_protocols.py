@@ -4,6 +4,7 @@ default seeds, and tables that never pool two protocols and report each one's st
 
 from __future__ import annotations
 
+import re
 import csv
 import json
 from pathlib import Path
@@ -24,9 +25,12 @@ def script_split(path: Path, task: str, k: int, seed: int) -> tuple[list[str], l
     with the global numpy generator, as the script does): the lines it writes to train.tsv and dev.tsv."""
     with open(path) as handle:
         lines = handle.readlines()
-    train_lines = lines if task == "CoLA" else lines[1:]  # split_header: CoLA has none
-    np.random.seed(seed)
-    np.random.shuffle(train_lines)
+    for loop_seed in (100, 13, 21, 42, 87):  # the script's default --seed list, its outer loop
+        train_lines = lines if task == "CoLA" else lines[1:]  # split_header: CoLA's list itself, else a fresh slice
+        np.random.seed(loop_seed)
+        np.random.shuffle(train_lines)
+        if loop_seed == seed:
+            break
 
     def get_label(line):
         line = line.strip().split("\t")
@@ -44,12 +48,12 @@ def script_split(path: Path, task: str, k: int, seed: int) -> tuple[list[str], l
 
 
 def our_split(glue: Path, task_name: str, folder: str, k: int, seed: int) -> tuple[list[str], list[str], np.ndarray]:
-    from peltbench.data import lmbff_split, load_split
+    from peltbench.data import lmbff_chain, lmbff_split, load_split
     from peltbench.tasks import TaskSpec
 
     task = TaskSpec.from_config(compose_config("method=lora", f"task={task_name}").task)
     split = load_split(task, str(glue), "train")
-    train, dev = lmbff_split(split.labels, k, seed, task.is_regression)
+    train, dev = lmbff_split(split.labels, k, seed, task.is_regression, lmbff_chain(seed, not task.tsv.header))
     lines = (glue / folder / "train.tsv").read_text().splitlines(keepends=True)
     data = lines if folder == "CoLA" else lines[1:]
     return [data[i] for i in train], [data[i] for i in dev], split.labels
@@ -208,7 +212,8 @@ def test_the_protocol_names_the_folder_and_enters_the_identity_only_when_it_is_n
 def _run(tiny_checkpoint, glue_dir, tmp_path, *overrides):
     from peltbench.runner import run_experiment
 
-    base = [o for o in tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path) if not o.startswith(("k=", "train."))]
+    # the protocols here take no dev_size (their dev rows are per class or GLUE dev's): giving one is refused
+    base = [o for o in tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path) if not o.startswith(("k=", "train.", "dev_size="))]
     return run_experiment(compose_config("method=lora", "task=rte", "logger=[]", "device=cpu", *base, *overrides))
 
 
@@ -228,7 +233,7 @@ def test_an_lmbff_run_trains_in_steps_and_evaluates_every_n_steps(tiny_checkpoin
     assert (train, dev) == tuple(rows.tolist() for rows in lmbff_split(labels, 8, 21))  # the data seed's rows
     assert np.bincount(labels[train]).tolist() == np.bincount(labels[dev]).tolist() == [8, 8] and not set(train) & set(dev)
     assert record["config"]["model_seed"] == 21 and record["config"]["method"]["head"] == "train"
-    assert record["variant"] == ("lora,dev_size=20,model.name=" + record["variant"].split("model.name=")[1].split(",")[0]
+    assert record["variant"] == ("lora,model.name=" + record["variant"].split("model.name=")[1].split(",")[0]
                                  + ",train.max_steps=9,train.eval_every=3,protocol=lmbff")  # what departs from lmbff
 
 
@@ -319,3 +324,31 @@ def test_the_statistic_follows_the_protocol():
     median_cell.statistic, mean_cell.statistic = "median", "mean"
     assert (center(median_cell), spread(median_cell)) == (20.0, None)
     assert score_cell(median_cell, 3) == "20.00" and score_cell(mean_cell, 3) == "40.00 ± 43.59"
+
+
+# ---------------------------------------------------------------- a protocol's settings are its own (issue 25 item 4)
+
+@pytest.mark.parametrize("overrides,message", [
+    (("protocol.name=lmbff",), "protocol.name=lmbff with protocol.k=total: protocol lmbff has k=per_class"),
+    (("protocol=lmbff", "dev_size=100"), "dev_size=100: protocol=lmbff does not use it"),
+    (("protocol=full_median", "k=all", "dev_size=100"), "dev_size=100: protocol=full_median does not use it"),
+])
+def test_a_protocol_name_or_setting_that_disagrees_is_one_line(overrides, message):
+    from peltbench import UserError
+    from peltbench.config import check_config
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_config(compose_config("method=lora", "task=rte", *overrides))
+    check_config(compose_config("method=lora", "task=rte", *overrides[:1]) if overrides[0] != "protocol.name=lmbff"
+                 else compose_config("method=lora", "task=rte", "protocol=lmbff"))
+
+
+def test_a_sweep_of_several_protocols_without_seeds_is_refused_saying_how():
+    from peltbench import UserError
+    from peltbench.cli import check_protocol_sweep
+
+    with pytest.raises(UserError, match=r"lmbff: seed=13,21,42,87,100; unipelt: seed=111\); sweep one protocol at a "
+                                        r"time, e.g. `peltbench -m protocol=lmbff method=lora`"):
+        check_protocol_sweep(["lmbff", "unipelt"], ["protocol=unipelt,lmbff", "method=lora"])
+    check_protocol_sweep(["lmbff", "unipelt"], ["protocol=unipelt,lmbff", "seed=13,21"])  # seeds given: the user's
+    check_protocol_sweep(["lmbff"], ["protocol=lmbff"])
