@@ -54,6 +54,11 @@ class Architecture:
     embeddings_norm: str = "embeddings.LayerNorm"  # from the encoder
     relative_attention: bool = False  # DeBERTa: peltbench computes the disentangled attention (methods/attention.py)
     token_types: bool = True         # the encoder takes token_type_ids (unless its config has no token types)
+    positions: str | None = "absolute"  # what a prefix's position shift (P-tuning v2) moves: absolute position
+    # embeddings numbered 0, 1, ... ("absolute"), or from padding_idx + 1 over the non-pad tokens (RoBERTa:
+    # "after_padding_idx"); None: no absolute positions (ModernBERT's RoPE, which a uniform shift does not change)
+    positions_if: str | None = None  # a config flag without which the model has none (DeBERTa: position_biased_input;
+    # DeBERTa-v3 has it false: its relative positions see no uniform shift)
     notes: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -81,7 +86,7 @@ ARCHITECTURES = {
     "roberta": Architecture(
         "roberta", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
         dense=_BERT_DENSE,
-        pre_norm=False, head=Head(activation="tanh", **_CLASSIFICATION_HEAD)),
+        pre_norm=False, head=Head(activation="tanh", **_CLASSIFICATION_HEAD), positions="after_padding_idx"),
     "electra": Architecture(
         "electra", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
         dense=_BERT_DENSE,
@@ -89,7 +94,7 @@ ARCHITECTURES = {
     "deberta-v2": Architecture(
         "deberta-v2", layers="encoder.layer", attention="attention.self",
         projections={"query": ("query_proj", None), "key": ("key_proj", None), "value": ("value_proj", None)},
-        ffn="output", dense=_BERT_DENSE, pre_norm=False, relative_attention=True,
+        ffn="output", dense=_BERT_DENSE, pre_norm=False, relative_attention=True, positions_if="position_biased_input",
         head=Head(pool="first", dense="pooler.dense", activation="config:pooler_hidden_act", out="classifier",
                   dropout="dropout", dense_dropout="pooler.dropout")),
     "modernbert": Architecture(
@@ -97,7 +102,7 @@ ARCHITECTURES = {
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
         ffn="mlp", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
         pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
-        head=Head(pool="modernbert", out="classifier", dropout="drop")),
+        head=Head(pool="modernbert", out="classifier", dropout="drop"), positions=None),
 }
 
 

@@ -82,6 +82,7 @@ METHOD_HELP = {
     "prefix_length": "prefix length L",
     "prefix_hidden": "width of prefix-tuning's reparameterisation MLP",
     "prefix_projection": "prefixes through the MLP (true, prefix-tuning) or trained directly (false, P-tuning v2)",
+    "prefix_shift_positions": "the tokens' positions follow the prefix (true: P-tuning v2's code, PEFT) or start at 0 (false)",
     "prompt_length": "prompt tuning's number of prompt embeddings P",
     "prompt_init": "prompt tuning's init: vocab (sampled word embeddings) or random (N(0, 1))",
     "lora_rank": "LoRA rank r",

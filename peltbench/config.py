@@ -39,7 +39,7 @@ COMPONENT_SETTINGS = {
     "bitfit": (),
     "ln": (),
     "adapter": ("bottleneck", "gated", "gate_pooling"),
-    "prefix": ("prefix_length", "prefix_hidden", "prefix_projection", "gated", "gate_pooling"),
+    "prefix": ("prefix_length", "prefix_hidden", "prefix_projection", "prefix_shift_positions", "gated", "gate_pooling"),
     "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling", "lora_freeze_a"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
     "dora": ("lora_rank", "lora_scale", "lora_targets"),
@@ -53,7 +53,7 @@ COMPONENT_SETTINGS = {
     "ia3": (),
     "prompt": ("prompt_length", "prompt_init"),
 }
-OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a", "prefix_projection")  # a method file may leave them out:
+OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a", "prefix_projection", "prefix_shift_positions")  # a method file may leave them out:
 # masked, false, true (the MLP)
 
 # The optional dependency (module to import = extra to install) of each logger in conf/logger/.
@@ -139,6 +139,7 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "prefix_length": POSITIVE_INT,
     "prefix_hidden": POSITIVE_INT,
     "prefix_projection": BOOL,
+    "prefix_shift_positions": BOOL,
     "prompt_length": POSITIVE_INT,
     "prompt_init": (lambda v: v in ("vocab", "random"), "must be vocab (sampled word embeddings) or random (N(0, 1))"),
     "lora_rank": POSITIVE_INT,

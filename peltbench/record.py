@@ -63,7 +63,8 @@ def data_location(data_dir: str | None) -> str | None:
 
 # Method settings added after records existed, with the value that reproduces the behaviour from before they
 # existed: at that value they are left out of the identity, so earlier records keep their hash.
-LATER_METHOD_KEYS = {"gate_pooling": "masked", "lora_freeze_a": False, "prefix_projection": True}
+LATER_METHOD_KEYS = {"gate_pooling": "masked", "lora_freeze_a": False, "prefix_projection": True,
+                     "prefix_shift_positions": False}
 # The same for top-level settings (protocols, issue 20): training bounded by steps, dev every N steps.
 LATER_KEYS = {"train.max_steps": None, "train.eval_every": None}
 

@@ -81,7 +81,7 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     components, gated = list(method.components), method.get("gated", False)
     fused = any(arch.projections[t][1] is not None for t in method.get("lora_targets", method.get("vera_targets", ())))
     if components == ["prefix"] and not gated:
-        return None, NO_PEFT_PREFIX
+        return None, NO_PEFT_SHIFTED if method.get("prefix_shift_positions", False) else NO_PEFT_PREFIX
     if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"], ["oft"], ["hra"], ["boft"], ["ia3"],
                                                  ["prompt"]):
         return None, None
@@ -101,6 +101,8 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
 # position ids it is given), and refuses DeBERTa-v2 and ModernBERT, which take no past_key_values.
 NO_PEFT_PREFIX = ("PEFT's prefix tuning shifts every position id by the prefix length (and cannot run on DeBERTa-v2 "
                   "or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
+NO_PEFT_SHIFTED = ("peltbench writes no PEFT copy of a prefix run (a P-tuning v2 run with shifted positions computes what "
+                   "PEFT's prefix tuning computes on BERT and RoBERTa, but its export is not implemented: docs/saving.md)")
 
 
 def _modules_to_save(arch) -> list[str]:

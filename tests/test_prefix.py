@@ -34,28 +34,34 @@ def unshifted_positions(model_type: str, ids: torch.Tensor, pad: int, length: in
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
-def test_ptuning_v2_equals_peft_given_unshifted_positions(model_type):
-    """Logits, the prefix's gradient and the count equal PEFT's P-tuning v2 on the same prefix and head; PEFT's own
-    default positions (shifted by L) give other logits, which is why peltbench writes no peft/ for a prefix."""
+def test_ptuning_v2_equals_peft(model_type):
+    """By default (`prefix_shift_positions: true`, the authors' code) the tokens' positions follow the prefix: logits,
+    the prefix's gradient and the count equal PEFT's P-tuning v2 as PEFT runs it. With the shift off (UniPELT's prefix,
+    and ptuning_v2 before the setting) it equals PEFT given position ids p - L (which PEFT shifts back), and differs."""
     pytest.importorskip("peft")
     from peft import PrefixTuningConfig, get_peft_model
 
     ours = build(model_type, method("ptuning_v2"), **O1).train()
+    unshifted = build(model_type, method("ptuning_v2", prefix_shift_positions=False), **O1).train()
     base = tiny_encoder(model_type, dropout=0.0, **O1)
     peft = get_peft_model(base, PrefixTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=20,
                                                    prefix_projection=False)).train()
     embedding = peft.prompt_encoder["default"].embedding.weight
+    prefix = member_state(ours, 0)["prefix_encoder.key_values"]
+    torch.testing.assert_close(member_state(unshifted, 0)["prefix_encoder.key_values"], prefix)  # one draw
     with torch.no_grad():
-        embedding.copy_(member_state(ours, 0)["prefix_encoder.key_values"])
+        embedding.copy_(prefix)
     ids, mask, types = batch(model_type)
-    positions = unshifted_positions(model_type, ids, base.config.pad_token_id, 20)
     labels = torch.tensor([0, 1, 1])
     logits = ours(ids, mask, types)
-    peft_logits = peft(**model_inputs(model_type, ids, mask, types), position_ids=positions).logits
+    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
     torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
     with torch.no_grad():
-        shifted = peft(**model_inputs(model_type, ids, mask, types)).logits
-    assert (shifted - logits).abs().max() > 1e-2
+        positions = unshifted_positions(model_type, ids, base.config.pad_token_id, 20)
+        torch.testing.assert_close(unshifted(ids, mask, types),
+                                   peft(**model_inputs(model_type, ids, mask, types), position_ids=positions).logits,
+                                   rtol=1e-5, atol=1e-6)
+        assert (unshifted(ids, mask, types) - logits).abs().max() > 1e-2
     F.cross_entropy(logits, labels).backward()
     F.cross_entropy(peft_logits, labels).backward()
     [(name, parameter)] = [(n, p) for n, p, _, _ in ours.member_parameters() if n.startswith("prefix_encoder.")]
@@ -66,14 +72,32 @@ def test_ptuning_v2_equals_peft_given_unshifted_positions(model_type):
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_ptuning_v2_equals_an_eager_reference_that_concatenates_the_prefix(model_type):
     """On every encoder (PEFT's prefix runs on BERT and RoBERTa only): DeBERTa with zero relative bias over the prefix,
-    ModernBERT without rotating it."""
-    ours = build(model_type, method("ptuning_v2"))
-    reference = reference_prefix_model(model_type, ours)
-    reference_head(reference, ours)
-    ids, mask, types = batch(model_type)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids, mask, types), reference(**model_inputs(model_type, ids, mask, types)).logits,
-                                   rtol=1e-5, atol=1e-6)
+    ModernBERT without rotating it; with the tokens' positions shifted by L where the encoder has absolute ones."""
+    from peltbench.methods.base import shifted_positions
+
+    for shift in (False, True):
+        ours = build(model_type, method("ptuning_v2", prefix_shift_positions=shift))
+        reference = reference_prefix_model(model_type, ours)
+        reference_head(reference, ours)
+        ids, mask, types = batch(model_type)
+        inputs = model_inputs(model_type, ids, mask, types)
+        positions = shifted_positions(ours.arch, ours.config, ids, torch.tensor([20]))
+        if shift and positions is not None:
+            inputs["position_ids"] = positions
+        with torch.no_grad():
+            torch.testing.assert_close(ours(ids, mask, types), reference(**inputs).logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "bert"])
+def test_a_fused_group_shifts_only_its_ptuning_members_positions(model_type):
+    """A P-tuning v2 member (positions shifted), one with the shift off and a LoRA member in one group: each computes
+    its own model's logits and gradients."""
+    from test_encoders import assert_members_equal_their_own_models
+
+    methods = [method("ptuning_v2"), method("ptuning_v2", prefix_shift_positions=False), method("lora")]
+    seeds = [42, 43, 44]
+    group = build(model_type, methods, seeds, **O1)
+    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
 
 
 def test_ptuning_v2_stores_and_trains_its_prefix_tensor_itself():
@@ -115,7 +139,8 @@ def test_a_saved_ptuning_v2_run_reloads_and_says_why_it_writes_no_peft_copy(tmp_
                                     "train.epochs=2"))
     assert outcome.status == "ok" and outcome.record["saved"] == ["weights.safetensors"]
     assert [r.message for r in caplog.records if "no peft/ copy" in r.message][0].endswith(
-        "no peft/ copy: PEFT's prefix tuning shifts every position id by the prefix length (and cannot run on "
-        "DeBERTa-v2 or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
+        "no peft/ copy: peltbench writes no PEFT copy of a prefix run (a P-tuning v2 run with shifted positions "
+        "computes what PEFT's prefix tuning computes on BERT and RoBERTa, but its export is not implemented: "
+        "docs/saving.md)")
     run_dir = next((tmp_path / "runs").rglob("result.json")).parent
     assert peltbench.load_run(run_dir).predict()[0] == pytest.approx(outcome.record["test"], abs=1e-9)

@@ -169,6 +169,10 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
         mark(model, [encoder.embedding, *encoder.down.parameters(), *encoder.up.parameters()], encoder.projected)
     if encoder.direct:
         mark(model, [encoder.key_values], encoder.direct)
+    shifts = [users[m].prefix_length if m in users and users[m].get("prefix_shift_positions", False) else 0
+              for m in range(model.members.count)]
+    if any(shifts):  # P-tuning v2: the tokens' positions follow the prefix (PeltModel.forward)
+        model.position_shift = torch.tensor(shifts, dtype=torch.long, device=encoder.device)
     gated = [bool(users[m].gated) if m in users else False for m in range(model.members.count)]
     path = model.arch.attention
     for index, layer in enumerate(model.layers):
