@@ -66,13 +66,15 @@ def method_overrides(name: str) -> dict:
 
 
 @lru_cache(maxsize=256)
-def run_defaults(name: str, seed: int | None = None) -> DictConfig:
-    """conf/config.yaml with protocol `name`'s top-level values over it (what a run of that protocol has unless
-    the command line says otherwise), `seed` filled in so that `model_seed: ${seed}` resolves. Cached: never change
-    what it returns."""
+def run_defaults(name: str, seed: int | None = None, task: str | None = None) -> DictConfig:
+    """conf/config.yaml with protocol `name`'s top-level values over it, and its settings for `task`
+    (conf/protocol_task/<name>_<task>.yaml: e.g. LM-BFF's 256 tokens on RTE) over those: what a run of that protocol
+    has unless the command line says otherwise, `seed` filled in so that `model_seed: ${seed}` resolves. Cached:
+    never change what it returns."""
     base = OmegaConf.merge(packaged_config("config.yaml"))
-    packaged = protocol_file(name)
-    if packaged is not None:
+    for packaged in (protocol_file(name), packaged_config(f"protocol_task/{name}_{task}.yaml") if task else None):
+        if packaged is None:
+            continue
         own = OmegaConf.masked_copy(packaged, [key for key in packaged if key not in ("protocol", "method", "hydra")])
         base = OmegaConf.merge(base, own)
     if seed is not None:

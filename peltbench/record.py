@@ -128,7 +128,7 @@ def non_default_settings(cfg: DictConfig) -> list[tuple[str, object]]:
         if method_defaults is None or key not in method_defaults or method_defaults[key] != value:
             if key != "name":
                 changes.append((key, value))
-    defaults = run_defaults(protocol, cfg.seed)  # the protocol's k, seeds and train.* are not departures
+    defaults = run_defaults(protocol, cfg.seed, cfg.task.name)  # the protocol's k, seeds, train.* are not departures
     for key in (*FOLDER_KEYS, *LATER_KEYS):
         value = OmegaConf.select(cfg, key)
         if key == "model.name":

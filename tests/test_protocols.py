@@ -352,3 +352,17 @@ def test_a_sweep_of_several_protocols_without_seeds_is_refused_saying_how():
         check_protocol_sweep(["lmbff", "unipelt"], ["protocol=unipelt,lmbff", "method=lora"])
     check_protocol_sweep(["lmbff", "unipelt"], ["protocol=unipelt,lmbff", "seed=13,21"])  # seeds given: the user's
     check_protocol_sweep(["lmbff"], ["protocol=lmbff"])
+
+
+def test_lmbff_runs_rte_and_mnli_at_256_tokens_as_run_experiment_sh_without_a_folder_of_their_own():
+    """conf/protocol_task/lmbff_{rte,mnli}.yaml: LM-BFF's --max_seq_length 256 there, 128 elsewhere and under unipelt;
+    the preset's value is not a departure (no `train.max_length=` in the folder), a given one still wins."""
+    from peltbench.record import variant_name
+
+    rte = compose_config("method=lora", "task=rte", "protocol=lmbff")
+    assert rte.train.max_length == 256 and compose_config("method=lora", "task=mnli", "protocol=lmbff").train.max_length == 256
+    assert compose_config("method=lora", "task=sst2", "protocol=lmbff").train.max_length == 128
+    assert compose_config("method=lora", "task=rte").train.max_length == 128
+    assert variant_name(rte) == "lora,protocol=lmbff"
+    given = compose_config("method=lora", "task=rte", "protocol=lmbff", "train.max_length=128")
+    assert given.train.max_length == 128 and variant_name(given) == "lora,train.max_length=128,protocol=lmbff"

@@ -57,7 +57,8 @@ def run_protocol(config, precision):
     settings.update({key: config[key] for key in TOP_LEVEL_KEYS if key in config})
     name = protocol_name(config)
     if name != DEFAULT_PROTOCOL:  # only what departs from the protocol's own settings (its seed resolves model_seed)
-        own = run_defaults(name, config.get("seed")) if protocol_file(name) is not None else None
+        task = (config.get("task") or {}).get("name")  # a protocol's own settings for the task (LM-BFF's RTE: 256)
+        own = run_defaults(name, config.get("seed"), task) if protocol_file(name) is not None else None
         settings = {PROTOCOL: name, **{key: value for key, value in settings.items()
                                        if own is None or canonical(value) != canonical(OmegaConf.select(own, key))}}
     settings[PRECISION] = precision
