@@ -18,7 +18,7 @@ _received = False
 
 def catch_ctrl_c() -> None:
     """Ctrl-C raises KeyboardInterrupt, as Python's own handler does, and is remembered. Left alone when SIGINT is
-    ignored (`nohup`, a shell's background job) or handled by someone else."""
+    ignored (a background job of a shell script) or handled by someone else."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _handler)
 

@@ -1,6 +1,6 @@
 """What a sweep still lacks: `peltbench-missing`, and the summary printed at the end of `peltbench -m ...`.
 
-    peltbench-missing method=adapter,lora task=rte,mrpc k=100 seed=111,222
+    peltbench-missing method=adapter,lora task=rte,sst2 k=100 seed=111,222
     peltbench-missing +experiment=table1 hydra/launcher=slurm hydra.launcher.partition=gpu
 
 takes a sweep's arguments, expands its grid as Hydra's BasicSweeper does (the `hydra.sweeper.params` of an
