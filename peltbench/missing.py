@@ -294,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if arguments else 2
     try:
         sweep = _load(arguments)
+    except KeyboardInterrupt:  # composing a big grid takes a while (18 s for +experiment=table1)
+        print("peltbench-missing: interrupted", file=sys.stderr)
+        return 130
     except Exception as error:  # Hydra's composition and override errors, e.g. an unknown method
         message = (str(error).strip().splitlines() or [type(error).__name__])[0]
         print(f"peltbench-missing: error: {message}", file=sys.stderr)
