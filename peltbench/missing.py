@@ -127,8 +127,8 @@ def record_states(cfgs: Sequence[DictConfig]) -> list[str]:
 
 def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
     """The line Ctrl-C ends a run or sweep with (exit status 130): how many of its runs are done, read from their
-    records. A run stopped while training wrote no record (a fused group's members finished before it did), and its
-    claim dies with the process (peltbench.claim): the same command runs what is not done."""
+    records. A run stopped while training wrote no record (the members of its fused group that finished first did),
+    and its claim dies with the process (peltbench.claim): the same command runs what is not done."""
     done = sum(state == "done" for state in record_states(cfgs))
     if not sweep:
         return ("interrupted after the run finished (its record is written)" if done else
