@@ -1,8 +1,8 @@
 """`peltbench`: one experiment per Hydra job, e.g. `peltbench method=unipelt_apl task=cola k=100 seed=111`.
 
 Before Hydra starts anything, `preflight` composes the config of every run the command asks for, as Hydra will,
-and checks it (peltbench.config), and whether its loggers can start (peltbench.loggers): bad input is one line and
-exit status 2 within a second, before torch loads.
+and checks it (peltbench.config), whether its loggers can start (peltbench.loggers) and whether a local data.dir has
+each task's files (peltbench.data): bad input is one line and exit status 2 within a second, before torch loads.
 Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not done), 2 bad input, 130 interrupted
 (Ctrl-C).
 """
