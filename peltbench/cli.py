@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from . import UserError, __version__
 from .config import METHOD_SETTINGS, check_config
 from .data import check_task_data
-from .interrupts import catch_ctrl_c, interruption
+from .interrupts import catch_ctrl_c, interrupted, interruption
 from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
@@ -129,6 +129,8 @@ def _run(cfg: DictConfig) -> str:
     # Ctrl-C: one line, whether the run finished (for a sweep its launcher says how far the sweep got)
     with nullcontext() if sweep else interruption(lambda: interrupted_line([cfg], sweep=False)):
         [outcome] = run_group([cfg], Path(to_absolute_path(cfg.results_dir)))
+        if interrupted():  # what Ctrl-C became was caught on its way (e.g. as a model that did not load)
+            raise KeyboardInterrupt
     if sweep:  # the sweep goes on; its summary lists what is not done
         return sweep_status(outcome)
     if outcome.status == "error":

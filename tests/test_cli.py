@@ -191,6 +191,33 @@ def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monk
     assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 0
 
 
+def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeypatch, tmp_path, capsys):
+    """Ctrl-C inside transformers' loading can come back as `could not load model` (a UserError: status 2), in a
+    sweep as another exception that Hydra's job catches as a failure and goes on: both are the interruption."""
+    import peltbench.runner
+    from peltbench import UserError, interrupts
+    from peltbench.runner import Outcome
+
+    def run_group(cfgs, results_dir=None):
+        interrupts._received = True  # as the handler catch_ctrl_c installs does on SIGINT
+        return [Outcome("error", error=UserError("could not load model 'bert-base-uncased': KeyboardInterrupt"))]
+
+    monkeypatch.setattr(interrupts, "_received", False)
+    monkeypatch.setattr(peltbench.runner, "run_group", run_group)
+    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 130
+    assert capsys.readouterr().err == ("peltbench: interrupted: the run did not finish and wrote no record; rerun the "
+                                       "same command to run it\n")
+
+    def crashed(cfgs, results_dir=None):  # in a sweep, an exception in its place: Hydra's job catches it as failed
+        interrupts._received = True
+        raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+    monkeypatch.setattr(peltbench.runner, "run_group", crashed)
+    assert _in_process(monkeypatch, tmp_path, "-m", "method=lora", "task=rte,cola") == 130
+    assert capsys.readouterr().err == ("peltbench: interrupted: 0 of 2 runs done, 2 not done; rerun the same command "
+                                       "to run them (done runs are skipped)\n")
+
+
 def test_no_arguments_prints_the_usage_with_status_2(tmp_path):
     result = peltbench(cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
