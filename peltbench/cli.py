@@ -1,9 +1,10 @@
 """`peltbench`: one experiment per Hydra job, e.g. `peltbench method=unipelt_apl task=cola k=100 seed=111`.
 
 Before Hydra starts anything, `preflight` composes the config of every run the command asks for, as Hydra will,
-and checks it (peltbench.config), and whether its loggers can start (peltbench.loggers): bad input is one line and
-exit status 2 within a second, before torch loads.
-Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not done), 2 bad input.
+and checks it (peltbench.config), whether its loggers can start (peltbench.loggers) and whether a local data.dir has
+each task's files (peltbench.data): bad input is one line and exit status 2 within a second, before torch loads.
+Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not done), 2 bad input, 130 interrupted
+(Ctrl-C).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
@@ -23,11 +25,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import UserError, __version__
 from .config import METHOD_SETTINGS, check_config
+from .data import check_task_data
+from .interrupts import catch_ctrl_c, interrupted, interruption
 from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
 from .packaged import options
 from .protocols import protocol_name, run_defaults, sweep_seeds
+from .tasks import TaskSpec
 
 log = logging.getLogger("peltbench")
 
@@ -65,7 +70,8 @@ protocol settings (set by protocol=NAME; the default unipelt's shown; each proto
 logger settings (with that logger chosen):
 {logger_settings}
 
-Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not done; 2 bad input, nothing ran.
+Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not done; 2 bad input, nothing ran;
+130 interrupted (Ctrl-C: rerun the same command to go on).
 """
 
 GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config groups a user chooses from (conf/)
@@ -117,10 +123,16 @@ METHOD_HELP = {
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _run(cfg: DictConfig) -> str:
+    from .missing import interrupted_line
     from .runner import run_group, sweep_status  # imported here: torch loads only for a run that will happen
 
-    [outcome] = run_group([cfg], Path(to_absolute_path(cfg.results_dir)))
-    if HydraConfig.get().mode == RunMode.MULTIRUN:  # the sweep goes on; its summary lists what is not done
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    # Ctrl-C: one line, whether the run finished (for a sweep its launcher says how far the sweep got)
+    with nullcontext() if sweep else interruption(lambda: interrupted_line([cfg], sweep=False)):
+        [outcome] = run_group([cfg], Path(to_absolute_path(cfg.results_dir)))
+        if interrupted():  # what Ctrl-C became was caught on its way (e.g. as a model that did not load)
+            raise KeyboardInterrupt
+    if sweep:  # the sweep goes on; its summary lists what is not done
         return sweep_status(outcome)
     if outcome.status == "error":
         print(f"peltbench: error: {outcome.error}", file=sys.stderr)
@@ -131,6 +143,18 @@ def _run(cfg: DictConfig) -> str:
 
 
 def main() -> None:
+    """The `peltbench` command: Ctrl-C ends it with one line (how far it got) and exit status 130; the records
+    written stay valid, a run it stopped wrote none, and the same command goes on from there."""
+    catch_ctrl_c()
+    try:
+        _main()
+    except KeyboardInterrupt as interrupt:
+        print(f"peltbench: {str(interrupt) or 'interrupted; rerun the same command to go on (done runs are skipped)'}",
+              file=sys.stderr)
+        sys.exit(130)
+
+
+def _main() -> None:
     arguments = sys.argv[1:]
     if not arguments:
         print(USAGE + "peltbench --help lists every setting.", file=sys.stderr)
@@ -187,17 +211,21 @@ def preflight(arguments: list[str]) -> str | None:
             config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
             shown = []
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
-                loggers, protocols = {}, set()
+                loggers, data, protocols = {}, {}, set()
                 for overrides, job in _jobs(loader, config, mode):
                     check_config(job)
                     protocols.add(protocol_name(job))
                     loggers.setdefault(OmegaConf.to_yaml(job.get("logger") or {}), job.get("logger"))
+                    if job.data.dir is not None:  # a local GLUE directory (the Hub's data cannot be checked offline)
+                        data.setdefault((job.task.name, str(job.data.dir)), job.task)
                     if sweep_cfg:
                         shown.append((overrides, job))
                 check_protocol_sweep(sorted(protocols), list(args.overrides))
-                if args.cfg is None:  # runs will start: their loggers must be able to
+                if args.cfg is None:  # runs will start: their loggers must be able to, their data files be there
                     for logger in loggers.values():
                         check_can_start(logger)
+                    for (_, data_dir), task in data.items():
+                        check_task_data(TaskSpec.from_config(task), data_dir)
         except OverrideParseException as error:
             raise UserError(_bad_override(arguments, error)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from . import UserError
 from .hub import use_hub
@@ -47,18 +46,46 @@ def load_split(task: TaskSpec, data_dir: str | None, split: str) -> Split:
     """`split` is "train" or "test". Cached per process, so a local sweep reads each file once."""
     if data_dir is None:
         return _load_hub(task, split)
+    layout, folder = _task_folder(task, data_dir)
+    if layout == "tsv":
+        return read_tsv(folder / ("train.tsv" if split == "train" else task.tsv.test_file), task)
+    return _load_parquet(folder, task, split)
+
+
+def check_task_data(task: TaskSpec, data_dir: str) -> None:
+    """That the local GLUE directory `data_dir` has the task's train and test files (their names only: a run reads
+    and checks their rows), as load_split will look for them; else a UserError naming the task, the folder and how
+    to get it. A sweep calls it for each task before its first run starts (peltbench.cli.preflight), torch unloaded."""
+    layout, folder = _task_folder(task, data_dir)
+    for split in ("train", "test"):
+        if layout == "tsv":
+            path = folder / ("train.tsv" if split == "train" else task.tsv.test_file)
+            found = path.is_file()
+        else:
+            path = folder / f"{_hub_split_name(task, split)}-*.parquet"
+            found = bool(glob.glob(str(path)))
+        if not found:
+            raise UserError(f"task={task.name}: data file not found: {path}")
+
+
+# How to get a task a local GLUE directory lacks (data/glue/README.md: MRPC and STS-B are not shipped, for their terms)
+GET_DATA = ("peltbench ships only CoLA, SST-2 and RTE (data/glue): for other tasks point data.dir at a GLUE download "
+            "(README, Offline use) or leave it unset (the Hub)")
+
+
+def _task_folder(task: TaskSpec, data_dir: str) -> tuple[str, Path]:
+    """("tsv" or "parquet", the task's folder) in a local GLUE directory; a UserError if it has no such folder."""
     root = Path(data_dir).expanduser().absolute()
     if not root.is_dir():
         raise UserError(f"data.dir={data_dir}: no such directory")
     if (root / task.tsv.folder).is_dir():
-        name = "train.tsv" if split == "train" else task.tsv.test_file
-        return read_tsv(root / task.tsv.folder / name, task)
+        return "tsv", root / task.tsv.folder
     if (root / task.hub_config).is_dir():
         _refuse_tsv_in_parquet_folder(root, task)
-        return _load_parquet(root / task.hub_config, task, split)
+        return "parquet", root / task.hub_config
     near = sorted(entry.name for entry in root.iterdir() if entry.is_dir()
                   and entry.name.lower() in (task.tsv.folder.lower(), task.hub_config.lower()))
-    found = f"; found {near[0]}/: rename it (the folder names are case-sensitive)" if near else ""
+    found = f"; found {near[0]}/: rename it (the folder names are case-sensitive)" if near else f"; {GET_DATA}"
     raise UserError(
         f"no {task.name} data under {root}: expected {root / task.tsv.folder}/ (glue_data TSV layout) "
         f"or {root / task.hub_config}/ (parquet layout of `hf download {HUB_DATASET}`){found}"
@@ -260,11 +287,15 @@ def lmbff_split(labels: np.ndarray, k: int, seed: int, regression: bool = False,
     return np.array(train, dtype=np.int64), np.array(dev, dtype=np.int64)
 
 
-def dev_halves(num_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def dev_halves(num_rows: int, seed: int, where: str = "GLUE dev") -> tuple[np.ndarray, np.ndarray]:
     """GLUE dev in two parts, (selection rows, test rows), as ReFT's pyreft examples/loreft/train.py sizes them:
     1,000 rows select when GLUE dev has over 5,000, else n // 2; the rest is reported. The rows are a permutation
     of GLUE dev from the data seed (pyreft's torch.utils.data.random_split draws from torch's global generator
-    after its model is built: not reproducible outside it). Each part sorted, in the official dev order."""
+    after its model is built: not reproducible outside it). Each part sorted, in the official dev order.
+    Fewer than 2 rows (a part would be empty) is a UserError naming `where`, the split."""
+    if num_rows < 2:
+        raise UserError(f"{where} has {num_rows} row{'s' if num_rows != 1 else ''}: protocol full_halves splits it in "
+                        f"two (one part selects the epoch, the other is reported), so it needs at least 2")
     selection = 1000 if num_rows > 5000 else num_rows // 2
     permutation = np.random.default_rng(seed).permutation(num_rows)
     return np.sort(permutation[num_rows - selection :]), np.sort(permutation[: num_rows - selection])
@@ -308,6 +339,8 @@ def collate_group(sets: list[Encoded], rows: list[list[int]], pad_id: int, devic
 
     Padded to the longest row among them (dynamic padding), or to `width` (gate_pooling=padded).
     """
+    import torch  # here: a sweep's preflight checks its data files (check_task_data) before torch loads
+
     lengths = [len(s.input_ids[r]) for s, chosen in zip(sets, rows) for r in chosen]
     width = max(lengths) if width is None else width
     count = len(lengths)

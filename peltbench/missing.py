@@ -1,6 +1,6 @@
 """What a sweep still lacks: `peltbench-missing`, and the summary printed at the end of `peltbench -m ...`.
 
-    peltbench-missing method=adapter,lora task=rte,mrpc k=100 seed=111,222
+    peltbench-missing method=adapter,lora task=rte,sst2 k=100 seed=111,222
     peltbench-missing +experiment=table1 hydra/launcher=slurm hydra.launcher.partition=gpu
 
 takes a sweep's arguments, expands its grid as Hydra's BasicSweeper does (the `hydra.sweeper.params` of an
@@ -125,6 +125,18 @@ def record_states(cfgs: Sequence[DictConfig]) -> list[str]:
     return [_check_run(cfg, num, {}).state for num, cfg in enumerate(cfgs)]
 
 
+def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
+    """The line Ctrl-C ends a run or sweep with (exit status 130): how many of its runs are done, read from their
+    records. A run stopped while training wrote no record (the members of its fused group that finished first did),
+    and its claim dies with the process (peltbench.claim): the same command runs what is not done."""
+    done = sum(state == "done" for state in record_states(cfgs))
+    if not sweep:
+        return ("interrupted after the run finished (its record is written)" if done else
+                "interrupted: the run did not finish and wrote no record; rerun the same command to run it")
+    return (f"interrupted: {done} of {len(cfgs)} runs done, {len(cfgs) - done} not done; rerun the same command to "
+            f"run them (done runs are skipped)")
+
+
 def compose_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]]) -> list[DictConfig]:
     """Each job's config (as the task function will see it, less most of `hydra`), composed fast."""
     compose = _Composer(config_loader, sweep_config)
@@ -177,10 +189,11 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     results_dir = Path(str(cfg.results_dir)).expanduser().absolute()
     path = record_path(cfg, results_dir)
     label = str(path.parent.relative_to(results_dir))
+    sweep_dir = OmegaConf.select(cfg, "hydra.sweep.dir")
     try:
-        log_dir = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
-    except Exception:  # a custom hydra.sweep.subdir naming other hydra keys
-        log_dir = Path(cfg.hydra.sweep.dir)
+        log_dir = Path(sweep_dir) / str(cfg.hydra.sweep.subdir)
+    except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
+        log_dir = None if sweep_dir is None else Path(sweep_dir)
     run = Run(num, values, label, path, "missing", log_dir=log_dir)
     try:
         record = read_record(path)
@@ -281,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if arguments else 2
     try:
         sweep = _load(arguments)
+    except KeyboardInterrupt:  # composing a big grid takes a while (18 s for +experiment=table1)
+        print("peltbench-missing: interrupted", file=sys.stderr)
+        return 130
     except Exception as error:  # Hydra's composition and override errors, e.g. an unknown method
         message = (str(error).strip().splitlines() or [type(error).__name__])[0]
         print(f"peltbench-missing: error: {message}", file=sys.stderr)

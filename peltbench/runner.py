@@ -32,6 +32,7 @@ from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_we
 from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
                      peak_memory, probe_writable, record_path, unsaved, utc_now, variant_name, versions, write_record)
+from .interrupts import interrupted
 from .protocols import protocol_name
 from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit, predicted
@@ -196,6 +197,8 @@ def _train(runs: list[_Run]) -> list[Outcome]:
         for run in runs:
             outcomes.setdefault(id(run), Outcome("error", error=error))
     except Exception as error:  # a crash: every run not finished gets a `failed` record, which a rerun retries
+        if interrupted():  # Ctrl-C, which the code it hit turned into another exception: no run failed
+            raise KeyboardInterrupt from error
         trace = traceback.format_exc()
         for run in runs:
             if id(run) not in outcomes:
@@ -244,7 +247,7 @@ def split_rows(cfg: DictConfig, task: TaskSpec, train_split, test_split) -> tupl
         return train_rows, dev_rows, everything, train_split
     train_rows = np.arange(len(train_split))
     if dev == "glue_dev_halves":  # ReFT: one part of GLUE dev selects, the other is reported
-        dev_rows, test_rows = dev_halves(len(test_split), cfg.seed)
+        dev_rows, test_rows = dev_halves(len(test_split), cfg.seed, f"{task.name}'s GLUE dev ({test_split.source})")
         return train_rows, dev_rows, test_rows, test_split
     return train_rows, everything, everything, test_split  # Table 3, full_median, full_mean: GLUE dev for both
 

@@ -11,11 +11,11 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import tiny_encoder
 from peltbench.methods import build_pelt_model, member_state, parameter_counts
-from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
+from test_encoders import (assert_members_equal_their_own_models, batch, build, method,
+                           model_inputs, same_logits_then_backward)
 from test_oft import ARCHITECTURES, O1, PEFT_TARGETS
 
 
@@ -81,16 +81,7 @@ def test_boft_equals_peft(model_type, factors, cuda_block_diag):
     peft = peft_boft(model_type, ours, factors, base).train()
     assert next(p for n, p in peft.named_parameters() if ".boft_R." in n).shape[0] == factors  # PEFT's m, not 1
     ours.train()
-    ids, mask, types = batch(model_type)
-    labels = torch.tensor([0, 1, 1])
-    logits = ours(ids, mask, types)
-    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
-    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
-    plain = base(**model_inputs(model_type, ids, mask, types)).logits
-    assert (logits - plain).abs().max() > 1e-2
-    F.cross_entropy(logits, labels).backward()
-    F.cross_entropy(peft_logits, labels).backward()
-    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters()}
+    grads = same_logits_then_backward(model_type, ours, peft, base)
     peft_grads = {n.removeprefix("base_model.model.").replace(".boft_R.default", ".boft_R.weight")
                   .replace(".boft_s.default", ".boft_R.scale").replace(".default", "").replace(".modules_to_save", ""):
                   p.grad for n, p in peft.named_parameters() if p.requires_grad}

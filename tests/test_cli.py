@@ -191,6 +191,33 @@ def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monk
     assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 0
 
 
+def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeypatch, tmp_path, capsys):
+    """Ctrl-C inside transformers' loading can come back as `could not load model` (a UserError: status 2), in a
+    sweep as another exception that Hydra's job catches as a failure and goes on: both are the interruption."""
+    import peltbench.runner
+    from peltbench import UserError, interrupts
+    from peltbench.runner import Outcome
+
+    def run_group(cfgs, results_dir=None):
+        interrupts._received = True  # as the handler catch_ctrl_c installs does on SIGINT
+        return [Outcome("error", error=UserError("could not load model 'bert-base-uncased': KeyboardInterrupt"))]
+
+    monkeypatch.setattr(interrupts, "_received", False)
+    monkeypatch.setattr(peltbench.runner, "run_group", run_group)
+    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 130
+    assert capsys.readouterr().err == ("peltbench: interrupted: the run did not finish and wrote no record; rerun the "
+                                       "same command to run it\n")
+
+    def crashed(cfgs, results_dir=None):  # in a sweep, an exception in its place: Hydra's job catches it as failed
+        interrupts._received = True
+        raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+    monkeypatch.setattr(peltbench.runner, "run_group", crashed)
+    assert _in_process(monkeypatch, tmp_path, "-m", "method=lora", "task=rte,cola") == 130
+    assert capsys.readouterr().err == ("peltbench: interrupted: 0 of 2 runs done, 2 not done; rerun the same command "
+                                       "to run them (done runs are skipped)\n")
+
+
 def test_no_arguments_prints_the_usage_with_status_2(tmp_path):
     result = peltbench(cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
@@ -250,3 +277,44 @@ def test_help_lists_every_setting(tmp_path):
         for key in _leaves(compose_config("method=lora", "task=rte", f"logger={logger}").logger):
             assert f"  logger.{key}=" in text, key
     assert "Exit status: 0 done" in text
+
+
+def test_ctrl_c_ends_a_run_with_one_line_and_status_130_and_no_record(workdir):
+    """Issue 26, 5: Ctrl-C printed a traceback and exited 1; the interrupted run leaves nothing that blocks its rerun."""
+    from test_sweep import interrupt, training
+
+    arguments = ["method=adapter", "task=rte", *common(workdir), "train.epochs=20", "results_dir=results"]
+    status, out, err = interrupt(workdir, arguments, lambda: training(workdir))
+    assert status == 130, out + err
+    assert err == "peltbench: interrupted: the run did not finish and wrote no record; rerun the same command to run it\n"
+    assert "Traceback" not in out
+    [folder] = [path.parent for path in (workdir / "results").rglob("metrics.csv")]
+    assert sorted(path.name for path in folder.iterdir()) == [".lock", "metrics.csv"]  # no record, no claim
+    rerun = peltbench(*arguments, cwd=workdir)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert json.loads((folder / "result.json").read_text())["status"] == "ok"
+
+
+def test_missing_task_data_is_one_line_before_the_sweep_starts(tmp_path):
+    """Issue 26, 5: `task=rte,mrpc` with the shipped data/glue (no MRPC) found out when MRPC's runs came up, and
+    the summary's "rerun the same command" failed again. Now nothing starts, and torch is not loaded."""
+    shipped = tmp_path / "glue"
+    write_glue(shipped)
+    shutil.rmtree(shipped / "MRPC")
+    script = ("import sys; from peltbench.cli import main\n"
+              "sys.argv = ['peltbench', *sys.argv[1:]]\n"
+              "try:\n    main()\nexcept SystemExit as exit:\n"
+              "    print(exit.code, sorted({'torch', 'transformers', 'datasets'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", script, "-m", "method=adapter,lora", "task=rte,mrpc",
+                             "data.dir=glue"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.stdout == "2 []\n", result.stdout + result.stderr
+    assert result.stderr == (
+        f"peltbench: error: no mrpc data under {shipped}: expected {shipped}/MRPC/ (glue_data TSV layout) or "
+        f"{shipped}/mrpc/ (parquet layout of `hf download nyu-mll/glue`); peltbench ships only CoLA, SST-2 and RTE "
+        f"(data/glue): for other tasks point data.dir at a GLUE download (README, Offline use) or leave it unset "
+        f"(the Hub)\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["glue"]  # no log folder, no results: nothing started
+    (shipped / "RTE" / "dev.tsv").unlink()
+    result = peltbench("-m", "method=adapter", "task=rte,cola", "data.dir=glue", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == f"peltbench: error: task=rte: data file not found: {shipped}/RTE/dev.tsv\n"

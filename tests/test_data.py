@@ -304,3 +304,36 @@ def test_a_broken_parquet_file_is_named(tmp_path):
     (tmp_path / "rte" / "train-00000-of-00001.parquet").write_bytes(b"PAR1 cut off")
     with pytest.raises(UserError, match=r"rte/train-00000-of-00001.parquet: not a readable parquet file \("):
         load_split(spec("rte"), str(tmp_path), "train")
+
+
+def test_full_halves_refuses_a_glue_dev_of_one_row_in_one_line(tiny_checkpoint, tmp_path):
+    """Issue 26, 5: a one-row dev file under protocol=full_halves left one part empty and failed in torch.cat."""
+    from peltbench.data import dev_halves
+    from peltbench.runner import run_group
+
+    glue = write_glue(tmp_path / "glue", train_rows=30, test_rows=1)
+    cfg = compose_config("method=lora", "task=rte", "protocol=full_halves", f"model.name={tiny_checkpoint}",
+                         f"data.dir={glue}", f"results_dir={tmp_path / 'results'}", "train.epochs=1")
+    [outcome] = run_group([cfg])
+    assert outcome.status == "error" and str(outcome.error) == (
+        f"rte's GLUE dev (tsv:{glue}/RTE) has 1 row: protocol full_halves splits it in two (one part selects the "
+        f"epoch, the other is reported), so it needs at least 2")
+    assert not list((tmp_path / "results").rglob("result.json"))
+    assert [part.tolist() for part in dev_halves(2, seed=42)] in ([[0], [1]], [[1], [0]])  # 2 rows: one each
+
+
+def test_check_task_data_finds_a_missing_file_as_load_split_would_look_for_it(tmp_path):
+    """The sweep's preflight (peltbench.cli) asks it for each task before the first run: names only, no rows read."""
+    from peltbench.data import check_task_data
+
+    write_glue(tmp_path, 30, 10)
+    check_task_data(spec("mnli"), str(tmp_path))
+    (tmp_path / "MNLI" / "dev_matched.tsv").unlink()  # MNLI's test split: matched
+    with pytest.raises(UserError, match=f"^task=mnli: data file not found: {tmp_path}/MNLI/dev_matched.tsv$"):
+        check_task_data(spec("mnli"), str(tmp_path))
+    (tmp_path / "parquet" / "rte").mkdir(parents=True)
+    (tmp_path / "parquet" / "rte" / "train-00000-of-00001.parquet").write_bytes(b"")  # its rows: the run checks them
+    with pytest.raises(UserError, match=r"^task=rte: data file not found: .*/parquet/rte/validation-\*\.parquet$"):
+        check_task_data(spec("rte"), str(tmp_path / "parquet"))
+    with pytest.raises(UserError, match=r"^no cola data under .*\); peltbench ships only CoLA, SST-2 and RTE"):
+        check_task_data(spec("cola"), str(tmp_path / "parquet"))

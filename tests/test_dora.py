@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoConfig
 
 from peltbench.methods import count_method, member_state, parameter_counts
 from peltbench.methods.dora import DoRALinear, row_norms
-from test_encoders import ARCHITECTURES, batch, build, method, model_inputs, randomise
+from test_encoders import ARCHITECTURES, batch, build, method, model_inputs, randomise, same_logits_then_backward
 from conftest import tiny_encoder
 
 O1 = {"initializer_range": 0.2}
@@ -68,16 +67,7 @@ def test_dora_equals_peft(model_type):
     moved(ours)
     peft = peft_dora(model_type, ours).train()
     ours.train()
-    ids, mask, types = batch(model_type)
-    labels = torch.tensor([0, 1, 1])
-    logits = ours(ids, mask, types)
-    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
-    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
-    assert (logits - tiny_encoder(model_type, dropout=0.0, **O1)(**model_inputs(model_type, ids, mask, types)).logits
-            ).abs().max() > 1e-2  # the method changed the model
-    F.cross_entropy(logits, labels).backward()
-    F.cross_entropy(peft_logits, labels).backward()
-    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters() if not n.startswith("head.")}
+    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
     counted = 0
     for name, module in peft.named_modules():
         if not hasattr(module, "lora_A") or "default" not in module.lora_A:

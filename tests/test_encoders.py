@@ -75,6 +75,23 @@ def randomise(model, names=("lora_b", "up.weight", "parallel_adapter.up")) -> No
                 parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
 
 
+def same_logits_then_backward(model_type: str, ours, theirs, plain=None) -> dict:
+    """The half every comparison with PEFT shares: on the test batch `ours` and `theirs` (PEFT's model, our tensors
+    copied in) give the same logits, which differ from the `plain` encoder's by over 1e-2 (the method matters), and
+    each backpropagates its cross-entropy. Returns member 0's gradients by stored name; the caller compares PEFT's,
+    named its own way. Tolerances: 1e-5 relative, 1e-6 absolute."""
+    ids, mask, types = batch(model_type)
+    inputs = model_inputs(model_type, ids, mask, types)
+    labels = torch.tensor([0, 1, 1])
+    logits, peft_logits = ours(ids, mask, types), theirs(**inputs).logits
+    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
+    if plain is not None:
+        assert (logits - plain(**inputs).logits).abs().max() > 1e-2
+    F.cross_entropy(logits, labels).backward()
+    F.cross_entropy(peft_logits, labels).backward()
+    return {ours.stored_name(n): None if p.grad is None else p.grad[0] for n, p, _, _ in ours.member_parameters()}
+
+
 VARIANTS = [(model_type, {}) for model_type in ARCHITECTURES] + [
     ("modernbert", {"classifier_pooling": "cls"}),
     ("deberta-v2", {"share_att_key": False, "pos_att_type": ["c2p"]}),  # DeBERTa-v2's own positional projections
@@ -133,14 +150,7 @@ def test_lora_equals_peft(model_type):
     randomise(ours)
     peft = peft_lora(model_type, ours).train()
     ours.train()
-    ids, mask, types = batch(model_type)
-    labels = torch.tensor([0, 1, 1])
-    logits = ours(ids, mask, types)
-    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
-    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
-    F.cross_entropy(logits, labels).backward()
-    F.cross_entropy(peft_logits, labels).backward()
-    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters() if "lora" in n}
+    grads = same_logits_then_backward(model_type, ours, peft)
     peft_counted = 0
     for name, module in peft.named_modules():
         if not hasattr(module, "lora_A") or "default" not in module.lora_A:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import tiny_encoder
 from peltbench.methods import member_state, parameter_counts
 from peltbench.methods.hra import reflections
-from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
+from test_encoders import (assert_members_equal_their_own_models, batch, build, method,
+                           model_inputs, same_logits_then_backward)
 from test_oft import ARCHITECTURES, O1, PEFT_TARGETS
 
 
@@ -47,16 +47,7 @@ def test_hra_equals_peft(model_type, apply_gs):
     unpaired(ours)
     peft = peft_hra(model_type, ours, apply_gs).train()
     ours.train()
-    ids, mask, types = batch(model_type)
-    labels = torch.tensor([0, 1, 1])
-    logits = ours(ids, mask, types)
-    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
-    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
-    plain = tiny_encoder(model_type, dropout=0.0, **O1)(**model_inputs(model_type, ids, mask, types)).logits
-    assert (logits - plain).abs().max() > 1e-2  # the reflections matter
-    F.cross_entropy(logits, labels).backward()
-    F.cross_entropy(peft_logits, labels).backward()
-    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters()}
+    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
     peft_grads = {n.removeprefix("base_model.model.").replace(".hra_u.default", ".hra_u.weight")
                   .replace(".default", "").replace(".modules_to_save", ""): p.grad
                   for n, p in peft.named_parameters() if p.requires_grad}

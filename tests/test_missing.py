@@ -222,6 +222,17 @@ def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("peltbench-missing: error:") and "adaptr" in err and len(err.strip().splitlines()) == 1
 
 
+def test_ctrl_c_while_a_big_grid_composes_is_one_line_and_exit_130(monkeypatch, capsys):
+    import peltbench.missing
+
+    def interrupted(arguments):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(peltbench.missing, "_load", interrupted)
+    assert main(["+experiment=table1"]) == 130
+    assert capsys.readouterr() == ("", "peltbench-missing: interrupted\n")
+
+
 @pytest.mark.parametrize("arguments,line", [
     (["method=lora", "task=rte", "seed=111,-1"], "seed=-1: must be a non-negative integer"),
     (["task=rte,mrpc"], "method= is required: one of adalora, adapter,"),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import tiny_encoder
 from peltbench.methods import member_state, parameter_counts
 from peltbench.methods.oft import cayley, skew
-from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
+from test_encoders import (assert_members_equal_their_own_models, batch, build, method,
+                           model_inputs, same_logits_then_backward)
 
 ARCHITECTURES = ["bert", "roberta", "deberta-v2", "modernbert"]
 O1 = {"initializer_range": 0.2}
@@ -55,16 +55,7 @@ def test_oft_equals_peft(model_type, terms):
     skewed(ours)
     peft = peft_oft(model_type, ours, terms).train()
     ours.train()
-    ids, mask, types = batch(model_type)
-    labels = torch.tensor([0, 1, 1])
-    logits = ours(ids, mask, types)
-    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
-    torch.testing.assert_close(logits, peft_logits, rtol=1e-5, atol=1e-6)
-    assert (logits - tiny_encoder(model_type, dropout=0.0, **O1)(**model_inputs(model_type, ids, mask, types)).logits
-            ).abs().max() > 1e-2  # the rotations matter
-    F.cross_entropy(logits, labels).backward()
-    F.cross_entropy(peft_logits, labels).backward()
-    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters()}
+    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
     peft_grads = {n.removeprefix("base_model.model.").replace(".default", "").replace(".modules_to_save", ""): p.grad
                   for n, p in peft.named_parameters() if p.requires_grad}
     # PEFT's SEQ_CLS trains `classifier` only: DeBERTa's new pooler.dense, which our head trains, stays frozen there

@@ -228,7 +228,7 @@ def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch):
     result = peltbench("-m", *args, "seed=111,222,333", "hydra.sweep.dir=sweeps/x", cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "3 runs, 1 of them already done or running elsewhere (skipped)" in output  # 222 trains again
+    assert "3 runs: 1 already done (skipped), 2 to train" in output  # 222 trains again
     assert output.count("rerun: ") == 1 and f"seed222 is done but has no predictions.csv" in output
     assert "run 3 of 3 done (1 skipped)" in output
     assert "peltbench sweep: 3 runs: 3 done (1 of them skipped as already done), 0 failed, 0 missing" in output
@@ -250,6 +250,23 @@ def test_progress_counts_skipped_runs_as_free_in_the_eta(monkeypatch):
     progress.add(["ok"], 600.0)
     assert progress.line(6, 6) == "run 6 of 6 done (2 skipped, 1 failed) · 16m40s elapsed"
     assert _progress.duration(7500) == "2h05m" and _progress.duration(59.6) == "1m00s"
+
+
+def test_the_sweep_plan_counts_only_the_runs_it_will_train_in_its_fused_groups():
+    """Issue 26: "16 runs, 4 of them already done or running elsewhere (skipped), 16 in 1 fused groups"."""
+    from hydra_plugins.peltbench_local._progress import plan_line
+
+    sixteen = [list(range(16))]
+    states = {num: "done" if num < 4 else "missing" for num in range(16)}
+    assert plan_line(sixteen, states) == "16 runs: 4 already done (skipped), 12 to train in 1 fused group"
+    states.update({4: "running", 5: "failed"})  # a failed run trains again
+    assert plan_line(sixteen, states) == "16 runs: 4 already done (skipped), 1 running elsewhere (skipped), 11 to train in 1 fused group"
+    # a group with one run left trains it alone; separate runs beside the groups
+    packs = [[0, 1, 2], [3, 4], [5, 6], [7], [8]]
+    states = {0: "done", 1: "done", 2: "missing", 3: "missing", 4: "missing", 5: "missing", 6: "missing", 7: "done", 8: "foreign"}
+    assert plan_line(packs, states) == "9 runs: 3 already done (skipped), 6 to train, 4 of them in 2 fused groups"
+    assert plan_line([[0], [1]], {0: "missing", 1: "failed"}) == "2 runs: 2 to train"
+    assert plan_line([[0, 1]], {0: "done", 1: "done"}) == "2 runs: 2 already done (skipped), 0 to train"
 
 
 def test_an_unwritable_results_dir_is_found_before_any_model_loads(workdir):
@@ -304,3 +321,67 @@ def test_a_run_that_goes_non_finite_leaves_a_record_without_nan(workdir):
     [path] = records(workdir)
     record = json.loads(path.read_text(), parse_constant=lambda constant: pytest.fail(f"{constant} in {path}"))
     assert record["status"] == "failed" or record["non_finite"]
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a shell's background job ignores SIGINT; a terminal's Ctrl-C reaches it
+
+
+def interrupt(workdir: Path, arguments: list[str], ready) -> tuple[int, str, str]:
+    """Run `peltbench ARGUMENTS`, press Ctrl-C (SIGINT) once `ready()` holds; its exit status, stdout and stderr."""
+    out, err = workdir / "stdout.txt", workdir / "stderr.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        process = subprocess.Popen([PELTBENCH, *arguments], cwd=workdir, env=ENV, stdout=stdout, stderr=stderr,
+                                   preexec_fn=_default_sigint)
+        deadline = time.monotonic() + 240
+        while process.poll() is None and not ready() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert process.poll() is None, "it ended before Ctrl-C: " + out.read_text() + err.read_text()
+        process.send_signal(signal.SIGINT)
+        status = process.wait(timeout=60)
+    return status, out.read_text(), err.read_text()
+
+
+def training(workdir: Path) -> bool:
+    """A run is under way: it has logged an epoch (metrics.csv) and has no record yet."""
+    return any(not (path.parent / "result.json").exists() for path in (workdir / "results").rglob("metrics.csv"))
+
+
+def test_ctrl_c_ends_a_sweep_with_one_line_and_status_130_and_the_same_command_finishes_it(workdir):
+    """Issue 26, 5: Ctrl-C printed a 90-130-line traceback and exited 1."""
+    grid = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111", "train.epochs=20", *TINY]
+    status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/a"],
+                                 lambda: len(records(workdir)) == 1 and training(workdir))  # lora mid-training
+    assert status == 130, out + err
+    assert err == ("peltbench: interrupted: 1 of 2 runs done, 1 not done; rerun the same command to run them "
+                   "(done runs are skipped)\n")
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out
+    [done] = records(workdir)
+    assert "/adapter," in str(done) and json.loads(done.read_text())["status"] == "ok"
+    assert list((workdir / "results").rglob("claim.json")) == []  # the interrupted run's claim went with it
+
+    rerun = peltbench(*grid, "hydra.sweep.dir=sweeps/b", cwd=workdir)
+    output = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, output
+    assert "2 runs: 1 already done (skipped), 1 to train" in output
+    check_records(workdir, 2)
+    assert "peltbench sweep: 2 runs: 2 done (1 of them skipped as already done), 0 failed, 0 missing" in output
+
+
+def test_ctrl_c_in_a_fused_group_keeps_its_finished_members_and_leaves_no_claim(workdir):
+    tiny = [setting for setting in TINY if not setting.startswith("train.patience=")]
+    grid = ["-m", "method=adapter", "task=rte", "k=16", "seed=111", "train.epochs=1,100000", "train.patience=100000",
+            "fuse=true", *tiny]  # the 1-epoch member finishes, the other trains on until Ctrl-C
+    status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/a"], lambda: len(records(workdir)) == 1)
+    assert status == 130, out + err
+    assert "2 runs: 2 to train in 1 fused group" in out
+    assert err == ("peltbench: interrupted: 1 of 2 runs done, 1 not done; rerun the same command to run them "
+                   "(done runs are skipped)\n")
+    [finished] = records(workdir)
+    assert json.loads(finished.read_text())["fused"]["size"] == 2
+    assert list((workdir / "results").rglob("claim.json")) == []
+    # the same command skips the finished member and trains the other at once: nothing of the first process blocks it
+    status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/b"], lambda: training(workdir) and
+                                 "epoch 1/100000" in (workdir / "stdout.txt").read_text())
+    assert status == 130 and "2 runs: 1 already done (skipped), 1 to train\n" in out, out + err
+    assert "peltbench: interrupted: 1 of 2 runs done, 1 not done;" in err and err.count("\n") == 1

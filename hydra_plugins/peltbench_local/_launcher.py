@@ -20,9 +20,10 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, open_dict, read_write
 from peltbench.fusion import plan_groups
-from peltbench.missing import compose_jobs, record_states
+from peltbench.interrupts import interrupted, interruption
+from peltbench.missing import compose_jobs, interrupted_line, record_states
 
-from ._progress import SweepProgress, status
+from ._progress import SKIPPED_STATES, SweepProgress, plan_line, status
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +54,15 @@ class PeltbenchLocalLauncher(Launcher):
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in runs])
         packs, alone = group_packs(runs, cfgs)
-        done_before = sum(state in ("done", "running") for state in record_states(cfgs))
-        fused = sum(len(pack) for pack in packs if len(pack) > 1)
-        log.info("%d runs%s%s", len(runs), f", {done_before} of them already done or running elsewhere (skipped)"
-                 if done_before else "", f", {fused} in {sum(len(p) > 1 for p in packs)} fused groups" if fused else "")
-        progress = SweepProgress(len(runs), len(runs) - done_before)
+        states = dict(zip((num for _, num in runs), record_states(cfgs)))
+        log.info("%s", plan_line([[num for _, num in pack] for pack in packs], states))
+        progress = SweepProgress(len(runs), sum(state not in SKIPPED_STATES for state in states.values()))
+        with interruption(lambda: interrupted_line(cfgs)):  # Ctrl-C: one line (peltbench.cli), how far the sweep got
+            returns = self._run_packs(runs, packs, alone, progress)
+        return [returns[num] for _, num in runs]
+
+    def _run_packs(self, runs: List[Run], packs: List[List[Run]], alone: List[List[Run]],
+                   progress: SweepProgress) -> dict:
         returns: dict[int, JobReturn] = {}
         done = 0
         for pack in packs:
@@ -73,9 +78,11 @@ class PeltbenchLocalLauncher(Launcher):
             progress.add([status(ret) for ret in pack_returns], time.monotonic() - started)
             for (_, num), ret in zip(pack, pack_returns):
                 returns[num] = ret
+            if interrupted():  # the run's job caught what Ctrl-C became (Hydra's run_job: any Exception)
+                raise KeyboardInterrupt
             log.info("%s", progress.line(done + 1, done + len(pack)))
             done += len(pack)
-        return [returns[num] for _, num in runs]
+        return returns
 
 
 def plan_packs(config_loader: Any, sweep_config: DictConfig, runs: List[Run]) -> Tuple[List[List[Run]], List[List[Run]]]:

@@ -18,6 +18,28 @@ SKIPPED = ("skipped", "running")  # peltbench.runner.sweep_status: done before, 
 NOT_DONE = ("failed", "error")    # a failed run (its record says why), a bad input (no record)
 
 
+SKIPPED_STATES = ("done", "running")  # peltbench.missing.STATES of the runs a sweep will skip
+
+
+def plan_line(packs: list[list[int]], states: dict[int, str]) -> str:
+    """`16 runs: 4 already done (skipped), 12 to train in 1 fused group`: the sweep as it is about to run. `packs`: the
+    job numbers of each fused group or separate run; `states`: each job's record state (peltbench.missing.STATES).
+    A group trains only its members not skipped: it counts as fused if at least two of them are left."""
+    left = [[num for num in pack if states[num] not in SKIPPED_STATES] for pack in packs]
+    done = sum(state == "done" for state in states.values())
+    running = sum(state == "running" for state in states.values())
+    to_train = sum(len(pack) for pack in left)
+    groups = [pack for pack in left if len(pack) > 1]
+    fused = sum(len(pack) for pack in groups)
+    parts = [f"{done} already done (skipped)"] if done else []
+    parts += [f"{running} running elsewhere (skipped)"] if running else []
+    plan = f"{to_train} to train"
+    if groups:
+        grouped = f"{len(groups)} fused group{'s' if len(groups) > 1 else ''}"
+        plan += f" in {grouped}" if fused == to_train else f", {fused} of them in {grouped}"
+    return f"{len(states)} runs: {', '.join([*parts, plan])}"
+
+
 def status(ret: JobReturn) -> str:
     """What a run's job returned (peltbench.runner.sweep_status); `failed` if it raised."""
     return str(ret._return_value) if ret.status == JobStatus.COMPLETED else "failed"

@@ -1,0 +1,51 @@
+"""Ctrl-C (peltbench.interrupts): what it became is an interruption, never a failed run. The command end to end (exit
+status 130, one line, the rerun): tests/test_sweep.py and tests/test_cli.py, `test_ctrl_c_*`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import compose_config, tiny_run_overrides
+from peltbench import interrupts
+
+# What Ctrl-C became once, in a fused group (issue 26, 5): OmegaConf's cleanup failing in a half-updated node
+IN_ITS_PLACE = AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+
+@pytest.mark.parametrize("ctrl_c", [True, False], ids=["after Ctrl-C", "a real crash"])
+def test_an_exception_raised_in_place_of_ctrl_c_writes_no_failed_record(ctrl_c, tiny_checkpoint, glue_dir, tmp_path,
+                                                                         monkeypatch):
+    import peltbench.runner
+    from peltbench.record import record_path
+    from peltbench.runner import run_group
+
+    def fit(*args, **kwargs):
+        raise IN_ITS_PLACE
+
+    monkeypatch.setattr(peltbench.runner, "fit", fit)
+    monkeypatch.setattr(interrupts, "_received", ctrl_c)
+    cfg = compose_config("method=lora", "task=rte", *tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path))
+    path = record_path(cfg, tmp_path)
+    if ctrl_c:
+        with pytest.raises(KeyboardInterrupt):
+            run_group([cfg])
+        assert not path.exists()  # the next run of the same command trains it
+    else:
+        [outcome] = run_group([cfg])
+        assert outcome.status == "failed" and json.loads(path.read_text())["error"] == f"AttributeError: {IN_ITS_PLACE}"
+    assert not (path.parent / "claim.json").exists()
+
+
+def test_interruption_says_how_far_the_command_got(monkeypatch):
+    with pytest.raises(KeyboardInterrupt, match="^interrupted: 1 of 2 runs done"):
+        with interrupts.interruption(lambda: "interrupted: 1 of 2 runs done"):
+            raise KeyboardInterrupt
+    with pytest.raises(AttributeError):  # no Ctrl-C came: an error is an error
+        with interrupts.interruption(lambda: "interrupted"):
+            raise IN_ITS_PLACE
+    monkeypatch.setattr(interrupts, "_received", True)
+    with pytest.raises(KeyboardInterrupt, match="^interrupted$"):
+        with interrupts.interruption(lambda: "interrupted"):
+            raise IN_ITS_PLACE
