@@ -76,6 +76,9 @@ def semantic_config(cfg: DictConfig) -> dict:
         if method.get(key) == value:
             del method[key]
     identity = {"method": method, "task": cfg.task.name}
+    packaged_task = packaged_config(f"task/{cfg.task.name}.yaml")
+    if packaged_task is not None and cfg.task.get("main_metric", packaged_task.main_metric) != packaged_task.main_metric:
+        identity["task.main_metric"] = cfg.task.main_metric  # selected on another metric (LM-BFF's STS-B: Pearson)
     for key in SEMANTIC_KEYS:
         identity[key] = OmegaConf.select(cfg, key)
     identity["model.name"] = model_identity(str(identity["model.name"]))

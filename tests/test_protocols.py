@@ -366,3 +366,16 @@ def test_lmbff_runs_rte_and_mnli_at_256_tokens_as_run_experiment_sh_without_a_fo
     assert variant_name(rte) == "lora,protocol=lmbff"
     given = compose_config("method=lora", "task=rte", "protocol=lmbff", "train.max_length=128")
     assert given.train.max_length == 128 and variant_name(given) == "lora,train.max_length=128,protocol=lmbff"
+
+
+def test_lmbff_selects_and_reports_stsb_on_pearson_as_another_identity():
+    """conf/protocol_task/lmbff_stsb.yaml: LM-BFF's dev objective for STS-B is Pearson; such a run is another run than
+    one selected on Spearman (its identity names the metric), and every other record keeps its hash."""
+    from peltbench.record import semantic_config
+
+    lmbff = compose_config("method=lora", "task=stsb", "protocol=lmbff")
+    assert lmbff.task.main_metric == "pearson" and semantic_config(lmbff)["task.main_metric"] == "pearson"
+    assert compose_config("method=lora", "task=stsb").task.main_metric == "spearman"
+    for task in ("stsb", "rte", "cola"):
+        assert "task.main_metric" not in semantic_config(compose_config("method=lora", f"task={task}"))
+    assert "task.main_metric" not in semantic_config(compose_config("method=lora", "task=rte", "protocol=lmbff"))
