@@ -196,7 +196,77 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
     check_method(cfg.method)
+    check_planned_steps(cfg)
+    check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
     check_logger(cfg.get("logger"))
+
+
+def local_model_config(name: str) -> dict | None:
+    """A local checkpoint's config.json, read without torch; None for a Hub id or a folder without one (then
+    check_model_fit runs when the run has loaded the config, before any weights)."""
+    import json
+    import os
+
+    path = os.path.join(os.path.expanduser(name), "config.json")
+    if not name or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None  # the model's own loading says what is wrong with it
+
+
+def rotation_misfit(kind: str, block: int, factors: int, features: int) -> str | None:
+    """Why an OFT (kind "oft") or BOFT ("boft") block size cannot rotate a projection with `features` inputs, or None.
+    The one rule: methods/oft.py and methods/boft.py size their blocks with it; check_model_fit refuses before torch."""
+    if kind == "oft":
+        return None if features % block == 0 else \
+            f"oft_block_size={block} must divide the adapted projections' input size {features}"
+    if features % (block * 2 ** (factors - 1)) or (factors > 1 and (block % 2 or (features // block) % 2)):
+        return (f"boft_block_size={block} with boft_factors={factors} does not fit the adapted projections' input size "
+                f"{features} (b · 2^(m−1) must divide it; b and the block count even when m > 1)")
+    return None
+
+
+def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | None = None) -> None:
+    """What the method needs of the model, from its config (config.json) alone: rotation block sizes that divide its
+    width (before torch for a local checkpoint; for a Hub model once its config is loaded); and, given the run's
+    `longest` tokenised row, every row's positions (+ prompts, + a P-tuning v2 prefix's shift) within its position
+    table (the runner, once the run's data is tokenised: a position table a test model makes short is no reason to
+    refuse a run whose rows fit)."""
+    if model_config is None:
+        return
+    method, run = cfg.method, f"method={cfg.method.get('name')} task={cfg.task.get('name')}"
+    hidden = model_config.get("hidden_size")
+    components = list(method.get("components") or [])
+    if hidden:
+        for kind, block, factors in (("oft", "oft_block_size", None), ("boft", "boft_block_size", "boft_factors")):
+            if kind in components:
+                why = rotation_misfit(kind, int(method[block]), int(method[factors]) if factors else 1, int(hidden))
+                if why:
+                    raise UserError(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
+    from .architectures import ARCHITECTURES
+
+    arch = ARCHITECTURES.get(model_config.get("model_type"))
+    table = model_config.get("max_position_embeddings")
+    if longest is None or arch is None or arch.positions is None or not table:
+        return
+    if arch.positions_if and not model_config.get(arch.positions_if, True):
+        return
+    length = int(longest)
+    extra = []
+    if "prompt" in components:
+        extra.append(("prompt_length", int(method.prompt_length)))
+    if "prefix" in components and method.get("prefix_shift_positions", False):
+        extra.append(("prefix_length (its positions come first)", int(method.prefix_length)))
+    offset = int(model_config.get("pad_token_id") or 0) + 1 if arch.positions == "after_padding_idx" else 0
+    needed = length + sum(n for _, n in extra) + offset
+    if needed > int(table):
+        parts = " + ".join([f"the longest row's {length} tokens", *(f"{key} {n}" for key, n in extra),
+                            *([f"RoBERTa's offset {offset}"] if offset else [])])
+        raise UserError(f"{run}: {parts} = {needed} positions, but the model has {table} "
+                        f"(max_position_embeddings): set train.max_length={length - (needed - int(table))} or lower")
 
 
 def check_method(method: DictConfig) -> None:
@@ -222,6 +292,11 @@ def check_method(method: DictConfig) -> None:
     for key, (valid, must) in METHOD_SETTINGS.items():
         if key in method and not valid(method[key]):
             raise UserError(f"method.{key}={_show(method[key])}: {must}")
+    gateless = [c for c in components if "gated" not in COMPONENT_SETTINGS[c]]  # = methods.COMPONENTS[c].GATE is None
+    if method.get("gated") and gateless:
+        raise UserError(f"method {method.get('name')}: gated: true, but component {gateless[0]} has no gate (a gate "
+                        f"multiplies what a component adds to the frozen path): set gated: false or leave "
+                        f"{gateless[0]} out")
     if "adalora" in components:
         _check_adalora(method)
 
@@ -234,6 +309,35 @@ def _check_adalora(method: DictConfig) -> None:
     if method.adalora_tinit + method.adalora_tfinal >= 1:
         raise UserError(f"method.adalora_tinit + adalora_tfinal = {method.adalora_tinit + method.adalora_tfinal}: "
                         "must be below 1 (fractions of the run's steps), to leave a budgeting phase")
+
+
+def planned_steps(cfg: DictConfig) -> int | None:
+    """The optimiser steps a run plans (train.max_steps, or epochs × ceil(train rows / batch), as train.fit plans them),
+    from the config alone; None where the train rows are not known before the data is read (k=all)."""
+    if cfg.train.get("max_steps") is not None:
+        return int(cfg.train.max_steps)
+    k = cfg.get("k")
+    if not isinstance(k, int) or cfg.train.get("epochs") is None:
+        return None
+    node = cfg.get("protocol")
+    rows = k * max(int(cfg.task.get("num_labels", 1)), 2) if node is not None and node.get("k") == "per_class" else k
+    return int(cfg.train.epochs) * math.ceil(rows / int(cfg.train.batch_size))
+
+
+def check_planned_steps(cfg: DictConfig) -> None:
+    """AdaLoRA's schedule leaves a budgeting phase in the run's planned steps (methods/adalora_budget.py plans the
+    same rounding): refused before torch, naming the run, rather than when its group is planned."""
+    method = cfg.method
+    if "adalora" not in (method.get("components") or []):
+        return
+    total = planned_steps(cfg)
+    if total is None:
+        return
+    tinit, tfinal = round(float(method.adalora_tinit) * total), round(float(method.adalora_tfinal) * total)
+    if tinit >= total - tfinal:
+        raise UserError(f"method={method.name} task={cfg.task.name}: adalora: {total} training steps leave no budgeting "
+                        f"phase after tinit {method.adalora_tinit} and before tfinal {method.adalora_tfinal} (of the "
+                        f"steps): lower them or train longer")
 
 
 def check_schedule(train: DictConfig) -> None:

@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
-from .config import CPU_BF16, check_config
+from .config import CPU_BF16, check_config, check_model_fit
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
 from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
                       member_state)
@@ -181,10 +181,15 @@ def _train(runs: list[_Run]) -> list[Outcome]:
         for run in runs:  # known from here on: a run that fails later is still a run of its protocol (the tables)
             run.record.update(device=str(device), precision="bf16" if bf16 else "fp32")
         tokenizer = load_tokenizer(first.model.name)
+        model_config = load_config(first.model.name, task.num_labels).to_dict()  # a Hub model's, before any weights
         ready = []
         for run in runs:
             try:
+                check_model_fit(run.cfg, model_config)  # each run's own: a misfit leaves only that run out
                 run.member, data = prepare_member(run.cfg, task, tokenizer, run.label)
+                longest = max((len(ids) for rows in (run.member.train, run.member.dev, run.member.test)
+                               for ids in rows.input_ids), default=0)
+                check_model_fit(run.cfg, model_config, longest)  # its rows (+ prompts) within the position table
                 run.record.update(data)
                 ready.append(run)
             except UserError as error:
@@ -317,7 +322,21 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     fused = _fused(runs)
     if device.type == "cuda":  # each group's own peak (record `peak_memory`)
         torch.cuda.reset_peak_memory_stats(device)
-    model = group_model([run.cfg for run in runs], task, device)
+    try:
+        model = group_model([run.cfg for run in runs], task, device)
+    except Exception as error:  # a member the group cannot be built with fails alone; the others train without it
+        if len(runs) == 1 or interrupted():
+            raise
+        faults = {id(run): fault for run in runs if (fault := _fails_alone(run, task, device)) is not None}
+        if not faults:  # no member fails alone: the group itself cannot be built (every member's record says so)
+            raise error
+        for run in runs:
+            if id(run) in faults:
+                outcomes[id(run)] = _failed(run, faults[id(run)], "".join(traceback.format_exception(faults[id(run)])))
+        rest = [run for run in runs if id(run) not in faults]
+        if rest:
+            _train_group(rest, task, device, bf16, pad_id, outcomes)
+        return
     for run in runs:
         run.record.update(count_method(run.cfg.method, model.config))
         run.record.update(architecture=model.config.model_type, device=str(device), machine=machine(device),
@@ -404,6 +423,15 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
     # (the label names the protocol where it is not unipelt: its folder's `,protocol=lmbff`)
     log.info("done: %s: test %s%s, %s, record %s", run.label, scores, baseline, best, run.path)
     return Outcome("ok", record)
+
+
+def _fails_alone(run: _Run, task: TaskSpec, device: torch.device) -> BaseException | None:
+    """The error building this run's model alone raises (its own reason), or None when it builds."""
+    try:
+        group_model([run.cfg], task, device)
+    except Exception as error:  # noqa: BLE001 - any error is this member's own
+        return error
+    return None
 
 
 def _failed(run: _Run, error: BaseException, trace: str | None, result: MemberResult | None = None) -> Outcome:

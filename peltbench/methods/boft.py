@@ -18,6 +18,7 @@ import sys
 import torch
 from omegaconf import DictConfig
 
+from ..config import rotation_misfit
 from . import rotation
 from .base import PeltModel
 
@@ -35,9 +36,9 @@ def peft_config(method: DictConfig) -> dict:
 
 def shape(method: DictConfig, features: int) -> tuple[int, int, int, int]:
     b, m = int(method.boft_block_size), int(method.boft_factors)
-    if features % (b * 2 ** (m - 1)) or (m > 1 and (b % 2 or (features // b) % 2)):
-        raise ValueError(f"boft_block_size={b} with boft_factors={m} does not fit the adapted projections' input size "
-                         f"{features} (b · 2^(m−1) must divide it; b and the block count even when m > 1)")
+    why = rotation_misfit("boft", b, m, features)  # the rule check_config applies before torch to a local config.json
+    if why:
+        raise ValueError(why)
     return m, features // b, b, b
 
 

@@ -16,6 +16,7 @@ import sys
 import torch
 from omegaconf import DictConfig
 
+from ..config import rotation_misfit
 from . import rotation
 from .base import PeltModel
 
@@ -35,8 +36,9 @@ def peft_config(method: DictConfig) -> dict:
 def shape(method: DictConfig, features: int) -> tuple[int, int]:
     """(blocks, entries per block) of one member's parameter on a projection with `features` inputs."""
     b = int(method.oft_block_size)
-    if features % b:
-        raise ValueError(f"oft_block_size={b} must divide the adapted projections' input size {features}")
+    why = rotation_misfit("oft", b, 1, features)  # the rule check_config applies before torch to a local config.json
+    if why:
+        raise ValueError(why)
     return features // b, b * (b - 1) // 2
 
 
