@@ -30,7 +30,7 @@ from .interrupts import catch_ctrl_c, interrupted, interruption
 from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
-from .packaged import options
+from .packaged import options, packaged_config
 from .protocols import protocol_name, run_defaults, sweep_seeds
 from .tasks import TaskSpec
 
@@ -277,6 +277,11 @@ def _jobs(loader, config: DictConfig, mode: RunMode):
     return ((list(job), compose(list(job), num)) for num, job in enumerate(jobs))
 
 
+def methods_with(setting: str) -> list[str]:
+    """The packaged methods whose file has `setting` (e.g. lora_rank: lora, lora_fa, unipelt_apl, ...)."""
+    return [name for name in options("method") if setting in (packaged_config(f"method/{name}.yaml") or {})]
+
+
 def one_line(error: Exception, arguments: list[str] = ()) -> str:
     """Hydra's and OmegaConf's multi-line messages, as one line."""
     text = str(error)
@@ -291,6 +296,15 @@ def one_line(error: Exception, arguments: list[str] = ()) -> str:
         group = key.partition(".")[0]
         if group in ("method", "task") and not any(arg.startswith(f"{group}=") for arg in arguments):
             return f"{key}: a {group} setting needs {group}=NAME on the command line"
+        if group == "method":  # a setting some methods have: say whose it is
+            owners = methods_with(key.partition(".")[2])
+            swept = [value for arg in arguments if arg.startswith("method=") for value in arg[7:].split(",")]
+            lacking = [name for name in swept if name not in owners]
+            having = [name for name in swept if name in owners]
+            if owners and lacking:
+                apart = (f": sweep the methods that have it apart from the others (-m method={','.join(having)} "
+                         f"{key}=...)") if having else ""
+                return f"{key}: a setting of {', '.join(owners)}, not of {', '.join(lacking)}{apart}"
         return f"{key}: no such setting (peltbench --help lists them all)"
     missing = re.search(r"Could not load '(?P<group>[\w/]+)/(?P<name>[^'/]+)'", text)
     if missing and missing["group"] in GROUPS:  # a list of choices (logger=[csv,bogus]): Hydra names no options

@@ -94,3 +94,17 @@ def test_a_member_the_group_cannot_be_built_with_fails_alone_and_the_others_trai
         assert mine["train_loss"] == pytest.approx(its["train_loss"], rel=1e-5)
         assert mine["dev_main"] == pytest.approx(its["dev_main"], abs=1e-6)
     assert good.record["test"] == pytest.approx(alone.record["test"], abs=1e-6)
+
+
+def test_a_setting_of_some_swept_methods_names_whose_it_is(capsys):
+    from peltbench.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        import sys
+
+        sys.argv = ["peltbench", "-m", "method=lora,ia3", "method.lora_rank=4,8", "task=rte", "--cfg", "job"]
+        main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "peltbench: error: method.lora_rank: a setting of dora, lora, lora_fa, unipelt_apl, unipelt_apl_nogate, not of "
+        "ia3: sweep the methods that have it apart from the others (-m method=lora method.lora_rank=...)")
