@@ -194,6 +194,8 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
         run.error = f"done, but without the {' or '.join(unsaved(cfg, path.parent))} this sweep asks for: it trains again"
     elif record is not None and record.get("status") == "ok":
         run.state = "done"
+    elif record is not None and record.get("status") == "pruned" and cfg.get("halving") is not None:
+        run.state = "done"  # stopped by successive halving: done for a halving sweep, never in a table (halving=null trains it)
     elif (holder := live_claim(path)) is not None:
         run.state, run.error = "running", describe(holder)
     elif record is not None:
@@ -396,7 +398,7 @@ class SweepSummary(Callback):
         if status == "running":
             reason = RUNNING_ELSEWHERE
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # every job's, so that a stale one of a reused folder goes
-            done = status in ("ok", "skipped")
+            done = status in ("ok", "skipped", "pruned")
             write_outcome(Path(HydraConfig.get().runtime.output_dir), status, None if done else reason or "no error was logged")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
