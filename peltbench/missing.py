@@ -194,8 +194,12 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
         run.error = f"done, but without the {' or '.join(unsaved(cfg, path.parent))} this sweep asks for: it trains again"
     elif record is not None and record.get("status") == "ok":
         run.state = "done"
-    elif record is not None and record.get("status") == "pruned" and cfg.get("halving") is not None:
-        run.state = "done"  # stopped by successive halving: done for a halving sweep, never in a table (halving=null trains it)
+    elif record is not None and record.get("status") == "pruned":  # stopped by successive halving (peltbench.halving)
+        if cfg.get("halving") is not None:
+            run.state = "done"  # done for a halving sweep; never in a table
+        else:
+            run.error = (f"pruned at rung {(record.get('pruned') or {}).get('rung')} by successive halving: "
+                         "without halving it trains fully")
     elif (holder := live_claim(path)) is not None:
         run.state, run.error = "running", describe(holder)
     elif record is not None:
