@@ -103,12 +103,19 @@ def main() -> None:
           "| Δ test | epochs (= dev evaluations): full / halving | test passes | wall s: full / halving | CPU s: full / halving |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     totals = defaultdict(float)
-    checked = 0
+    checked, survivors, worst = 0, 0, 0.0
     for cell in sorted(set(full) & set(halved), key=lambda c: (c[1], c[2], c[0])):
         method, task, k = cell
         lr_full, rows_full = choose(full[cell])
         lr_half, rows_half = choose(halved[cell])
         checked += check_decisions(halved[cell])
+        same_runs = {(r["variant"], r["seed"]): r for r in full[cell]}
+        for record in halved[cell]:  # a survivor's record against the same run in the full grid
+            if record["status"] == "ok":
+                twin = same_runs[(record["variant"], record["seed"])]
+                survivors += 1
+                worst = max(worst, abs(record["test"]["main"] - twin["test"]["main"]),
+                            abs(record["dev_best"]["main"] - twin["dev_best"]["main"]))
         pruned = ", ".join(f"{lr:g}@{row['pruned']}" for lr, row in sorted(rows_half.items()) if row["pruned"])
         same = lr_full == lr_half
         test_full, test_half = rows_full[lr_full]["test"], rows_half[lr_half]["test"]
@@ -129,6 +136,8 @@ def main() -> None:
           f"| {totals['wall_full']:.0f} / {totals['wall_half']:.0f} ({totals['wall_half'] / totals['wall_full']:.2f}) "
           f"| {totals['cpu_full']:.0f} / {totals['cpu_half']:.0f} ({totals['cpu_half'] / totals['cpu_full']:.2f}) |")
     print(f"\n{checked} rung decisions recomputed from the halving grid's records: all agree with the rule.")
+    print(f"{survivors} survivors' runs against the same runs of the full grid: test and best dev scores differ by at "
+          f"most {worst:.4f} points.")
 
 
 if __name__ == "__main__":
