@@ -124,7 +124,8 @@ def render_tables(args):
     render_context = Render(selection, args.seeds, args.ddof, paper, known[~same])
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable)
     _say_selection(selection, ledger, args, render_context)
-    runs = default_runs(chosen)
+    trained = chosen[chosen["status"] != "pruned"]  # successive halving's pruned runs: only selection.csv shows them
+    runs = default_runs(trained)
     reported = statistic(label_protocol(selection.protocol))  # mean ± std, or the median the protocol reports
     selected = select_settings(chosen, args.select_keys, args.ddof) if args.select_keys else None
     compared = runs if selected is None else selected_runs(chosen, selected)  # the chosen setting of each cell
@@ -135,7 +136,7 @@ def render_tables(args):
         *write_table1(out, runs, render_context),
         *write_table3(out, runs, render_context),
         *write_table4(out, runs, render_context),
-        *write_figures(out, chosen, render_context),
+        *write_figures(out, trained, render_context),
         *write_cost(out, compared, render_context),
         *write_paired(out, compared, render_context, args.baseline),
         *write_published(out, compared, render_context, args.paper_dir, reported),
