@@ -12,7 +12,6 @@ mkdir -p "$OUT"
 for grid in ${GRIDS:-full halving}; do   # GRIDS=halving: only the halving grid
   extra=(); [ $grid = halving ] && extra=(halving=3)
   for method in "$@"; do
-    start=$(date +%s.%N)
     /usr/bin/time -f "$grid	$TASK	$method	%e	%U	%S" -a -o "$OUT/times.tsv" \
       env HF_HUB_OFFLINE=1 TQDM_DISABLE=1 OMP_NUM_THREADS=1 "$PELTBENCH" -m method=$method "method.lr=${LRS[$method]}" \
       task=$TASK k=100 seed=$SEEDS train.epochs=$EPOCHS dev_size=200 model.name=$MINILM data.dir=data/glue \
