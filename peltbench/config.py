@@ -125,6 +125,8 @@ SETTINGS: dict[str, Rule] = {
     "precision": (lambda v: v in PRECISIONS, f"must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}"),
     "fuse": BOOL,
     "fuse_members": POSITIVE_INT,
+    "halving": (lambda v: v is None or (_positive_int(v) and v >= 2),
+                "must be null (off) or an integer η of at least 2 (successive halving keeps the top 1/η at each rung)"),
     "save.weights": BOOL,
     "save.predictions": BOOL,
 }
@@ -193,6 +195,8 @@ def check_config(cfg: DictConfig) -> None:
             raise UserError(f"{key}={_show(value)}: {must}")
     check_schedule(cfg.train)
     check_protocol(cfg)
+    if cfg.get("halving") is not None and not cfg.get("fuse", False):  # peltbench.halving compares a fused group's runs
+        raise UserError(f"halving={cfg.halving}: successive halving compares the runs of a fused group; add fuse=true")
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
     check_method(cfg.method)

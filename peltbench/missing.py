@@ -207,6 +207,12 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
         run.error = f"done, but without the {' or '.join(unsaved(cfg, path.parent))} this sweep asks for: it trains again"
     elif record is not None and record.get("status") == "ok":
         run.state = "done"
+    elif record is not None and record.get("status") == "pruned":  # stopped by successive halving (peltbench.halving)
+        if cfg.get("halving") is not None:
+            run.state = "done"  # done for a halving sweep; never in a table
+        else:
+            run.error = (f"pruned at rung {(record.get('pruned') or {}).get('rung')} by successive halving: "
+                         "without halving it trains fully")
     elif (holder := live_claim(path)) is not None:
         run.state, run.error = "running", describe(holder)
     elif record is not None:
@@ -412,7 +418,7 @@ class SweepSummary(Callback):
         if status == "running":
             reason = RUNNING_ELSEWHERE
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # every job's, so that a stale one of a reused folder goes
-            done = status in ("ok", "skipped")
+            done = status in ("ok", "skipped", "pruned")
             write_outcome(Path(HydraConfig.get().runtime.output_dir), status, None if done else reason or "no error was logged")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -33,6 +33,7 @@ from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
                      peak_memory, probe_writable, record_path, unsaved, utc_now, variant_name, versions, write_record)
 from .interrupts import interrupted
+from .halving import Halving, ledger_path, pruned_record
 from .protocols import protocol_name
 from .tasks import TaskSpec
 from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit, predicted
@@ -43,8 +44,9 @@ DROPOUT = "per-run"  # how dropout masks are drawn (methods/randomness.py; docs/
 
 @dataclass
 class Outcome:
-    """What became of one run: `ok` (trained now or done before), `failed` (a failed record was written) or
-    `error` (a bad config or input: no record). `error` holds the exception for the last two."""
+    """What became of one run: `ok` (trained now or done before), `pruned` (stopped by successive halving, now or
+    before: peltbench.halving), `failed` (a failed record was written) or `error` (a bad config or input: no record).
+    `error` holds the exception for the last two."""
 
     status: str
     record: dict | None = None
@@ -58,7 +60,7 @@ def sweep_status(outcome: Outcome) -> str:
     run's own job log (the summary reads it from there when there is no record)."""
     if outcome.status in ("error", "failed") and outcome.error is not None:
         log.error("%s", outcome.error)
-    return "skipped" if outcome.skipped else outcome.status
+    return "skipped" if outcome.skipped else outcome.status  # pruned: done for a halving sweep
 
 
 def run_experiment(cfg: DictConfig, results_dir: Path | None = None) -> dict:
@@ -133,8 +135,10 @@ class _Run:
         """The run's finished record, unless it lacks a file this run asks for (then it trains again, and with
         `say` the log says why: once per run, not again when the claim is checked)."""
         finished = check_existing(self.path, self.cfg)
+        if finished is None:  # a halving sweep's pruned run is done for it (halving off trains it fully)
+            finished = pruned_record(self.path, self.cfg)
         missing = unsaved(self.cfg, self.path.parent)
-        if finished is not None and missing:
+        if finished is not None and missing and finished.get("status") == "ok":
             if say:
                 log.info("rerun: %s is done but has no %s, which this run asks for", self.path.parent,
                          " or ".join(missing))
@@ -157,6 +161,10 @@ class _Run:
             return None
         _release(self)  # finished by whoever held the claim until now
         drop_dead_claim(self.path)
+        if self.finished.get("status") == "pruned":
+            log.info("skip: %s was pruned at rung %s (halving; halving=null trains it fully)", self.path.parent,
+                     (self.finished.get("pruned") or {}).get("rung"))
+            return Outcome("pruned", self.finished, skipped=True)
         log.info("skip: %s is already done (test %s %s)", self.path.parent, self.cfg.task.main_metric,
                  self.finished["test"]["main"])
         return Outcome("ok", self.finished, skipped=True)
@@ -360,19 +368,27 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         every = runs[index].cfg.train.get("eval_every")
         runs[index].logger.log_epoch(evaluation * every if every else evaluation, metrics)
 
+    def ledger_entry(run: _Run):  # the run's ledger and length in evaluations, for successive halving
+        spe = -(-len(run.member.train) // group.batch_size)
+        settings = run.member.settings
+        return run.cfg, ledger_path(run.path.parents[4], run.cfg), -(-settings.total_steps(spe) // settings.period(spe))
+
     def on_done(index: int, result: MemberResult) -> None:
         runs[index].record["peak_memory"] = peak_memory(device, len(runs))
         outcomes[id(runs[index])] = _finish(runs[index], result, model, index, task)
 
     try:
-        fit(model, [run.member for run in runs], task, group, on_done, on_epoch)
+        fit(model, [run.member for run in runs], task, group, on_done, on_epoch,
+            halving=Halving([ledger_entry(run) for run in runs]))
     finally:
         for run in runs:
-            run.logger.close(failed=id(run) not in outcomes or outcomes[id(run)].status != "ok")
+            run.logger.close(failed=id(run) not in outcomes or outcomes[id(run)].status not in ("ok", "pruned"))
 
 
 def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -> Outcome:
     """A run leaves the group: keep what it asked for (weights, predictions), tell its logger, write its record."""
+    if result.pruned is not None:
+        return _record(run, result, task)
     if result.error is None:
         try:
             saved = []
@@ -408,12 +424,19 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
     )
     if result.best_step is not None:  # dev every train.eval_every steps (LM-BFF): the step restored, not an epoch
         record["best_step"] = result.best_step
+    if result.pruned is not None:  # successive halving stopped it at a rung: its dev so far, no test score
+        record.update(status="pruned", pruned=result.pruned, gates=None)
     try:
         write_record(run.path, {**record, "finished_at": utc_now()})
     except RecordWriteError as error:  # logged; the others go on, and the sweep summary reports this run
         return Outcome("failed", record, error)
     finally:
         _release(run)
+    if result.pruned is not None:
+        log.info("pruned: %s at rung %d (dev %s %s, rank %d of %d; halving keeps %d), record %s", run.label,
+                 result.pruned["rung"], task.main_metric, result.pruned["dev"], result.pruned["rank"],
+                 result.pruned["of"], result.pruned["kept"], run.path)
+        return Outcome("pruned", record)
     scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
     best = (f"best dev epoch {result.best_epoch} of {result.epochs_run}" if result.best_step is None
             else f"best dev step {result.best_step} of {result.train_steps}")

@@ -104,14 +104,18 @@ class MemberResult:
     error: str | None = None
     best_step: int | None = None  # the step of the best dev evaluation (train.eval_every set)
     logits: np.ndarray | None = None   # the test rows' outputs (rows × classes; STS-B: rows × 1), whence predictions
+    pruned: dict | None = None  # stopped by successive halving (peltbench.halving): the rung and why; no test score
 
 
 Logger = Callable[[int, int, dict], None]  # (member index, epoch, metrics)
 
 
 def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
-        on_done: Callable[[int, MemberResult], None], on_epoch: Logger | None = None) -> None:
+        on_done: Callable[[int, MemberResult], None], on_epoch: Logger | None = None, halving=None) -> None:
     """Train the group until every member has stopped; `on_done(index, result)` for each, as it stops.
+
+    `halving(evaluation, histories, active, stopping)` (peltbench.halving.Halving), after each dev evaluation: the
+    members it names stop there, pruned (no test pass), with `MemberResult.pruned` saying why.
 
     The loop runs in evaluation periods: an epoch, or `eval_every` steps (members of a group share it: fusion.py).
     """
@@ -165,12 +169,15 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
             if (patience is not None and evaluation - member.best_epoch >= patience) or \
                     step >= member.settings.total_steps(steps_per_epoch):
                 stopping.append(m)
+        pruned = halving(evaluation, [m.history for m in members], active, stopping) if halving else {}
         _log_epoch(members, active, evaluation, losses, scores, seconds + eval_seconds, task)
-        for m in stopping:
+        for m in [*stopping, *pruned]:
             optimizer.leave(m)
         if stopping:
             _finish(model, members, stopping, test, task, group, evaluation, period, on_done)
-            active = [m for m in active if m not in stopping]
+        if pruned:
+            _prune(members, pruned, evaluation, period, on_done)
+        active = [m for m in active if m not in stopping and m not in pruned]
         bar.update(1)  # after the test pass of the members that stop: its progress lines name this epoch
     bar.close()
     model.members.set_active(None)
@@ -410,6 +417,20 @@ def _finish(model, members, stopping, test, task, group, evaluation, period, on_
             gates=gate_means, predictions=None if logits is None else predicted(logits, task), error=member.error,
             logits=logits,
             best_step=member.best_epoch * period if in_steps else None,
+        ))
+
+
+def _prune(members, pruned: dict[int, dict], evaluation, period, on_done) -> None:
+    """The members successive halving stops at this rung: no test pass; their dev history so far is their result."""
+    for m, why in pruned.items():
+        member = members[m]
+        member.best_state = None
+        in_steps = member.settings.eval_every is not None
+        on_done(m, MemberResult(
+            test=None, dev_best=member.dev_best, best_epoch=None if in_steps else member.best_epoch,
+            epochs_run=None if in_steps else evaluation, history=member.history, train_seconds=member.train_seconds,
+            train_steps=member.steps, eval_seconds=member.eval_seconds, test_seconds=0.0, gates=None,
+            predictions=None, best_step=member.best_epoch * period if in_steps else None, pruned=why,
         ))
 
 

@@ -63,7 +63,7 @@ def test_a_truncated_record_says_truncated(tmp_path):
     ({"seed": "111"}, "field 'seed' is \"111\", expected an integer"),
     ({"seed": True}, "field 'seed' is true, expected an integer"),
     ({"k": [100]}, "field 'k' is [100], expected a positive integer or \"all\""),
-    ({"status": "running"}, "field 'status' is \"running\", expected \"ok\" or \"failed\""),
+    ({"status": "running"}, "field 'status' is \"running\", expected \"ok\", \"failed\" or \"pruned\""),
     ({"test": {"main": "61.2"}}, "field 'test' is {\"main\": \"61.2\"}, expected {metric: number or null}"),
     ({"test": None}, "an ok record without test scores (field 'test')"),
     ({"trainable_params": "895K"}, "field 'trainable_params' is \"895K\", expected a number"),

@@ -72,7 +72,8 @@ class SweepProgress:
         """`run 3 of 12 done (2 skipped) · 4m10s elapsed · ETA 9m` for runs first..last (1-based) of the sweep."""
         runs = f"run {first}" if first == last else f"runs {first}-{last}"
         notes = [f"{self.counts.get(key, 0)} {words}" for key, words in
-                 (("skipped", "skipped"), ("running", "running elsewhere"), ("failed", "failed"), ("error", "bad input"))
+                 (("skipped", "skipped"), ("pruned", "pruned"), ("running", "running elsewhere"), ("failed", "failed"),
+                  ("error", "bad input"))
                  if self.counts.get(key)]
         text = f"{runs} of {self.total} done" + (f" ({', '.join(notes)})" if notes else "")
         text += f" · {duration(time.monotonic() - self.started)} elapsed"

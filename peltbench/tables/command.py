@@ -122,10 +122,11 @@ def render_tables(args):
     chosen, duplicates = one_record_per_seed(known[same].assign(protocol=selection.protocol))  # see `pooled`
     paper = load_paper(args.paper_dir) if selection.compares_with_paper else None
     render_context = Render(selection, args.seeds, args.ddof, paper, known[~same])
+    trained = chosen[chosen["status"] != "pruned"]  # successive halving's pruned runs: only selection.csv shows them
     reported = statistic(label_protocol(selection.protocol))  # mean ± std, or the median the protocol reports
     selected = select_settings(chosen, args.select_keys, args.ddof) if args.select_keys else None
     # Tables 1-4, paired tests, the cost view and the published tables: each cell's chosen setting after --select
-    runs = default_runs(chosen) if selected is None else selected_runs(chosen, selected)
+    runs = default_runs(trained) if selected is None else selected_runs(trained, selected)
     if selected is not None:
         render_context.selected = table_caption(selected)
     render_context.ks = tuple(sorted({k for k in runs["k"] if k != "all"}, key=int))  # the K a hint's sweep fills
@@ -139,7 +140,7 @@ def render_tables(args):
         *write_table1(out, runs, render_context),
         *write_table3(out, runs, render_context),
         *write_table4(out, runs, render_context),
-        *write_figures(out, chosen, render_context),
+        *write_figures(out, trained, render_context),
         *write_cost(out, compared, render_context),
         *write_paired(out, compared, render_context, args.baseline),
         *write_published(out, compared, render_context, args.paper_dir, reported),

@@ -51,7 +51,7 @@ def other_settings_groups(runs):
     return pd.DataFrame({
         "architecture": groups["architecture"].agg(most_common),
         "runs": groups.size(),
-        "failed": groups["status"].agg(lambda status: int((status != "ok").sum())),
+        "failed": groups["status"].agg(lambda status: int((status == "failed").sum())),
         "methods": groups["method"].agg(lambda names: _listed(names, lambda name: order_of(name, METHODS))),
         "tasks": groups["task"].agg(lambda names: _listed(names, lambda name: order_of(name, TASKS))),
         "k": groups["k"].agg(lambda ks: _listed(ks, k_order)),

@@ -37,7 +37,7 @@ WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with
 EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_steps", "test_seconds", "test_examples")
 COLUMNS = (
     "method", "variant", "task", "k", "seed", "model", "architecture", "status", "error", "main", "test_main", "dev_main",
-    "best_epoch", "epochs_run", "dev_size", "model_seed", "precision", "protocol",
+    "best_epoch", "epochs_run", "pruned_at", "dev_size", "model_seed", "precision", "protocol",
     *EFFICIENCY_FIELDS, "peak_memory", "peak_memory_measures", "fused_group", "fused_size", "device", "machine_hostname", "machine_cpu", "machine_gpu",
     "gates", "weights", "settings", "changed", "config", "path",
 )
@@ -209,7 +209,7 @@ FIELDS = (
     ("task", lambda value: isinstance(value, str), "a string", True),
     ("k", lambda value: value == "all" or (_is_int(value) and value > 0), 'a positive integer or "all"', True),
     ("seed", _is_int, "an integer", True),
-    ("status", lambda value: value in ("ok", "failed"), '"ok" or "failed"', True),
+    ("status", lambda value: value in ("ok", "failed", "pruned"), '"ok", "failed" or "pruned"', True),
     ("config", lambda value: isinstance(value, dict), "an object", True),
     ("model", lambda value: isinstance(value, str) and bool(value), "a model name", False),
     ("architecture", _optional(lambda value: isinstance(value, str) and bool(value)), "a model_type", False),
@@ -273,6 +273,7 @@ def _flatten(record, path):
         "status": record["status"], "error": record.get("error"),
         "main": _score(test.get("main")), "test_main": _score(test.get("main")), "dev_main": _score(dev.get("main")),
         "best_epoch": record.get("best_epoch"), "epochs_run": record.get("epochs_run"),
+        "pruned_at": (record.get("pruned") or {}).get("rung"),  # successive halving stopped it there (peltbench.halving)
         "dev_size": config["dev_size"], "model_seed": config.get("model_seed"), "precision": precision,
         "protocol": protocol_label(run_protocol(config, precision)),
         "peak_memory": peak.get("bytes"), "peak_memory_measures": peak.get("measures"),

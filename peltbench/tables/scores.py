@@ -66,6 +66,7 @@ def per_seed_average(scores, tasks):
 
 def problem_runs(runs):
     """Runs that give no score: failed ones (with their error) and ok ones whose main metric is null."""
+    runs = runs[runs["status"] != "pruned"]  # stopped by successive halving: done, never in a table nor a failure
     problems = runs[(runs["status"] != "ok") | runs["main"].isna()]
     failed = problems["status"] != "ok"
     reasons = problems["error"].fillna("failed").where(failed, "score undefined (test.main is null)")

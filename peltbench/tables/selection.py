@@ -8,6 +8,10 @@ seeds that every candidate of the cell has: candidates are never compared on une
 that lacks a seed others have is named (`missing_seeds`, and a note). Ties go to the first candidate in value order.
 The chosen candidate's test scores are then summarised over its seeds by the reported statistic (mean ± std, or
 the median where the protocol reports medians: `STATISTICS`).
+
+A candidate stopped by successive halving (`halving=η`, peltbench.halving: records of status `pruned`) is listed
+with `pruned_at`, the rung it stopped at, and its dev mean there (no test score); it is never chosen: the survivors
+trained the whole protocol and the pruned did not.
 """
 from dataclasses import dataclass, field
 
@@ -24,7 +28,7 @@ STATISTICS = ("mean", "median")
 DEFAULT_STATISTIC = "mean"
 NOT_A_SETTING = "n/a"  # the value of a selected key for a method that has no such setting
 COLUMNS = ["method", "task", "k", "key", "value", "seeds", "dev_mean", "test_mean", "test_std", "test_median",
-           "compared_seeds", "missing_seeds", "chosen"]
+           "compared_seeds", "missing_seeds", "pruned_at", "chosen"]
 
 
 @dataclass
@@ -107,7 +111,8 @@ def select_settings(runs, keys, ddof=1):
     check_varied(runs, keys)
     notes = left_out(runs, keys)
     runs = candidate_runs(runs, keys)
-    usable = runs[(runs["status"] == "ok") & runs["dev_main"].notna() & runs["main"].notna()]
+    usable = runs[((runs["status"] == "ok") & runs["dev_main"].notna() & runs["main"].notna())
+                  | ((runs["status"] == "pruned") & runs["dev_main"].notna())]
     rows = []
     for (method, task, k), cell in usable.groupby(["method", "task", "k"], sort=False):
         cell_rows, note = _cell(cell, ddof)
@@ -143,16 +148,19 @@ def _cell(cell, ddof):
     for value in sorted(seeds, key=_value_order):
         group = cell[cell["value"] == value]
         compared = group[group["seed"].isin(shared)]
-        test = group["main"].to_numpy(dtype=float)
+        test = group["main"].dropna().to_numpy(dtype=float)
+        pruned = group["pruned_at"].dropna() if "pruned_at" in group else pd.Series(dtype=float)
         rows.append({
             "value": value, "seeds": _seed_list(seeds[value]),
             "dev_mean": compared["dev_main"].mean() if len(compared) else np.nan,
-            "test_mean": test.mean(), "test_std": test.std(ddof=ddof) if len(test) > ddof else np.nan,
-            "test_median": float(np.median(test)), "compared_seeds": _seed_list(shared),
-            "missing_seeds": _seed_list(every - seeds[value]), "chosen": False,
+            "test_mean": test.mean() if len(test) else np.nan, "test_std": test.std(ddof=ddof) if len(test) > ddof else np.nan,
+            "test_median": float(np.median(test)) if len(test) else np.nan, "compared_seeds": _seed_list(shared),
+            "missing_seeds": _seed_list(every - seeds[value]),
+            "pruned_at": int(pruned.max()) if len(pruned) else None, "chosen": False,
         })
-    if shared:
-        best = max(range(len(rows)), key=lambda i: (rows[i]["dev_mean"], -i))
+    trained = [i for i, row in enumerate(rows) if row["pruned_at"] is None]
+    if shared and trained:
+        best = max(trained, key=lambda i: (rows[i]["dev_mean"], -i))
         rows[best]["chosen"] = True
     short = [row for row in rows if row["missing_seeds"]]
     if not short:

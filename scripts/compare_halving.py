@@ -1,0 +1,144 @@
+"""The full grid against the same grid under successive halving, from their records (docs/fused.md, "Successive halving").
+
+    python scripts/compare_halving.py FULL_RESULTS HALVING_RESULTS [--times TIMES_TSV]
+
+Per method × task × K: the learning rate each grid chooses (the highest mean best-epoch dev score over the seeds; under
+halving only among the candidates it did not prune: peltbench-tables --select method.lr), whether they agree, the test
+mean of each choice and their difference where they do not, and the compute of each grid: epochs trained (summed over
+runs), dev evaluations (= epochs under an epoch protocol) and test passes. With --times (scripts/halving_grid.sh's
+times.tsv: grid, task, method, wall, user, sys seconds per sweep) the wall and CPU (user + sys) time of each sweep.
+Also checks every pruning decision against the records (peltbench.halving's rule) and says how many it recomputed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from peltbench.halving import candidate_score, decide, rungs, seed_score
+
+
+def load(results: Path) -> dict[tuple, list[dict]]:
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for path in sorted(results.rglob("result.json")):
+        record = json.loads(path.read_text())
+        cells[(record["method"], record["task"], record["k"])].append(record)
+    return cells
+
+
+def choose(records: list[dict]) -> tuple[float | None, dict[float, dict]]:
+    """The chosen lr and, per lr, (dev mean, test mean, pruned rung) over the seeds."""
+    by_lr: dict[float, list[dict]] = defaultdict(list)
+    for record in records:
+        by_lr[record["config"]["method"]["lr"]].append(record)
+    rows = {}
+    for lr, runs in by_lr.items():
+        dev = [r["dev_best"]["main"] for r in runs if r.get("dev_best")]
+        test = [r["test"]["main"] for r in runs if r.get("test")]
+        pruned = [r["pruned"]["rung"] for r in runs if r["status"] == "pruned"]
+        rows[lr] = {"dev": sum(dev) / len(dev) if dev else math.nan,
+                    "test": sum(test) / len(test) if len(test) == len(runs) else math.nan,
+                    "pruned": max(pruned) if pruned else None}
+    trained = [lr for lr, row in rows.items() if row["pruned"] is None and not math.isnan(row["dev"])]
+    chosen = max(trained, key=lambda lr: (rows[lr]["dev"], -lr)) if trained else None
+    return chosen, rows
+
+
+def check_decisions(records: list[dict]) -> int:
+    """Recompute every rung of one bracket from the records; the number of rungs that decided something."""
+    eta = records[0]["config"]["halving"]
+    length = records[0]["config"]["train"]["epochs"]
+    by_candidate: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        by_candidate[record["variant"]].append(record)
+    decided = 0
+    for rung in rungs(eta, length):
+        def trains_on(record):
+            if record["status"] == "pruned":
+                return record["pruned"]["rung"] >= rung
+            return record["status"] == "ok" and record["epochs_run"] > rung
+        live = [name for name, runs in by_candidate.items() if any(trains_on(r) for r in runs)]
+        recorded = {r["variant"] for r in records if r["status"] == "pruned" and r["pruned"]["rung"] == rung}
+        if len(live) < 2:
+            assert not recorded, f"rung {rung}: pruned {recorded} with fewer than two live candidates"
+            continue
+        scores = {name: candidate_score([seed_score(r["history"], rung)
+                                         for r in sorted(by_candidate[name], key=lambda r: r["seed"])]) for name in live}
+        _, pruned = decide(scores, eta)
+        assert set(pruned) == recorded, f"rung {rung}: the rule prunes {sorted(pruned)}, the records say {sorted(recorded)}"
+        decided += 1
+    return decided
+
+
+def compute(records: list[dict]) -> dict[str, int]:
+    epochs = sum(r.get("epochs_run") or 0 for r in records)
+    return {"epochs": epochs, "dev": epochs, "test": sum(r["status"] == "ok" for r in records)}
+
+
+def times(path: Path | None) -> dict[tuple, tuple[float, float]]:
+    out = {}
+    if path is None:
+        return out
+    for row in csv.reader(path.open(), delimiter="\t"):
+        grid, task, method, wall, user, system = row
+        out[(grid, task, method)] = (float(wall), float(user) + float(system))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("full", type=Path)
+    parser.add_argument("halving", type=Path)
+    parser.add_argument("--times", type=Path, action="append", default=[])
+    args = parser.parse_args()
+    full, halved = load(args.full), load(args.halving)
+    timing = {}
+    for path in args.times:
+        timing.update(times(path))
+    print("| task | K | method | lr: full grid | lr: halving=3 (pruned at rungs) | same lr | test: full | test: halving "
+          "| Δ test | epochs (= dev evaluations): full / halving | test passes | wall s: full / halving | CPU s: full / halving |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    totals = defaultdict(float)
+    checked, survivors, worst = 0, 0, 0.0
+    for cell in sorted(set(full) & set(halved), key=lambda c: (c[1], c[2], c[0])):
+        method, task, k = cell
+        lr_full, rows_full = choose(full[cell])
+        lr_half, rows_half = choose(halved[cell])
+        checked += check_decisions(halved[cell])
+        same_runs = {(r["variant"], r["seed"]): r for r in full[cell]}
+        for record in halved[cell]:  # a survivor's record against the same run in the full grid
+            if record["status"] == "ok":
+                twin = same_runs[(record["variant"], record["seed"])]
+                survivors += 1
+                worst = max(worst, abs(record["test"]["main"] - twin["test"]["main"]),
+                            abs(record["dev_best"]["main"] - twin["dev_best"]["main"]))
+        pruned = ", ".join(f"{lr:g}@{row['pruned']}" for lr, row in sorted(rows_half.items()) if row["pruned"])
+        same = lr_full == lr_half
+        test_full, test_half = rows_full[lr_full]["test"], rows_half[lr_half]["test"]
+        c_full, c_half = compute(full[cell]), compute(halved[cell])
+        wall_full, cpu_full = timing.get(("full", task, method), (math.nan, math.nan))
+        wall_half, cpu_half = timing.get(("halving", task, method), (math.nan, math.nan))
+        for key, value in (("epochs_full", c_full["epochs"]), ("epochs_half", c_half["epochs"]),
+                           ("test_full", c_full["test"]), ("test_half", c_half["test"]), ("wall_full", wall_full),
+                           ("wall_half", wall_half), ("cpu_full", cpu_full), ("cpu_half", cpu_half), ("same", same),
+                           ("cells", 1)):
+            totals[key] += value
+        print(f"| {task} | {k} | {method} | {lr_full:g} | {lr_half:g} ({pruned}) | {'yes' if same else 'no'} "
+              f"| {test_full:.2f} | {test_half:.2f} | {test_half - test_full:+.2f} | {c_full['epochs']} / {c_half['epochs']} "
+              f"| {c_full['test']} / {c_half['test']} | {wall_full:.0f} / {wall_half:.0f} | {cpu_full:.0f} / {cpu_half:.0f} |")
+    print(f"| all | | {int(totals['cells'])} cells | | | {int(totals['same'])} of {int(totals['cells'])} | | | "
+          f"| {int(totals['epochs_full'])} / {int(totals['epochs_half'])} "
+          f"({totals['epochs_half'] / totals['epochs_full']:.2f}) | {int(totals['test_full'])} / {int(totals['test_half'])} "
+          f"| {totals['wall_full']:.0f} / {totals['wall_half']:.0f} ({totals['wall_half'] / totals['wall_full']:.2f}) "
+          f"| {totals['cpu_full']:.0f} / {totals['cpu_half']:.0f} ({totals['cpu_half'] / totals['cpu_full']:.2f}) |")
+    print(f"\n{checked} rung decisions recomputed from the halving grid's records: all agree with the rule.")
+    print(f"{survivors} survivors' runs against the same runs of the full grid: test and best dev scores differ by at "
+          f"most {worst:.4f} points.")
+
+
+if __name__ == "__main__":
+    main()
