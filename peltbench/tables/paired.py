@@ -124,9 +124,10 @@ def check_baseline(runs, baseline):
 METRIC_NAMES = {"accuracy": "Acc", "mcc": "MCC", "f1": "F1", "spearman": "Spearman", "pearson": "Pearson"}
 
 ASSUMPTIONS = [
-    "What is paired with what. A data seed fixes the K training examples and the dev/test split; every method of a "
-    "cell ran on the same seeds, so a method's run pairs with the reference's run of the same seed. The test examples "
-    "are the same official dev rows in every seed.",
+    "What is paired with what. A data seed fixes the K training examples and the dev examples sampled from the train "
+    "split (K = all: the seed only names the run); every method of a cell ran on the same seeds, so a method's run "
+    "pairs with the reference's run of the same seed. The test examples are the official GLUE dev rows, the same in "
+    "every seed.",
     "",
     f"- **Over seeds** (`t p`, `sign-flip p`): the unit is a seed, its datum the difference of the two runs' scores on "
     f"the task's metric. `t p`: the paired t-test (scipy.stats.ttest_rel, two-sided, `*` when < {ALPHA}); assumes "
