@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from peltbench.tables.command import main
-from peltbench.tables.examples import cmh, paired_bootstrap
+from peltbench.tables.examples import cmh, paired_bootstrap, replicate_scores
 from peltbench.tables.paired import bootstrap_p, paired_table, seed_test, sign_flip_floor, sign_flip_p
 from peltbench.tables.records import load_records
 from test_tables import write_record
@@ -176,3 +176,13 @@ def test_cola_tests_mcc_by_bootstrap_and_runs_no_accuracy_count(tmp_path):
     assert "**Over examples**" in header and "exchangeable" in header and "strata are not independent" in header
     assert "MCC, +" in text and ", < 0.0005" in text
     assert "accuracy, CMH over seeds" not in text  # no CMH column on an MCC task
+
+
+def test_correlation_replicates_are_scipys_spearman_and_pearson():
+    rng = np.random.default_rng(2)
+    labels = np.round(rng.uniform(0, 5, 80), 1)  # ties, as STS-B's scores have
+    predicted = labels + rng.normal(0, 1, 80)
+    draws = rng.integers(0, 80, size=(20, 80))
+    for metric, function in (("spearman", stats.spearmanr), ("pearson", stats.pearsonr)):
+        expected = [100 * function(predicted[d], labels[d])[0] for d in draws]
+        assert replicate_scores(metric, labels, predicted, draws) == pytest.approx(expected)
