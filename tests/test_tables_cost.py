@@ -85,3 +85,21 @@ def test_the_avg_is_the_statistic_of_per_seed_averages(tmp_path):
     assert points.loc[("avg", "ft"), "score"] == pytest.approx(np.median(per_seed))
     assert points.loc[("avg", "ft"), "tasks"] == "cola rte" and points.loc[("avg", "ft"), "n"] == 2
     assert points.loc[("avg", "ft"), "seconds_per_step"] == pytest.approx(0.30)
+
+
+def test_24_methods_each_have_a_style_of_their_own(tmp_path):
+    from peltbench.tables.cost import cost_figure, styles, with_fronts
+    from peltbench.tables.names import METHODS as ALL
+
+    assert len(ALL) == 24 and len(set(styles(ALL).values())) == 24
+    rng = np.random.default_rng(0)
+    for i, method in enumerate(ALL):
+        for task in ("rte", "cola"):
+            for seed in (111, 222):
+                write_record(tmp_path, method, task, 100, seed, float(rng.uniform(20, 70)), trainable_params=10 ** (3 + i % 6),
+                             train_seconds=10 + i, train_steps=100)
+    points = with_fronts(cost_points(load_records(tmp_path)))
+    figure = cost_figure(points, "trainable_params", "24 methods")
+    legend = figure.legends[0]
+    assert len(legend.get_texts()) == 24
+    assert len({(tuple(h.get_facecolor()[0]), h.get_paths()[0].vertices.tobytes()) for h in legend.legend_handles}) == 24

@@ -133,18 +133,19 @@ def cost_figure(points, cost, title):
     figure = Figure(figsize=(3.2 * columns, 2.9 * len(ks) + 0.6), layout="constrained")
     grid = figure.subplots(len(ks), columns, squeeze=False)
     methods = sorted(set(drawn["method"]), key=lambda method: order_of(method, METHODS))
-    colour = {method: f"C{i % 10}" for i, method in enumerate(methods)}
+    style = styles(methods)
     for row, k in enumerate(ks):
         in_row = [key for key in keys if key[0] == k]
         for column, axes in enumerate(grid[row]):
             if column >= len(in_row):
                 axes.set_visible(False)
                 continue
-            _panel(axes, drawn[(drawn["k"] == k) & (drawn["task"] == in_row[column][1])], cost, colour)
+            _panel(axes, drawn[(drawn["k"] == k) & (drawn["task"] == in_row[column][1])], cost, style)
             task = in_row[column][1]
             axes.set_title(f"{task_label(task)}, {k_label(k)}" + _avg_over(drawn, k, task), fontsize="medium")
-    handles = [grid[0][0].scatter([], [], color=colour[m], label=method_label(m)) for m in methods]
-    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(methods), 6), fontsize="small")
+    handles = [grid[0][0].scatter([], [], color=style[m][0], marker=style[m][1], label=method_label(m)) for m in methods]
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(methods), max(3, columns * 2)),
+                  fontsize="small")
     figure.suptitle(title, fontsize="medium")
     return figure
 
@@ -158,20 +159,30 @@ def _avg_over(points, k, task):
     return "" if set(over) == every else "\nover " + ", ".join(map(task_label, over))
 
 
-def _panel(axes, panel, cost, colour):
+MARKERS = "os^Dv<>PX*"
+
+
+def styles(methods):
+    """method -> (colour, marker): the 10 colours of matplotlib's cycle, then the next marker shape, so every method
+    of up to 100 has a style of its own (24 methods: 10 circles, 10 squares, 4 triangles)."""
+    return {method: (f"C{i % 10}", MARKERS[(i // 10) % len(MARKERS)]) for i, method in enumerate(methods)}
+
+
+def _panel(axes, panel, cost, style):
     _, label, log = COSTS[cost]
     single = panel["n"] == 1
     for method, point in panel.set_index("method").iterrows():
         axes.errorbar(point[cost], point["score"], yerr=[[point["score"] - point["score_low"]],
                                                          [point["score_high"] - point["score"]]],
-                      color=colour[method], marker="o" if point["n"] > 1 else "x", linestyle="none", capsize=2,
+                      color=style[method][0], marker=style[method][1], linestyle="none", capsize=2,
+                      markerfacecolor=style[method][0] if point["n"] > 1 else "none",
                       elinewidth=0.8, zorder=3)
     front = panel[pareto(panel[cost], panel["score"])].sort_values(cost)
     axes.plot(front[cost], front["score"], color="0.4", linestyle="--", linewidth=1, zorder=2)
     if log and (panel[cost] > 0).all():
         axes.set_xscale("log")
     axes.set_xlabel(label, fontsize="small")
-    axes.set_ylabel("test score (×100)" + (", x: 1 seed" if single.any() else ""), fontsize="small")
+    axes.set_ylabel("test score (×100)" + (", hollow: 1 seed" if single.any() else ""), fontsize="small")
     axes.grid(alpha=0.3)
 
 
@@ -193,7 +204,7 @@ def write_cost(out, runs, render):
         bars = ("median over seeds, bars: 25th-75th percentile" if statistic == "median" else
                 "mean over seeds, bars: ± 1 std")
         figure = cost_figure(points, cost, f"Test score ({bars}) against {what}\n{about}. Dashed: Pareto front; "
-                                           "x: one seed.")
+                                           "hollow: one seed.")
         if figure is None:
             entries.append((name, f"not drawn: no record has {label.split(' (')[0]} (fused runs record their group's)"))
             continue
