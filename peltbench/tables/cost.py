@@ -172,8 +172,8 @@ def _panel(axes, panel, cost, style):
     _, label, log = COSTS[cost]
     single = panel["n"] == 1
     for method, point in panel.set_index("method").iterrows():
-        axes.errorbar(point[cost], point["score"], yerr=[[point["score"] - point["score_low"]],
-                                                         [point["score_high"] - point["score"]]],
+        bar = [[point["score"] - point["score_low"]], [point["score_high"] - point["score"]]] if point["n"] > 1 else None
+        axes.errorbar(point[cost], point["score"], yerr=bar,  # one seed: no bar
                       color=style[method][0], marker=style[method][1], linestyle="none", capsize=2,
                       markerfacecolor=style[method][0] if point["n"] > 1 else "none",
                       elinewidth=0.8, zorder=3)
