@@ -55,3 +55,51 @@ def test_the_render_writes_the_figures_and_their_csv(tmp_path):
     # RTE by parameters: bitfit (100K, 56) and lora (300K, 62) are on the front; adapter (900K, 51) and ft are not
     assert csv.xs("rte")["pareto_trainable_params"].to_dict() == {"adapter": False, "bitfit": True, "ft": False, "lora": True}
     assert "fig_cost_memory.png" in (out / "README.md").read_text()
+
+
+def test_error_bars_the_median_statistic_and_an_avg_only_over_shared_tasks(tmp_path):
+    runs_dir = write_costs(tmp_path)
+    for seed, score in zip((111, 222, 333), (40, 70, 46)):  # lora on rte: seeds 111 and 222 rewritten, a third added
+        write_record(tmp_path, "lora", "rte", 100, seed, score, trainable_params=300_000, train_seconds=20, train_steps=100)
+    for seed, score in zip((111, 222), (58, 66)):  # prompt ran RTE only: the Avg. is over RTE alone
+        write_record(tmp_path, "prompt", "rte", 100, seed, score, trainable_params=10_000, train_seconds=10,
+                     train_steps=100, fused={"group": "g", "size": 2})
+    runs = load_records(runs_dir)
+    mean = cost_points(runs).set_index(["task", "method"])
+    lora = np.array([40, 70, 46], dtype=float)  # lora's rte seeds 111, 222, 333 (the last write of a seed wins)
+    assert mean.loc[("rte", "lora"), "score"] == pytest.approx(lora.mean())
+    assert mean.loc[("rte", "lora"), "score_high"] - mean.loc[("rte", "lora"), "score"] == pytest.approx(lora.std(ddof=1))
+    median = cost_points(runs, "median").set_index(["task", "method"])
+    assert median.loc[("rte", "lora"), "score"] == 46
+    assert (median.loc[("rte", "lora"), "score_low"], median.loc[("rte", "lora"), "score_high"]) == pytest.approx(
+        tuple(np.percentile(lora, [25, 75])))
+    # the Avg. panel: only RTE, the one task every method has; prompt's fused time: none, so no Avg. time for it
+    assert set(mean.xs("avg")["tasks"]) == {"rte"}
+    assert mean.loc[("avg", "ft"), "score"] == pytest.approx(61) and mean.loc[("avg", "lora"), "score"] == pytest.approx(lora.mean())
+    assert np.isnan(mean.loc[("avg", "prompt"), "seconds_per_step"]) and mean.loc[("avg", "prompt"), "trainable_params"] == 10_000
+
+
+def test_the_avg_is_the_statistic_of_per_seed_averages(tmp_path):
+    points = cost_points(load_records(write_costs(tmp_path)), "median").set_index(["task", "method"])
+    per_seed = np.mean([[60, 62], [30, 34]], axis=0)  # ft: rte and cola per seed, averaged over the two tasks
+    assert points.loc[("avg", "ft"), "score"] == pytest.approx(np.median(per_seed))
+    assert points.loc[("avg", "ft"), "tasks"] == "cola rte" and points.loc[("avg", "ft"), "n"] == 2
+    assert points.loc[("avg", "ft"), "seconds_per_step"] == pytest.approx(0.30)
+
+
+def test_24_methods_each_have_a_style_of_their_own(tmp_path):
+    from peltbench.tables.cost import cost_figure, styles, with_fronts
+    from peltbench.tables.names import METHODS as ALL
+
+    assert len(ALL) == 24 and len(set(styles(ALL).values())) == 24
+    rng = np.random.default_rng(0)
+    for i, method in enumerate(ALL):
+        for task in ("rte", "cola"):
+            for seed in (111, 222):
+                write_record(tmp_path, method, task, 100, seed, float(rng.uniform(20, 70)), trainable_params=10 ** (3 + i % 6),
+                             train_seconds=10 + i, train_steps=100)
+    points = with_fronts(cost_points(load_records(tmp_path)))
+    figure = cost_figure(points, "trainable_params", "24 methods")
+    legend = figure.legends[0]
+    assert len(legend.get_texts()) == 24
+    assert len({(tuple(h.get_facecolor()[0]), h.get_paths()[0].vertices.tobytes()) for h in legend.legend_handles}) == 24

@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 
 from peltbench.tables.command import main
-from peltbench.tables.examples import mcnemar, paired_bootstrap
-from peltbench.tables.paired import paired_table, seed_test, sign_flip_floor, sign_flip_p
+from peltbench.tables.examples import cmh, paired_bootstrap, replicate_scores
+from peltbench.tables.paired import bootstrap_p, paired_table, seed_test, sign_flip_floor, sign_flip_p
 from peltbench.tables.records import load_records
 from test_tables import write_record
 
@@ -23,17 +23,29 @@ def predictions(seed, skill):
     return labels, np.where(right, labels, 1 - labels)
 
 
-def write_runs(root, skills=(("unipelt_ap", 0.8), ("lora", 0.7), ("adapter", 0.6))):
-    task = {"name": "rte", "main_metric": "accuracy", "num_labels": 2}
+def write_runs(root, skills=(("unipelt_ap", 0.8), ("lora", 0.7), ("adapter", 0.6)), name="rte", metric="accuracy"):
+    task = {"name": name, "main_metric": metric, "num_labels": 2}
     for method, skill in skills:
         for seed in SEEDS:
             labels, predicted = predictions(seed, skill)
-            path = write_record(root, method, "rte", 100, seed, 100.0 * float(np.mean(labels == predicted)))
-            record = path.read_text().replace('"task": {"name": "rte"}', f'"task": {pd.Series(task).to_json()}')
+            path = write_record(root, method, name, 100, seed, 100.0 * float(np.mean(labels == predicted)))
+            record = path.read_text().replace(f'"task": {{"name": "{name}"}}', f'"task": {pd.Series(task).to_json()}')
             path.write_text(record)
             pd.DataFrame({"index": range(EXAMPLES), "label": labels, "prediction": predicted,
                           "logit_0": 0.0}).to_csv(path.parent / "predictions.csv", index=False)  # extra column: ignored
     return root
+
+
+def cmh_by_formula(ours, theirs):
+    """Cochran-Mantel-Haenszel, strata = seeds, each 2 x 2: method/reference x right/wrong; continuity-corrected."""
+    excess = variance = 0.0
+    for (labels, mine), (_, other) in zip(ours, theirs):
+        table = np.array([[np.sum(mine == labels), np.sum(mine != labels)],
+                          [np.sum(other == labels), np.sum(other != labels)]], dtype=float)
+        rows, columns, total = table.sum(axis=1), table.sum(axis=0), table.sum()
+        excess += table[0, 0] - rows[0] * columns[0] / total
+        variance += rows[0] * rows[1] * columns[0] * columns[1] / (total ** 2 * (total - 1))
+    return stats.chi2.sf((abs(excess) - 0.5) ** 2 / variance, df=1)
 
 
 def test_sign_flip_is_scipys_exact_permutation_test_and_its_floor():
@@ -65,11 +77,11 @@ def test_example_tests_recomputed_with_scipy(tmp_path):
     theirs = [predictions(seed, 0.7) for seed in SEEDS]
     scores = [100 * np.mean(l == p) for l, p in ours], [100 * np.mean(l == p) for l, p in theirs]
     assert row["t_p"] == pytest.approx(stats.ttest_rel(*scores).pvalue)
-    # McNemar: b and c counted here, the exact binomial test
+    # CMH over the seeds: b and c counted here, the statistic by its formula (strata = seeds)
     b = sum(int(np.sum((p == l) & (q != l))) for (l, p), (_, q) in zip(ours, theirs))
     c = sum(int(np.sum((p != l) & (q == l))) for (l, p), (_, q) in zip(ours, theirs))
-    assert (row["mcnemar_only_method"], row["mcnemar_only_reference"]) == (b, c)
-    assert row["mcnemar_p_value"] == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue)
+    assert (row["cmh_only_method"], row["cmh_only_reference"]) == (b, c)
+    assert row["cmh_p_value"] == pytest.approx(cmh_by_formula(ours, theirs))
     # the paired bootstrap: scipy's, resampling the same examples for every seed and both methods
     data = [array for (l, p), (_, q) in zip(ours, theirs) for array in (l, p, q)]
 
@@ -84,10 +96,10 @@ def test_example_tests_recomputed_with_scipy(tmp_path):
     assert row["bootstrap_ci_high"] == pytest.approx(reference.high, abs=0.5)
 
 
-def test_the_bootstrap_and_mcnemar_on_a_known_case():
+def test_the_bootstrap_and_cmh_on_a_known_case():
     labels = np.array([1, 0] * 50)
     same = (labels, labels, labels)
-    assert paired_bootstrap("accuracy", [same])["difference"] == 0 and mcnemar([same])["p_value"] == 1.0
+    assert paired_bootstrap("accuracy", [same])["difference"] == 0 and cmh([same])["p_value"] == 1.0
     f1 = paired_bootstrap("f1", [(labels, labels, 1 - labels)], replicates=200)
     assert f1["difference"] == 100 and f1["ci_low"] == f1["ci_high"] == 100 and f1["p_value"] == 0
 
@@ -97,10 +109,80 @@ def test_the_render_writes_paired_md_with_the_floor_and_a_baseline(tmp_path):
     out = tmp_path / "tables"
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
     text = (out / "paired.md").read_text()
-    assert "0.0625 with 5 seeds" in text and "(0.0625)" in text and "McNemar b / c, p" in text
+    assert "0.0625 with 5 seeds" in text and "(0.0625)" in text and "accuracy, CMH over seeds: b / c, p" in text
+    assert "McNemar" not in text and "Acc, +" in text
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--baseline", "adapter"]) == 0
     csv = pd.read_csv(out / "paired.csv")
     assert set(csv["reference"]) == {"adapter"} and set(csv["method"]) == {"unipelt_ap", "lora"}
     significance = pd.read_csv(out / "significance.csv")
     assert set(significance["test"]) == {"paired"} and significance["sign_flip_floor"].eq(0.0625).all()
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--baseline", "bogus"]) == 2
+
+
+def mcc_by_numpy(labels, predicted):
+    """MCC as the correlation of the two 0/1 vectors (0 when either is constant)."""
+    if np.ptp(labels) == 0 or np.ptp(predicted) == 0:
+        return 0.0
+    return 100 * np.corrcoef(labels, predicted)[0, 1]
+
+
+def test_the_bootstrap_resamples_examples_on_the_tasks_metric_mcc_recomputed_with_numpy():
+    ours = [predictions(seed, 0.75) for seed in SEEDS[:3]]
+    theirs = [predictions(seed, 0.7) for seed in SEEDS[:3]]
+    pairs = [(l, p, q) for (l, p), (_, q) in zip(ours, theirs)]
+    result = paired_bootstrap("mcc", pairs, replicates=300, seed=5)
+    observed = np.mean([mcc_by_numpy(l, p) - mcc_by_numpy(l, q) for l, p, q in pairs])
+    # same labels in every seed: one draw of examples per replicate, shared by the seeds and both methods
+    draws = np.random.default_rng(5).integers(0, EXAMPLES, size=(300, EXAMPLES))
+    replicates = np.array([np.mean([mcc_by_numpy(l[d], p[d]) - mcc_by_numpy(l[d], q[d]) for l, p, q in pairs])
+                           for d in draws])
+    assert result["difference"] == pytest.approx(observed)
+    assert (result["ci_low"], result["ci_high"]) == pytest.approx(tuple(np.quantile(replicates, [0.025, 0.975])))
+    two_sided = min(1.0, 2 * min(np.mean(replicates <= 0), np.mean(replicates >= 0)))
+    assert result["p_value"] == pytest.approx(two_sided) and 0 < two_sided < 1
+    # accuracy would say otherwise: the test is on MCC, not on the count of right answers
+    assert result["difference"] != pytest.approx(np.mean([100 * (np.mean(p == l) - np.mean(q == l)) for l, p, q in pairs]))
+
+
+def test_seeds_with_different_examples_draw_their_own():
+    first = (np.array([0, 1] * 30), np.array([0, 1] * 30), np.array([1, 1] * 30))
+    second = (np.array([1, 1, 0] * 10), np.array([1, 0, 0] * 10), np.array([1, 1, 0] * 10))
+    result = paired_bootstrap("accuracy", [first, second], replicates=100, seed=3)
+    rng = np.random.default_rng(3)
+    draws = [rng.integers(0, 60, size=(100, 60)), rng.integers(0, 30, size=(100, 30))]
+    replicates = np.mean([100 * (np.mean(l[d] == p[d], axis=1) - np.mean(l[d] == q[d], axis=1))
+                          for (l, p, q), d in zip((first, second), draws)], axis=0)
+    assert (result["ci_low"], result["ci_high"]) == pytest.approx(tuple(np.quantile(replicates, [0.025, 0.975])))
+
+
+def test_cmh_by_its_formula_and_a_p_of_zero_reads_below_the_resolution():
+    ours = [predictions(seed, 0.8) for seed in SEEDS]
+    theirs = [predictions(seed, 0.75) for seed in SEEDS]
+    result = cmh([(l, p, q) for (l, p), (_, q) in zip(ours, theirs)])
+    assert result["p_value"] == pytest.approx(cmh_by_formula(ours, theirs))
+    assert bootstrap_p(0.0, 2000) == "< 0.0005" and bootstrap_p(0.0, 10000) == "< 0.0001"
+    assert bootstrap_p(0.0123, 2000) == "0.0123"
+
+
+def test_cola_tests_mcc_by_bootstrap_and_runs_no_accuracy_count(tmp_path):
+    write_runs(tmp_path / "runs", skills=(("unipelt_ap", 0.95), ("lora", 0.6)), name="cola", metric="mcc")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    text = (out / "paired.md").read_text()
+    csv = pd.read_csv(out / "paired.csv").set_index("method")
+    assert csv.loc["unipelt_ap", "bootstrap_metric"] == "mcc" and "cmh_p_value" not in csv
+    assert csv.loc["unipelt_ap", "bootstrap_p_value"] == 0  # 0.95 against 0.6: no replicate crosses 0
+    header = text[:text.index("\n| K")]  # the assumptions are written above the table
+    assert "**Over examples**" in header and "exchangeable" in header and "strata are not independent" in header
+    assert "MCC, +" in text and ", < 0.0005" in text
+    assert "accuracy, CMH over seeds" not in text  # no CMH column on an MCC task
+
+
+def test_correlation_replicates_are_scipys_spearman_and_pearson():
+    rng = np.random.default_rng(2)
+    labels = np.round(rng.uniform(0, 5, 80), 1)  # ties, as STS-B's scores have
+    predicted = labels + rng.normal(0, 1, 80)
+    draws = rng.integers(0, 80, size=(20, 80))
+    for metric, function in (("spearman", stats.spearmanr), ("pearson", stats.pearsonr)):
+        expected = [100 * function(predicted[d], labels[d])[0] for d in draws]
+        assert replicate_scores(metric, labels, predicted, draws) == pytest.approx(expected)

@@ -5,11 +5,15 @@ comparison shows it). Three costs, one PNG each, one panel per task × K and one
 - training seconds per step (`train_seconds / train_steps`),
 - peak memory (`peak_memory`: CUDA's max allocated, or the process's peak RSS on a CPU, labelled as recorded).
 
-A point is the mean test score over the method's data seeds in that panel, its cost the mean over the same runs.
-A fused run records its group's seconds and its group's peak memory, not its own, so fused runs are left out of the
-time and memory points (their parameters count). The average panel averages, per method, the task means and costs
-over the tasks of that K, only for methods that ran every one of them. The Pareto front joins the points no other
-point beats: none at most as costly and scoring at least as high, one of them strictly. fig_cost.csv holds every point.
+A point is the protocol's statistic of the test score over the method's data seeds in that panel (the mean, with a
+bar of ± 1 std; under a median protocol such as full_median the median, with a bar from the 25th to the 75th
+percentile), its cost the mean over the same runs. A fused run records its group's seconds and its group's peak
+memory, not its own, so fused runs are left out of the time and memory points (their parameters count). The Avg.
+panel of a K covers only the tasks every method of that K has (its title names them when they are not all of the K's;
+fig_cost.csv's `tasks`): a method's score there is the statistic of its per-seed averages over those tasks, as Table
+1's Avg., its cost the mean of its task costs (none unless every one of those tasks has it). The Pareto front joins
+the points no other point beats: none at most as costly and scoring at least as high, one of them strictly.
+fig_cost.csv holds every point.
 """
 import numpy as np
 import pandas as pd
@@ -26,11 +30,25 @@ COSTS = {  # column -> (file, axis label, log scale)
 MEASURES = {"cuda_max_memory_allocated": "CUDA max allocated", "process_peak_rss": "process peak RSS (CPU)"}
 
 
-def cost_points(runs):
-    """One row per (k, task, method), the task AVG included: score, n, and each cost (NaN where none is recorded)."""
+def _summary(values, statistic):
+    """(score, low, high) over seeds: the mean ± 1 std (ddof 1; no bar for one seed), or under a median protocol the
+    median with the seeds' 25th and 75th percentiles (numpy's linear interpolation)."""
+    values = np.asarray(values, dtype=float)
+    if statistic == "median":
+        low, middle, high = np.percentile(values, [25, 50, 75])
+        return float(middle), float(low), float(high)
+    mean = float(values.mean())
+    spread = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return mean, mean - spread, mean + spread
+
+
+def cost_points(runs, statistic="mean"):
+    """One row per (k, task, method), the task AVG included: score (the protocol's `statistic` over seeds), its error
+    bar (score_low, score_high), n, and each cost (NaN where none is recorded)."""
     ok = runs[(runs["status"] == "ok") & runs["main"].notna()]
     if ok.empty:
-        return pd.DataFrame(columns=["k", "task", "method", "score", "n", *COSTS, "memory_measures"])
+        return pd.DataFrame(columns=["k", "task", "method", "score", "score_low", "score_high", "n", *COSTS,
+                                     "memory_measures", "tasks"])
     alone = ~is_fused(ok)
     steps = pd.to_numeric(ok["train_steps"], errors="coerce")
     frame = ok.assign(
@@ -39,23 +57,38 @@ def cost_points(runs):
         trainable_params=pd.to_numeric(ok["trainable_params"], errors="coerce"),
         memory_measures=ok["peak_memory_measures"].where(alone))
     grouped = frame.groupby(["k", "task", "method"])
-    points = grouped.agg(score=("main", "mean"), n=("main", "count"), trainable_params=("trainable_params", "mean"),
+    points = grouped.agg(n=("main", "count"), trainable_params=("trainable_params", "mean"),
                          seconds_per_step=("seconds_per_step", "mean"), peak_memory_gib=("peak_memory_gib", "mean"),
                          memory_measures=("memory_measures", lambda values: ", ".join(sorted(set(values.dropna()))))
                          ).reset_index()
-    return pd.concat([points, _averages(points)], ignore_index=True)
+    summaries = [_summary(group["main"], statistic) for _, group in grouped]
+    points.insert(3, "score", [score for score, _, _ in summaries])
+    points.insert(4, "score_low", [low for _, low, _ in summaries])
+    points.insert(5, "score_high", [high for _, _, high in summaries])
+    points["tasks"] = points["task"]
+    return pd.concat([points, _averages(points, frame, statistic)], ignore_index=True)
 
 
-def _averages(points):
-    """Per K and method: the mean over that K's tasks of score and costs, for methods that ran every task."""
+def _averages(points, frame, statistic):
+    """Per K: the Avg. panel over the tasks every method of that K has (none when they share no task).
+
+    A method's score there is the `statistic` of its per-seed averages over those tasks (seeds that have them all),
+    as Table 1's Avg.; a cost is the mean of its task costs, NaN unless every one of those tasks has it."""
     rows = []
     for k, block in points.groupby("k"):
-        tasks = set(block["task"])
-        for method, rows_of in block.groupby("method"):
-            if set(rows_of["task"]) == tasks:
-                rows.append({"k": k, "task": AVG, "method": method, "score": rows_of["score"].mean(),
-                             "n": int(rows_of["n"].min()), **{cost: rows_of[cost].mean() for cost in COSTS},
-                             "memory_measures": ", ".join(sorted(set(filter(None, rows_of["memory_measures"]))))})
+        tasks = sorted(set.intersection(*(set(rows_of["task"]) for _, rows_of in block.groupby("method"))),
+                       key=lambda task: order_of(task, TASKS))
+        if not tasks:
+            continue
+        for method, rows_of in block[block["task"].isin(tasks)].groupby("method"):
+            runs = frame[(frame["k"] == k) & (frame["method"] == method) & frame["task"].isin(tasks)]
+            per_seed = runs.groupby("seed").filter(lambda seed: seed["task"].nunique() == len(tasks))
+            averages = per_seed.groupby(["seed", "task"])["main"].mean().groupby("seed").mean()
+            score, low, high = _summary(averages, statistic) if len(averages) else (rows_of["score"].mean(),) * 3
+            rows.append({"k": k, "task": AVG, "method": method, "score": score, "score_low": low, "score_high": high,
+                         "n": len(averages), **{cost: rows_of[cost].mean(skipna=False) for cost in COSTS},
+                         "memory_measures": ", ".join(sorted(set(filter(None, rows_of["memory_measures"])))),
+                         "tasks": " ".join(tasks)})
     return pd.DataFrame(rows, columns=points.columns)
 
 
@@ -100,38 +133,65 @@ def cost_figure(points, cost, title):
     figure = Figure(figsize=(3.2 * columns, 2.9 * len(ks) + 0.6), layout="constrained")
     grid = figure.subplots(len(ks), columns, squeeze=False)
     methods = sorted(set(drawn["method"]), key=lambda method: order_of(method, METHODS))
-    colour = {method: f"C{i % 10}" for i, method in enumerate(methods)}
+    style = styles(methods)
     for row, k in enumerate(ks):
         in_row = [key for key in keys if key[0] == k]
         for column, axes in enumerate(grid[row]):
             if column >= len(in_row):
                 axes.set_visible(False)
                 continue
-            _panel(axes, drawn[(drawn["k"] == k) & (drawn["task"] == in_row[column][1])], cost, colour)
-            axes.set_title(f"{task_label(in_row[column][1])}, {k_label(k)}", fontsize="medium")
-    handles = [grid[0][0].scatter([], [], color=colour[m], label=method_label(m)) for m in methods]
-    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(methods), 6), fontsize="small")
+            _panel(axes, drawn[(drawn["k"] == k) & (drawn["task"] == in_row[column][1])], cost, style)
+            task = in_row[column][1]
+            axes.set_title(f"{task_label(task)}, {k_label(k)}" + _avg_over(drawn, k, task), fontsize="medium")
+    handles = [grid[0][0].scatter([], [], color=style[m][0], marker=style[m][1], label=method_label(m)) for m in methods]
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(methods), max(3, columns * 2)),
+                  fontsize="small")
     figure.suptitle(title, fontsize="medium")
     return figure
 
 
-def _panel(axes, panel, cost, colour):
+def _avg_over(points, k, task):
+    """An Avg. panel's title names its tasks when they are not all of that K's."""
+    if task != AVG:
+        return ""
+    over = points[(points["k"] == k) & (points["task"] == AVG)]["tasks"].iloc[0].split()
+    every = set(points[(points["k"] == k) & (points["task"] != AVG)]["task"])
+    return "" if set(over) == every else "\nover " + ", ".join(map(task_label, over))
+
+
+MARKERS = "os^Dv<>PX*"
+
+
+def styles(methods):
+    """method -> (colour, marker): the 10 colours of matplotlib's cycle, then the next marker shape, so every method
+    of up to 100 has a style of its own (24 methods: 10 circles, 10 squares, 4 triangles)."""
+    return {method: (f"C{i % 10}", MARKERS[(i // 10) % len(MARKERS)]) for i, method in enumerate(methods)}
+
+
+def _panel(axes, panel, cost, style):
     _, label, log = COSTS[cost]
     single = panel["n"] == 1
     for method, point in panel.set_index("method").iterrows():
-        axes.scatter(point[cost], point["score"], color=colour[method], marker="o" if point["n"] > 1 else "x", zorder=3)
+        bar = [[point["score"] - point["score_low"]], [point["score_high"] - point["score"]]] if point["n"] > 1 else None
+        axes.errorbar(point[cost], point["score"], yerr=bar,  # one seed: no bar
+                      color=style[method][0], marker=style[method][1], linestyle="none", capsize=2,
+                      markerfacecolor=style[method][0] if point["n"] > 1 else "none",
+                      elinewidth=0.8, zorder=3)
     front = panel[pareto(panel[cost], panel["score"])].sort_values(cost)
     axes.plot(front[cost], front["score"], color="0.4", linestyle="--", linewidth=1, zorder=2)
     if log and (panel[cost] > 0).all():
         axes.set_xscale("log")
     axes.set_xlabel(label, fontsize="small")
-    axes.set_ylabel("test score (×100)" + (", x: 1 seed" if single.any() else ""), fontsize="small")
+    axes.set_ylabel("test score (×100)" + (", hollow: 1 seed" if single.any() else ""), fontsize="small")
     axes.grid(alpha=0.3)
 
 
 def write_cost(out, runs, render):
     """fig_cost_*.png and fig_cost.csv from the pooled runs with default settings; returns index entries."""
-    points = with_fronts(cost_points(runs))
+    from .outputs import reported
+
+    statistic = reported(render)
+    points = with_fronts(cost_points(runs, statistic))
     if points.empty:
         return [("fig_cost_*.png", "not drawn: no run with a score yet")]
     out.csv("fig_cost.csv", points)
@@ -141,7 +201,10 @@ def write_cost(out, runs, render):
     for cost, (name, label, _) in COSTS.items():
         measures = sorted(set(filter(None, ", ".join(points["memory_measures"].fillna("")).split(", "))))
         what = label + (f" ({'; '.join(MEASURES.get(m, m) for m in measures)})" if cost == "peak_memory_gib" and measures else "")
-        figure = cost_figure(points, cost, f"Test score against {what}\n{about}. Dashed: Pareto front; x: one seed.")
+        bars = ("median over seeds, bars: 25th-75th percentile" if statistic == "median" else
+                "mean over seeds, bars: ± 1 std")
+        figure = cost_figure(points, cost, f"Test score ({bars}) against {what}\n{about}. Dashed: Pareto front; "
+                                           "hollow: one seed.")
         if figure is None:
             entries.append((name, f"not drawn: no record has {label.split(' (')[0]} (fused runs record their group's)"))
             continue

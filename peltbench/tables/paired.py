@@ -7,7 +7,8 @@ scipy's infinite t would read p = 0) and the exact sign-flip permutation test (a
 pairs cannot give a p-value below 2 / 2^n: 0.0625 for 5 seeds, so no sign-flip result over 5 seeds can reach 0.05 and
 the table says so instead of marking one. With fewer than 2 shared seeds (grids that ran different seeds) the
 comparison falls back to Welch's unpaired t-test and says so. When both methods saved predictions, the
-example-level tests of examples.py join the row.
+example-level tests of examples.py join the row: the paired bootstrap on the task's metric and, for accuracy only,
+the Cochran-Mantel-Haenszel test over seeds. paired.md's header (ASSUMPTIONS) says what each test assumes.
 
 The reference: the paper's comparison (§4.3), each UniPELT variant against the single method of highest mean in the
 cell; or, with `--baseline METHOD`, every other method against METHOD.
@@ -120,6 +121,51 @@ def check_baseline(runs, baseline):
                         f"chosen with --select); methods: {found}")
 
 
+METRIC_NAMES = {"accuracy": "Acc", "mcc": "MCC", "f1": "F1", "spearman": "Spearman", "pearson": "Pearson"}
+
+ASSUMPTIONS = [
+    "What is paired with what. A data seed fixes the K training examples and the dev examples sampled from the train "
+    "split (K = all: the seed only names the run); every method of a cell ran on the same seeds, so a method's run "
+    "pairs with the reference's run of the same seed. The test examples are the official GLUE dev rows, the same in "
+    "every seed.",
+    "",
+    f"- **Over seeds** (`t p`, `sign-flip p`): the unit is a seed, its datum the difference of the two runs' scores on "
+    f"the task's metric. `t p`: the paired t-test (scipy.stats.ttest_rel, two-sided, `*` when < {ALPHA}); assumes "
+    "independent seeds and roughly normal differences. `sign-flip p`: the exact permutation test over all 2^n sign "
+    "patterns of the n differences (two-sided: |mean| at least the observed); assumes only that each difference is "
+    "as likely to be negative as positive under no effect; its smallest possible value is 2/2^n (`floor`): 0.0625 with "
+    f"5 seeds, so with 5 seeds or fewer it cannot reach {ALPHA} and no star is given for it. `welch`: fewer than 2 "
+    "shared seeds, Welch's unpaired t-test. These are the tests about training a method again on a new seed.",
+    "- **Over examples** (runs that saved predictions, over the seeds both saved): a paired bootstrap on the task's "
+    "own metric (MCC for CoLA, F1 for MRPC and QQP, Spearman for STS-B, accuracy otherwise). Each replicate resamples "
+    "the test examples with replacement, the same examples for both methods and for every seed (an example takes "
+    "its predictions of every seed with it; seeds whose examples differ draw their own), scores each seed's resample and averages method − reference over the "
+    "seeds; 2,000 replicates from RNG seed 0. The interval: the replicates' 2.5th and 97.5th percentiles. p: "
+    "min(1, 2 × the smaller share of replicates at or below 0 or at or above 0), two-sided; when no replicate "
+    "crosses 0 it reads `< 1/B` (`< 0.0005` for B = 2,000), never 0. Assumes the examples are exchangeable draws "
+    "of the task's inputs; the trained runs are held fixed, so it says whether these runs differ on this task's "
+    "inputs, not whether a new seed would.",
+    "- **CMH** (accuracy tasks only: it counts right answers, so it never stands in for MCC or F1): the "
+    "Cochran-Mantel-Haenszel test with the seeds as strata, each a 2 × 2 table method/reference × right/wrong, "
+    "continuity-corrected (|Σ(a − E[a])| − 1/2), chi² with 1 degree of freedom. It assumes independent examples "
+    "within a seed and independent strata; the seeds predict the same dev rows, so the strata are not independent "
+    "and its p is optimistic in that way, while ignoring which example each answer was on makes it conservative "
+    "in another: the bootstrap is the example-level test to read. b / c: the discordant (seed, example) pairs, b "
+    "only the method right, c only the reference right.",
+]
+
+
+def bootstrap_p(value, replicates):
+    """A bootstrap p-value as written: `< 1/B` when no replicate crossed 0 (the resolution of B replicates)."""
+    from .formatting import MISSING, is_missing
+
+    if is_missing(value):
+        return MISSING
+    if value == 0:
+        return f"< {1 / int(replicates):.2g}"
+    return f"{value:.3g}"
+
+
 def paired_markdown(results, baseline, caption):
     """paired.md: what is compared with what, the seed-level tests, and the example-level ones where predictions exist."""
     from .formatting import MISSING, is_missing, number, signed
@@ -131,14 +177,7 @@ def paired_markdown(results, baseline, caption):
 
     reference = (f"every method against {method_label(baseline)} (--baseline)" if baseline else
                  "each UniPELT variant against the single method of highest mean in its cell (the paper's §4.3 comparison)")
-    parts = [f"# Paired comparisons: {reference}", "", caption, "",
-             "Seeds: paired over the data seeds both methods ran; `t p`: paired t-test (scipy.stats.ttest_rel, two-sided, "
-             f"`*` when < {ALPHA}); `sign-flip p`: the exact sign-flip permutation test over all 2^n sign patterns, whose "
-             "smallest possible two-sided value is 2/2^n (`floor`): 0.0625 with 5 seeds, so with 5 seeds or fewer it "
-             f"cannot reach {ALPHA} and no star is given for it. `welch`: fewer than 2 shared seeds, Welch's unpaired "
-             "t-test. Examples (runs that saved predictions, pooled over the seeds both saved): the paired bootstrap's "
-             "mean difference of the main metric with its 95% interval and p-value, and McNemar's exact test on the "
-             "discordant (seed, example) pairs (b: only the method right, c: only the reference right).", ""]
+    parts = [f"# Paired comparisons: {reference}", "", caption, "", *ASSUMPTIONS, ""]
     if results.empty:
         return "\n".join(parts + ["No cell has both methods of a comparison.", ""])
     has = (lambda column: column in results and results[column].notna().any())
@@ -152,14 +191,16 @@ def paired_markdown(results, baseline, caption):
                                 for v, f in zip(results["sign_flip_p"], results["sign_flip_floor"])],
     })
     if has("bootstrap_difference"):
-        table["examples: difference [95% CI], p"] = [
-            MISSING if is_missing(d) else f"{signed(d)} [{number(lo)}, {number(hi)}], {p(bp)}"
-            for d, lo, hi, bp in zip(results["bootstrap_difference"], results["bootstrap_ci_low"],
-                                     results["bootstrap_ci_high"], results["bootstrap_p_value"])]
-    if has("mcnemar_p_value"):
-        table["McNemar b / c, p"] = [
-            MISSING if is_missing(mp) else f"{int(b)} / {int(c)}, {p(mp)}"
-            for b, c, mp in zip(results["mcnemar_only_method"], results["mcnemar_only_reference"], results["mcnemar_p_value"])]
+        table["examples: metric, difference [95% CI], p"] = [
+            MISSING if is_missing(d) else f"{METRIC_NAMES.get(m, m)}, {signed(d)} [{number(lo)}, {number(hi)}], "
+                                          f"{bootstrap_p(bp, b)}"
+            for m, d, lo, hi, bp, b in zip(results["bootstrap_metric"], results["bootstrap_difference"],
+                                           results["bootstrap_ci_low"], results["bootstrap_ci_high"],
+                                           results["bootstrap_p_value"], results["bootstrap_replicates"])]
+    if has("cmh_p_value"):
+        table["accuracy, CMH over seeds: b / c, p"] = [
+            MISSING if is_missing(cp) else f"{int(b)} / {int(c)}, {p(cp)}"
+            for b, c, cp in zip(results["cmh_only_method"], results["cmh_only_reference"], results["cmh_p_value"])]
     return "\n".join(parts + [frame_markdown(table), ""])
 
 
