@@ -238,7 +238,9 @@ def test_a_rerun_skips_pruned_runs_with_halving_and_trains_them_fully_without(tr
     replayed = run_group(grid(tiny, copy))
     [redone] = [o for o in replayed if not o.skipped]
     assert redone.status == "pruned" and redone.record["pruned"] == lost.record["pruned"]
-    assert redone.record["history"] == lost.record["history"]
+    assert len(redone.record["history"]) == len(lost.record["history"])
+    for a, b in zip(redone.record["history"], lost.record["history"]):  # alone now, in a group of 8 before: rounding
+        assert a == pytest.approx(b, rel=1e-5)
     fully = run_group(grid(tiny, copy, halving="null"))
     assert [o.skipped for o in fully] == [o.status == "ok" for o in halved]
     for a, b in zip(fully, full):  # the survivors as before, the pruned runs now trained fully
