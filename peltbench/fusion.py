@@ -4,7 +4,7 @@ Compatible = the same backbone, task, K, protocol (its split and its evaluation 
 read from the same data, on the same device and precision, with the same gate pooling (padded pooling pads every batch
 to max length) and the same prompt length (prompt tuning puts P embeddings in front of every row, shifting its
 tokens' positions; 0 without prompts). Anything else forms a group of its own. Fine-tuning changes the backbone, so it always trains alone. A group holds at
-most `fuse_members` runs (on CUDA the runner may split it further to fit the GPU's memory: runner.memory_cap).
+most `fuse_members` runs (the runner may split it further to fit the device's free memory: runner.memory_cap).
 
 This module imports nothing heavy: launchers call it before any model loads.
 """

@@ -32,6 +32,7 @@ from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_we
 from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
                      peak_memory, probe_writable, record_path, unsaved, utc_now, variant_name, versions, write_record)
+from .allocator import kept_memory
 from .interrupts import interrupted
 from .halving import Halving, ledger_path, pruned_record
 from .protocols import protocol_name
@@ -203,7 +204,8 @@ def _train(runs: list[_Run]) -> list[Outcome]:
             except UserError as error:
                 outcomes[id(run)] = Outcome("error", error=error)
                 _release(run)
-        cap = memory_cap([run.cfg for run in ready], task, device, bf16) if ready else 1
+        longest = max((len(ids) for run in ready for ids in run.member.train.input_ids), default=0)
+        cap = memory_cap([run.cfg for run in ready], task, device, bf16, longest) if ready else 1
         for start in range(0, len(ready), cap):
             _train_group(ready[start : start + cap], task, device, bf16, tokenizer.pad_token_id, outcomes)
     except UserError as error:
@@ -265,33 +267,59 @@ def split_rows(cfg: DictConfig, task: TaskSpec, train_split, test_split) -> tupl
     return train_rows, everything, everything, test_split  # Table 3, full_median, full_mean: GLUE dev for both
 
 
-def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf16: bool) -> int:
-    """How many of these runs one group may hold: all of them, except on CUDA, where no more than fit in the
-    GPU's free memory.
+def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf16: bool,
+               longest: int | None = None) -> int:
+    """How many of these runs one group may hold: no more than fit in the device's free memory (the GPU's, or on
+    a CPU the memory the system has available, within the cgroup's limit under SLURM or a container).
 
-    Per member, an estimate of training's peak: the activations kept for the backward pass of a batch padded
-    to max length (34·s·b·h bytes per layer in 16-bit, plus 5·heads·s²·b for attention: Korthikanti et al.
-    2022, doubled in fp32) and 16 bytes per trained parameter (fp32 weight, gradient, two AdamW moments). The
-    group gets 80% of what is free once the backbone is loaded. Padded dynamic batches are shorter than max
-    length, so this errs on the safe side.
+    Per member, an estimate of training's peak: the activations kept for the backward pass of a batch (34·s·b·h
+    bytes per layer in 16-bit, plus 5·heads·s²·b for attention: Korthikanti et al. 2022, doubled in fp32) and 16
+    bytes per trained parameter (fp32 weight, gradient, two AdamW moments). On CUDA s is the max length; a CPU pads
+    each batch to its longest row, so there s is the longest training row of these runs (`longest`), when known.
+    The group gets 80% of what is free once the backbone is loaded; when that is fewer runs than asked, the group
+    trains in parts, one after the other, and the log says so.
     """
-    if device.type != "cuda":
-        return len(cfgs)
     first = cfgs[0]
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        rows = first.train.max_length
+    else:
+        free = available_memory()
+        rows = min(longest or first.train.max_length, first.train.max_length)
+        if free is None or len(cfgs) == 1:
+            return len(cfgs)
     config = load_config(first.model.name, task.num_labels)
     width = 2 if bf16 else 4
-    length = first.train.max_length + (first.method.prompt_length if "prompt" in first.method.components else 0)
+    length = rows + (first.method.prompt_length if "prompt" in first.method.components else 0)
     tokens = first.train.batch_size * length  # a group's runs share one prompt length (peltbench.fusion)
     activations = config.num_hidden_layers * tokens * (
         34 * config.hidden_size * width / 2 + 5 * config.num_attention_heads * length * width / 2)
     counts = [count_method(cfg.method, config) for cfg in cfgs]
     trained = max(count["optimizer_params"] for count in counts)
     backbone = 4 * counts[0]["backbone_params"]  # fp32 weights (the embeddings' share is small)
-    free, _ = torch.cuda.mem_get_info(device)
     cap = min(len(cfgs), max(1, int(0.8 * (free - backbone) // (activations + 16 * trained))))
     if cap < len(cfgs):
-        log.info("%d runs fit on %s at once (of %d free GiB): the group trains in parts", cap, device, free >> 30)
+        log.info("%d of these %d runs fit in the %.1f GiB free on %s at once: the group trains in parts of %d",
+                 cap, len(cfgs), free / 2**30, device.type, cap)
     return cap
+
+
+def available_memory() -> int | None:
+    """Bytes a CPU run may still use: Linux's MemAvailable, within the cgroup's limit (cgroup v2 memory.max minus
+    memory.current) where one is set; None where neither can be read."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            limits += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")]
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            limits.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None
 
 
 def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
@@ -325,7 +353,7 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
 
 def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: bool, pad_id: int,
                  outcomes: dict[int, Outcome]) -> None:
-    runs = sorted(runs, key=lambda run: _layout(run.cfg.method))
+    runs = sorted(runs, key=lambda run: layout_key(run.cfg.method))
     first = runs[0].cfg
     fused = _fused(runs)
     if device.type == "cuda":  # each group's own peak (record `peak_memory`)
@@ -378,8 +406,9 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         outcomes[id(runs[index])] = _finish(runs[index], result, model, index, task)
 
     try:
-        fit(model, [run.member for run in runs], task, group, on_done, on_epoch,
-            halving=Halving([ledger_entry(run) for run in runs]))
+        with kept_memory(device):  # a CPU keeps freed memory for the next step (peltbench.allocator)
+            fit(model, [run.member for run in runs], task, group, on_done, on_epoch,
+                halving=Halving([ledger_entry(run) for run in runs]))
     finally:
         for run in runs:
             run.logger.close(failed=id(run) not in outcomes or outcomes[id(run)].status not in ("ok", "pruned"))
@@ -481,7 +510,7 @@ def _release(run: _Run) -> None:
         run.held = None
 
 
-def _layout(method: DictConfig) -> tuple:
+def layout_key(method: DictConfig) -> tuple:
     """Where a run sits in its group: members with the same prefix length and components side by side, so a
     component's rows are mostly one slice of the batch (a view) rather than gathered (a copy)."""
     length = method.prefix_length if "prefix" in method.components else 0

@@ -29,6 +29,7 @@ passes, which suit its caches; on a GPU each operator that computes is a kernel 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import statistics
@@ -42,12 +43,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from peltbench.model import load_tokenizer
-from peltbench.runner import group_model, group_settings, prepare_member, resolve_device
+from peltbench.allocator import kept_memory
+from peltbench.methods import plan_training
+from peltbench.runner import group_model, group_settings, layout_key, prepare_member, resolve_device
 from peltbench.tasks import TaskSpec
-from peltbench.train import fit
+from peltbench.train import MemberAdamW, _DataOrder, _train_steps, fit
 
 SEVEN = ["bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl"]
 SINCE_2022 = ["dora", "lora_fa", "vera", "adalora", "oft", "hra", "boft", "ia3", "ptuning_v2"]  # prompt: own groups
+GRID = ["bitfit", "ln", "adapter", "prefix", "lora", "unipelt_apl", "dora", "vera", "adalora", "ia3", "oft", "hra"]
+GRID_LRS = ("1e-4", "3e-4", "1e-3")
 SCENARIOS = {
     "a": ("7 methods, K=100", [(method, 100, 111) for method in SEVEN]),
     "b": ("7 methods, K=1000", [(method, 1000, 111) for method in SEVEN]),
@@ -58,6 +63,10 @@ SCENARIOS = {
     "i": ("ia3 x 5 seeds, K=100", [("ia3", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "v": ("ptuning_v2 x 5 seeds, K=100", [("ptuning_v2", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "p": ("prompt x 5 seeds, K=100", [("prompt", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    # issue 24: a learning-rate grid over 12 methods (36 members of mixed components), and 36 LoRA members
+    "g": ("12 methods x 3 lr, K=100", [(method, 100, 111, f"method.lr={lr}") for lr in GRID_LRS for method in GRID]),
+    "l": ("lora x 3 lr x 12 seeds, K=100",
+          [("lora", 100, seed, f"method.lr={lr}") for lr in GRID_LRS for seed in range(111, 111 * 13, 111)]),
 }
 
 
@@ -68,8 +77,8 @@ def configs(args, runs):
         return [compose(config_name="config", overrides=[
             f"method={method}", f"task={args.task}", f"k={k}", f"seed={seed}", f"model.name={args.model}",
             f"data.dir={args.data}", f"device={args.device}", f"train.epochs={args.epochs}", "train.patience=1000",
-            f"results_dir={tempfile.gettempdir()}/peltbench-benchmark",
-        ]) for method, k, seed in runs]
+            f"results_dir={tempfile.gettempdir()}/peltbench-benchmark", *extra,
+        ]) for method, k, seed, *extra in runs]
 
 
 class OperatorCount(TorchDispatchMode):
@@ -98,15 +107,93 @@ class OperatorCount(TorchDispatchMode):
         return out
 
 
+def build(cfgs, task, tokenizer, device, bf16, shapes_for=None):
+    """The group's members, model and settings, as the runner builds them (members in its order: layout_key)."""
+    cfgs = sorted(cfgs, key=lambda cfg: layout_key(cfg.method))
+    members = [prepare_member(cfg, task, tokenizer, f"run {i}")[0] for i, cfg in enumerate(cfgs)]
+    model = group_model(cfgs, task, device)
+    return members, model, group_settings(cfgs[0], model, tokenizer.pad_token_id, device, bf16, shapes_for)
+
+
 def train(cfgs, task, tokenizer, device, bf16, shapes_for=None) -> int:
     """Train `cfgs` as one group with peltbench's loop; the sequences it processed (train + dev + test rows).
     `shapes_for`: use another device type's batch shapes (runner.group_settings)."""
-    members = [prepare_member(cfg, task, tokenizer, f"run {i}")[0] for i, cfg in enumerate(cfgs)]
-    model = group_model(cfgs, task, device)
-    settings = group_settings(cfgs[0], model, tokenizer.pad_token_id, device, bf16, shapes_for)
-    fit(model, members, task, settings, lambda *_: None)
+    members, model, settings = build(cfgs, task, tokenizer, device, bf16, shapes_for)
+    with kept_memory(device):
+        fit(model, members, task, settings, lambda *_: None)
     epochs = cfgs[0].train.epochs
     return sum(epochs * (len(m.train) + len(m.dev)) + len(m.test) for m in members)
+
+
+def step_seconds(cfgs, task, tokenizer, device, bf16, steps: int) -> tuple[float, int]:
+    """(seconds, peak bytes) of `steps` training steps of `cfgs` as one group (peltbench's step: forward, backward,
+    per-member clipping, AdamW, after_step), after one untimed step; the model build is not timed. The peak is
+    the process's resident set since the group was built (Linux: VmHWM after resetting it), CUDA's max allocated."""
+    members, model, settings = build(cfgs, task, tokenizer, device, bf16)
+    spe = -(-len(members[0].train) // settings.batch_size)
+    optimizer = MemberAdamW(model)
+    for m, member in enumerate(members):
+        optimizer.schedule(m, member.settings.lr, member.settings.total_steps(spe))
+    plan_training(model, [member.settings.total_steps(spe) for member in members])
+    clip = torch.tensor([member.settings.grad_clip for member in members], device=device)
+    order, active = _DataOrder(members, spe), list(range(len(members)))
+    model.members.set_active(active, device)
+    with kept_memory(device):
+        reset_peak_memory(device)
+        _train_steps(model, members, active, task, settings, optimizer, clip, order, 0, 1)
+        cpu = time.process_time()
+        seconds = timed(lambda: _train_steps(model, members, active, task, settings, optimizer, clip, order, 1, steps),
+                        device)
+        cpu = time.process_time() - cpu
+        peak = peak_bytes(device)
+    return seconds, cpu, peak
+
+
+def steps_scenario(name, args, device, bf16, tokenizer, task):
+    """Fused against separate per training step, alternating: wall seconds, CPU seconds (user + system, every
+    thread: steadier than wall time on a shared machine) and peak memory."""
+    label, runs = SCENARIOS[name]
+    cfgs = configs(args, runs)
+    wall, cpu, peaks = {"separate": [], "fused": []}, {"separate": [], "fused": []}, {"separate": 0, "fused": 0}
+    for round_ in range(args.rounds):
+        for side in (["separate", "fused"] if round_ % 2 == 0 else ["fused", "separate"]):
+            groups = [[cfg] for cfg in cfgs] if side == "separate" else [cfgs]
+            results = [step_seconds(group, task, tokenizer, device, bf16, args.steps) for group in groups]
+            wall[side].append(sum(result[0] for result in results) / args.steps)
+            cpu[side].append(sum(result[1] for result in results) / args.steps)
+            peaks[side] = max(peaks[side], *(result[2] for result in results))
+            print(f"  {label}, {side}: {wall[side][-1]:.2f} s per step, CPU {cpu[side][-1]:.2f} s "
+                  f"(peak {peaks[side] / 2**30:.2f} GiB)", flush=True)
+
+    def ratio(times):
+        return statistics.median(times["fused"]) / statistics.median(times["separate"])
+
+    print(f"{label + f' ({len(cfgs)} runs)':<39} per step: separate {statistics.median(wall['separate']):.2f} s "
+          f"(CPU {statistics.median(cpu['separate']):.2f} s), fused {statistics.median(wall['fused']):.2f} s "
+          f"(CPU {statistics.median(cpu['fused']):.2f} s): fused/separate {ratio(wall):.2f} wall, {ratio(cpu):.2f} "
+          f"CPU; peak memory: largest separate run {peaks['separate'] / 2**30:.2f} GiB, fused "
+          f"{peaks['fused'] / 2**30:.2f} GiB", flush=True)
+
+
+def reset_peak_memory(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        try:
+            with open("/proc/self/clear_refs", "w") as refs:
+                refs.write("5")
+        except OSError:
+            pass
+
+
+def peak_bytes(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def sync(device) -> None:
@@ -184,7 +271,14 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed turns of each side (median reported)")
     parser.add_argument("--scenarios", default="abc")
     parser.add_argument("--no-count", dest="count", action="store_false", help="skip the FLOP and operator counts")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="time this many training steps per side instead of whole runs (scenarios g, l)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="leave the C allocator's defaults (no peltbench.allocator.kept_memory): what it saves")
     args = parser.parse_args(argv)
+    if args.system_malloc:
+        global kept_memory
+        kept_memory = lambda device: contextlib.nullcontext()  # noqa: E731
     check_inputs(args, "benchmark_fused")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -198,6 +292,9 @@ def main(argv=None) -> None:
     header = f"{'scenario':<39}{'side':<10}{'wall s':>9}{'ratio':>8}{'seq/s':>9}{'GFLOP/s':>10}{'of GEMM':>9}{'ops/seq':>9}"
     print(header)
     for name in args.scenarios:
+        if args.steps:
+            steps_scenario(name, args, device, bf16, tokenizer, task)
+            continue
         label, count, rows = scenario(name, args, device, bf16, tokenizer, task, peak)
         separate = rows[0]
         for row in rows:

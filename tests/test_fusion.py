@@ -294,11 +294,19 @@ def test_padded_gate_pooling_pads_every_batch_to_max_length(quiet_checkpoint, gl
     assert other.record["config_hash"] != outcome.record["config_hash"]
 
 
-def test_memory_cap_splits_a_group_that_would_not_fit_the_gpu(tiny_checkpoint, monkeypatch):
+def test_memory_cap_splits_a_group_that_would_not_fit_the_device(tiny_checkpoint, monkeypatch):
+    from peltbench import runner
     from peltbench.runner import memory_cap
 
     cfgs = [compose_config("method=unipelt_apl", "task=rte", f"model.name={tiny_checkpoint}") for _ in range(40)]
     task = TaskSpec.from_config(cfgs[0].task)
+    monkeypatch.setattr(runner, "available_memory", lambda: 1 << 40)
+    assert memory_cap(cfgs, task, torch.device("cpu"), False) == 40
+    monkeypatch.setattr(runner, "available_memory", lambda: 60 << 20)  # a CPU with 60 MiB free: in parts
+    cpu = memory_cap(cfgs, task, torch.device("cpu"), False)
+    assert 1 <= cpu < 40
+    assert memory_cap(cfgs, task, torch.device("cpu"), False, longest=20) > cpu  # short rows: batches pad to them
+    monkeypatch.setattr(runner, "available_memory", lambda: None)  # cannot tell: no cap
     assert memory_cap(cfgs, task, torch.device("cpu"), False) == 40
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 40, 1 << 40))
     assert memory_cap(cfgs, task, torch.device("cuda"), True) == 40  # plenty of room

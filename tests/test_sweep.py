@@ -98,8 +98,8 @@ def test_a_fused_member_releases_its_claim_when_its_record_is_written(workdir):
 
 
 def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
-    # 4 runs: max_length 256 fails on a long test row (the tiny model has 128 positions: a `failed` record);
-    # k=50 + dev_size=20 > 60 rows is a config error (no record).
+    # 4 runs: max_length 256 cannot hold a long test row (the tiny model has 128 positions: refused in one line once
+    # its rows are tokenised, no record); k=50 + dev_size=20 > 60 rows is a config error (no record).
     test_file = workdir / "glue" / "RTE" / "dev.tsv"
     lines = test_file.read_text().splitlines()
     lines[1] = "\t".join([lines[1].split("\t")[0], " ".join(["the dog sat on the mat"] * 40), "a cat", "entailment"])
@@ -112,8 +112,10 @@ def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
     assert "Traceback" not in output
     summary = output[output.index("peltbench sweep:"):].splitlines()
     variant = f"adapter,dev_size=20,model.name={workdir.name}_tiny-bert,train.epochs=2,train.patience=50,train.max_length={{}}"
-    assert summary[0] == "peltbench sweep: 4 runs: 1 done (0 of them skipped as already done), 1 failed, 2 missing"
-    assert summary[1].startswith(f"  failed   {variant.format(256)}/rte/k16/seed111: RuntimeError: ")  # from the embeddings
+    assert summary[0] == "peltbench sweep: 4 runs: 1 done (0 of them skipped as already done), 0 failed, 3 missing"
+    assert summary[1].startswith(f"  missing  {variant.format(256)}/rte/k16/seed111: method=adapter task=rte: the "
+                                 "longest row's 245 tokens = 245 positions, but the model has 128 "
+                                 "(max_position_embeddings): set train.max_length=128 or lower (no record")
     too_large = "k=50 is too large: the train split has 60 rows and k + dev_size (50 + 20) must not exceed it"
     assert summary[2] == (f"  missing  {variant.format(256)}/rte/k50/seed111: {too_large} (no record; its log: "
                           f"sweeps/failing/2_adapter_rte_k50_s111)")  # the reason, from the job's outcome.json

@@ -111,7 +111,7 @@ def test_captions_follow_the_protocol(tmp_path):
     table1 = (lmbff / "table1.md").read_text()
     assert "K = 16 training examples per class" in table1 and "K = {16}" not in table1
     assert "Best epoch (or evaluation step) chosen on: a dev set of K train rows per class" in table1
-    assert "STS-B Spearman corr." in table1 and "Mean and standard deviation over data seeds 13, 21 (std with ddof = 1; 5 seeds expected per cell)" in table1
+    assert "STS-B Pearson corr." in table1 and "Spearman" not in table1 and "Mean and standard deviation over data seeds 13, 21 (std with ddof = 1; 5 seeds expected per cell)" in table1  # LM-BFF: Pearson
     assert "Table 1: results on GLUE with K training examples per class (test)" in table1
     assert "[$K = 16$ per class] Test Performance" in (lmbff / "table1.tex").read_text()
     halves = render(tmp_path / "b", "full_halves", runs)
