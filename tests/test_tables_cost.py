@@ -142,3 +142,16 @@ def test_fused_records_without_a_share_are_left_out_of_time_and_counted(tmp_path
     assert not (out / "fig_cost_time.png").exists() and (out / "fig_cost_memory.png").exists()
     assert pd.read_csv(out / "fig_cost.csv")["seconds_per_step"].isna().all()
     assert "16 fused run(s) left out: their records (older) hold only their group's seconds" in (out / "README.md").read_text()
+
+
+def test_a_method_keeps_its_style_in_a_figure_that_lacks_another_method(tmp_path):
+    """Adapter's older fused records have no time: the time figure lacks it, and LoRA keeps its memory figure's colour."""
+    from peltbench.tables.cost import cost_figure, with_fronts
+
+    points = with_fronts(cost_points(load_records(write_costs(tmp_path, fused_adapter=True))))
+    legends = [cost_figure(points, cost, cost).legends[0] for cost in ("seconds_per_step", "peak_memory_gib")]
+    colours = [{text.get_text(): tuple(handle.get_facecolor()[0]) for text, handle in zip(legend.get_texts(),
+                                                                                           legend.legend_handles)
+                if text.get_text() != "ringed: fused, its group's peak"} for legend in legends]
+    assert "Adapter" not in colours[0] and "Adapter" in colours[1]
+    assert colours[0] == {method: colour for method, colour in colours[1].items() if method != "Adapter"}

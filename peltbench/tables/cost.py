@@ -1,24 +1,25 @@
 """The cost view: score against what a method costs, one point per method, the Pareto front drawn (as PEFT's method
 comparison shows it). Three costs, one PNG each, one panel per task × K and one for the average over tasks per K:
 
-- trainable parameters (`trainable_params`: stored per task, head excluded; log scale),
+- trainable parameters (`trainable_params`: stored per task, head excluded),
 - training seconds per step (`train_seconds_share / train_steps`),
 - peak memory (`peak_memory`: CUDA's max allocated, or on a CPU the process's peak RSS since the group started, or
   its lifetime peak where that could not be reset; labelled as recorded).
 
-A point is the protocol's statistic of the test score over the method's data seeds in that panel (the mean, with a
-bar of ± 1 std; under a median protocol such as full_median the median, with a bar from the 25th to the 75th
-percentile), its cost the mean over the same runs. A fused run (`fused.size` > 1: trained together with others on
-one backbone) shares its group's steps and memory. Its time is its group's step time split by its share of the rows
-trained (`train_seconds_share`: 1/N of each step while N runs train; for a run alone, `train_seconds`); a fused
-record written before that field holds only its group's seconds and is left out of the time points, the figure
-saying how many. Its memory is its group's peak, not its own: drawn ringed, the figure saying the group's size
-(`memory_shared_by` in fig_cost.csv). Its parameters are its own. The Avg.
-panel of a K covers only the tasks every method of that K has (its title names them when they are not all of the K's;
-fig_cost.csv's `tasks`): a method's score there is the statistic of its per-seed averages over those tasks, as Table
-1's Avg., its cost the mean of its task costs (none unless every one of those tasks has it). The Pareto front joins
-the points no other point beats: none at most as costly and scoring at least as high, one of them strictly.
-fig_cost.csv holds every point.
+The cost axis is logarithmic for parameters and time where a panel's costs span a decade or more (within less its
+ticks would crowd), else linear, and says which. A point is the protocol's statistic of the test score over the
+method's data seeds in that panel (the mean, with a bar of ± 1 std; under a median protocol such as full_median the
+median, with a bar from the 25th to the 75th percentile), its cost the mean over the same runs. A fused run
+(`fused.size` > 1: trained together with others on one backbone) shares its group's steps and memory. Its time is
+its group's step time split by its share of the rows trained (`train_seconds_share`: 1/N of each step while N runs
+train; for a run alone, `train_seconds`); a fused record written before that field holds only its group's seconds
+and is left out of the time points, the figure saying how many. Its memory is its group's peak, not its own: drawn
+ringed, the figure saying the group's size (`memory_shared_by` in fig_cost.csv). Its parameters are its own. The
+Avg. panel of a K covers only the tasks every method of that K has (its title names them when they are not all of
+the K's; fig_cost.csv's `tasks`): a method's score there is the statistic of its per-seed averages over those tasks,
+as Table 1's Avg., its cost the mean of its task costs (none unless every one of those tasks has it). The Pareto
+front joins the points no other point beats: none at most as costly and scoring at least as high, one of them
+strictly. fig_cost.csv holds every point.
 """
 import numpy as np
 import pandas as pd
@@ -28,13 +29,13 @@ from matplotlib.lines import Line2D
 from .efficiency import is_fused
 from .names import AVG, METHODS, TASKS, k_label, k_order, method_label, order_of, task_label
 
-COSTS = {  # column -> (file, axis label, log scale)
-    "trainable_params": ("fig_cost_params.png", "trainable parameters (stored per task, log scale)", True),
-    "seconds_per_step": ("fig_cost_time.png", "training seconds per step (log scale)", True),
+COSTS = {  # column -> (file, axis label, log scale where a panel's costs span a decade or more)
+    "trainable_params": ("fig_cost_params.png", "trainable parameters (stored per task)", True),
+    "seconds_per_step": ("fig_cost_time.png", "training seconds per step", True),
     "peak_memory_gib": ("fig_cost_memory.png", "peak memory, GiB", False),
 }
-MEASURES = {"cuda_max_memory_allocated": "CUDA max allocated", "process_peak_rss": "process lifetime peak RSS (CPU)",
-            "process_peak_rss_since_group_start": "process peak RSS since its group started (CPU)"}
+MEASURES = {"cuda_max_memory_allocated": "CUDA max allocated", "process_peak_rss": "CPU: the process's lifetime peak RSS",
+            "process_peak_rss_since_group_start": "CPU: the process's peak RSS since the run's group started"}
 RING = dict(marker="o", markersize=14, markerfacecolor="none", markeredgecolor="0.35", markeredgewidth=1.0,
             linestyle="none")  # around a fused run's memory point: its group's peak
 
@@ -165,7 +166,9 @@ def panels(points):
 
 
 def cost_figure(points, cost, title):
-    """One panel per (k, task) with points for `cost`; None when no point has that cost."""
+    """One panel per (k, task) with points for `cost`; None when no point has that cost. A method has the same colour
+    and marker in every figure of `points`, whether or not the others have its cost (a fused run's older record: no
+    time)."""
     drawn = points.dropna(subset=[cost, "score"])
     if drawn.empty:
         return None
@@ -175,7 +178,7 @@ def cost_figure(points, cost, title):
     figure = Figure(figsize=(3.2 * columns, 2.9 * len(ks) + 0.6), layout="constrained")
     grid = figure.subplots(len(ks), columns, squeeze=False)
     methods = sorted(set(drawn["method"]), key=lambda method: order_of(method, METHODS))
-    style = styles(methods)
+    style = styles(sorted(set(points["method"]), key=lambda method: order_of(method, METHODS)))  # as in every figure
     for row, k in enumerate(ks):
         in_row = [key for key in keys if key[0] == k]
         for column, axes in enumerate(grid[row]):
@@ -225,8 +228,9 @@ def _panel(axes, panel, cost, style):
             axes.plot(point[cost], point["score"], **RING, zorder=4)
     front = panel[pareto(panel[cost], panel["score"])].sort_values(cost)
     axes.plot(front[cost], front["score"], color="0.4", linestyle="--", linewidth=1, zorder=2)
-    if log and (panel[cost] > 0).all():
-        axes.set_xscale("log")
+    if log and (panel[cost] > 0).all() and panel[cost].max() >= 10 * panel[cost].min():  # within a decade: linear,
+        axes.set_xscale("log")                                                          # its ticks legible
+        label += ", log scale"
     axes.set_xlabel(label, fontsize="small")
     axes.set_ylabel("test score (×100)" + (", hollow: 1 seed" if single.any() else ""), fontsize="small")
     axes.grid(alpha=0.3)
@@ -253,11 +257,11 @@ def write_cost(out, runs, render):
         title = f"Test score ({bars}) against {what}\n{about}. Dashed: Pareto front; hollow: one seed."
         figure = cost_figure(points, cost, title + (f"\n{fused}" if fused else ""))
         if figure is None:
-            entries.append((name, f"not drawn: no record has {label.split(' (')[0]}" + (f" ({fused})" if fused else "")))
+            entries.append((name, f"not drawn: no record has {label}" + (f". {fused}" if fused else "")))
             continue
         out.figure(name, figure)
         entries.append((name, f"test score against {what}, one point per method, per task × K and averaged"
-                              + (f"; {fused}" if fused else "")))
+                              + (f". {fused}" if fused else "")))
     return entries
 
 
