@@ -110,6 +110,11 @@ def _sizes(values):
     return ", ".join(str(size) for size in sorted({int(value) for value in values.dropna()}))
 
 
+def _all_sizes(listed):
+    """The sizes that `_sizes` strings list, joined the same way."""
+    return _sizes(pd.Series([int(size) for sizes in listed for size in filter(None, sizes.split(", "))], dtype=float))
+
+
 def _averages(points, frame, statistic):
     """Per K: the Avg. panel over the tasks every method of that K has (none when they share no task).
 
@@ -129,8 +134,7 @@ def _averages(points, frame, statistic):
             rows.append({"k": k, "task": AVG, "method": method, "score": score, "score_low": low, "score_high": high,
                          "n": len(averages), **{cost: rows_of[cost].mean(skipna=False) for cost in COSTS},
                          "memory_measures": ", ".join(sorted(set(filter(None, rows_of["memory_measures"])))),
-                         "memory_shared_by": _sizes(pd.Series([int(size) for sizes in rows_of["memory_shared_by"]
-                                                               for size in filter(None, sizes.split(", "))])),
+                         "memory_shared_by": _all_sizes(rows_of["memory_shared_by"]),
                          "tasks": " ".join(tasks)})
     return pd.DataFrame(rows, columns=points.columns)
 
@@ -278,8 +282,7 @@ def fused_note(points, runs, cost):
             notes.append(f"{left_out} fused run(s) left out: their records (older) hold only their group's seconds.")
         return " ".join(notes)
     if cost == "peak_memory_gib":
-        sizes = _sizes(pd.Series([int(size) for value in points["memory_shared_by"] for size in
-                                  filter(None, value.split(", "))]))
+        sizes = _all_sizes(points["memory_shared_by"])
         if sizes:
             return (f"Ringed: fused, its group's peak, shared by its {sizes.replace(', ', ' or ')} runs "
                     "(not the run's own).")
