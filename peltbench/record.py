@@ -282,8 +282,8 @@ def _kept(existing: dict | None, record: dict) -> str | None:
 HEAD = ("status", "error", "test", "dev_best", "best_epoch", "best_step", "epochs_run", "method", "variant", "protocol",
         "task", "k", "seed",
         "model_seed", "model", "architecture", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
-        "train_seconds", "train_steps", "eval_seconds", "test_seconds", "test_examples", "peak_memory", "machine",
-        "device", "precision", "fused", "dropout")
+        "train_seconds", "train_seconds_share", "train_steps", "eval_seconds", "eval_seconds_share", "test_seconds",
+        "test_examples", "peak_memory", "machine", "device", "precision", "fused", "dropout")
 TAIL = ("history", "gates", "split", "data_dir", "data_source", "config", "config_hash", "schema", "versions", "started_at",
         "finished_at", "traceback")
 LINE_WIDTH = 110  # a dict of plain values this short stays on one line
@@ -310,7 +310,7 @@ def _rounded(record: dict) -> dict:
     for key in ("test", "dev_best"):
         if key in out:
             out[key] = scores(out[key])
-    for key in [key for key in out if key.endswith("_seconds")]:
+    for key in [key for key in out if key.endswith(("_seconds", "_seconds_share"))]:
         out[key] = _round(out[key], 3)
     if isinstance(out.get("history"), list):
         per_field = {"dev_main": lambda v: _round(v, 4), "train_loss": _significant}
@@ -398,24 +398,67 @@ def machine(device) -> dict:
     return {"hostname": socket.gethostname(), "cpu": _cpu_model(), "gpu": gpu}
 
 
-def peak_memory(device, members: int) -> dict:
-    """The peak memory the run's training reached, as the device can tell (docs/record.md `peak_memory`).
+PEAK_RSS = "process_peak_rss"                                 # CPU: the process's lifetime peak (getrusage)
+PEAK_RSS_SINCE_GROUP = "process_peak_rss_since_group_start"  # CPU on Linux: VmHWM, reset as the group starts
+CLEAR_REFS, STATUS = "/proc/self/clear_refs", "/proc/self/status"
 
-    CUDA: `torch.cuda.max_memory_allocated` since the group started (the runner resets it then): the tensors the
-    caching allocator handed out, not what it reserved. CPU: the process's peak resident set size
-    (`resource.getrusage`), which counts everything the process held since it started, earlier runs of the same
-    sweep process included. A fused group shares one backbone and one loop: its members all report the group's.
+
+def reset_peak_memory(device) -> str:
+    """Start counting the peak memory anew as a group starts (before its model is built), so a record's peak is its
+    group's, not that of the sweep process's earlier groups; returns what `peak_memory` will measure (its `measures`).
+
+    CUDA: `torch.cuda.reset_peak_memory_stats`. CPU on Linux: writing 5 to /proc/self/clear_refs sets the process's
+    peak resident set (VmHWM) back to what it holds now (proc(5)); what it holds then (the interpreter, torch, the
+    runs' data, memory the allocator kept from earlier groups) still counts. Where that file cannot be written (not
+    Linux, a kernel or sandbox that refuses it) nothing can be reset: the peak stays the process's lifetime peak.
+    """
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+        return "cuda_max_memory_allocated"
+    try:
+        with open(CLEAR_REFS, "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return PEAK_RSS
+    return PEAK_RSS_SINCE_GROUP if _high_water_mark() is not None else PEAK_RSS
+
+
+def peak_memory(device, members: int, measures: str = PEAK_RSS) -> dict:
+    """The peak memory the run's training reached, as the device can tell (docs/record.md `peak_memory`);
+    `measures`: what `reset_peak_memory` returned when the group started.
+
+    CUDA: `torch.cuda.max_memory_allocated` since the group started: the tensors the caching allocator handed out,
+    not what it reserved. CPU: the process's peak resident set size since the group started (VmHWM), or where it
+    could not be reset its lifetime peak (`resource.getrusage`), which counts everything the process held since it
+    started, earlier runs of the same sweep process included. A fused group shares one backbone and one loop: its
+    members all report the group's.
     """
     if str(device).startswith("cuda"):
         import torch
 
         value, measures = torch.cuda.max_memory_allocated(torch.device(device)), "cuda_max_memory_allocated"
     else:
-        import resource
+        value = _high_water_mark() if measures == PEAK_RSS_SINCE_GROUP else None
+        if value is None:
+            import resource
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
-        value, measures = peak if sys.platform == "darwin" else peak * 1024, "process_peak_rss"
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
+            value, measures = peak if sys.platform == "darwin" else peak * 1024, PEAK_RSS
     return {"bytes": int(value), "measures": measures, "of": "group" if members > 1 else "run"}
+
+
+def _high_water_mark() -> int | None:
+    """The process's peak resident set in bytes since it started or since the last reset (VmHWM); None if unknown."""
+    try:
+        with open(STATUS) as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 @lru_cache(maxsize=1)

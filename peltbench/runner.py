@@ -31,7 +31,8 @@ from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_we
                      save_weights)
 from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
-                     peak_memory, probe_writable, record_path, unsaved, utc_now, variant_name, versions, write_record)
+                     peak_memory, probe_writable, record_path, reset_peak_memory, unsaved, utc_now, variant_name,
+                     versions, write_record)
 from .allocator import kept_memory
 from .interrupts import interrupted
 from .halving import Halving, ledger_path, pruned_record
@@ -356,8 +357,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
     runs = sorted(runs, key=lambda run: layout_key(run.cfg.method))
     first = runs[0].cfg
     fused = _fused(runs)
-    if device.type == "cuda":  # each group's own peak (record `peak_memory`)
-        torch.cuda.reset_peak_memory_stats(device)
+    measures = reset_peak_memory(device)  # each group's own peak (record `peak_memory`)
     try:
         model = group_model([run.cfg for run in runs], task, device)
     except Exception as error:  # a member the group cannot be built with fails alone; the others train without it
@@ -402,7 +402,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         return run.cfg, ledger_path(run.path.parents[4], run.cfg), -(-settings.total_steps(spe) // settings.period(spe))
 
     def on_done(index: int, result: MemberResult) -> None:
-        runs[index].record["peak_memory"] = peak_memory(device, len(runs))
+        runs[index].record["peak_memory"] = peak_memory(device, len(runs), measures)
         outcomes[id(runs[index])] = _finish(runs[index], result, model, index, task)
 
     try:
@@ -449,6 +449,7 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
         test=result.test, dev_best=result.dev_best, best_epoch=result.best_epoch, epochs_run=result.epochs_run,
         history=result.history, train_seconds=round(result.train_seconds, 3), train_steps=result.train_steps,
         eval_seconds=round(result.eval_seconds, 3), test_seconds=round(result.test_seconds, 3), gates=result.gates,
+        train_seconds_share=round(result.train_seconds_share, 3), eval_seconds_share=round(result.eval_seconds_share, 3),
         status="ok",
     )
     if result.best_step is not None:  # dev every train.eval_every steps (LM-BFF): the step restored, not an epoch

@@ -81,8 +81,10 @@ class Member:
     best_epoch: int = 0
     dev_best: dict = field(default_factory=dict)
     best_state: dict | None = None
-    train_seconds: float = 0.0
+    train_seconds: float = 0.0  # the group's: wall time of every training period it was in
     eval_seconds: float = 0.0
+    train_seconds_share: float = 0.0  # its part of them: each period's seconds × its share of the rows (`shares`)
+    eval_seconds_share: float = 0.0
     steps: int = 0
     error: str | None = None  # why it stopped without a result (a non-finite loss)
     test_rows: np.ndarray | None = None  # the official dev rows of `test` when it is a part of them (full_halves)
@@ -99,6 +101,8 @@ class MemberResult:
     train_steps: int
     eval_seconds: float
     test_seconds: float
+    train_seconds_share: float  # its part of train_seconds and eval_seconds: by its share of the rows (`shares`)
+    eval_seconds_share: float
     gates: dict | None
     predictions: np.ndarray | None
     error: str | None = None
@@ -118,6 +122,8 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
     members it names stop there, pruned (no test pass), with `MemberResult.pruned` saying why.
 
     The loop runs in evaluation periods: an epoch, or `eval_every` steps (members of a group share it: fusion.py).
+    Each member's seconds are those of the loop it was in (its group's); its `*_seconds_share` is its part of them,
+    each pass split by its share of the rows (`shares`).
     """
     steps_per_epoch = math.ceil(len(members[0].train) / group.batch_size)
     period = members[0].settings.period(steps_per_epoch)
@@ -145,11 +151,16 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
         model.members.start_gate_recording()
         scores, eval_seconds = evaluate(model, [dev[m] for m in active], task, group, "dev")
         gates = model.members.stop_gate_recording()
+        train_shares = shares(seconds, [_rows_trained(len(members[m].train), group.batch_size, steps_per_epoch,
+                                                      step - period, period) for m in active])
+        eval_shares = shares(eval_seconds, [len(dev[m]) for m in active])
         stopping = []
         for position, m in enumerate(active):
             member = members[m]
             member.train_seconds += seconds
             member.eval_seconds += eval_seconds
+            member.train_seconds_share += train_shares[position]
+            member.eval_seconds_share += eval_shares[position]
             member.steps += period
             if first_bad[position] >= 0:  # the loss went non-finite: stop at once, with the reason
                 member.error = _diverged(member, losses[position], evaluation, first_bad[position], period, step)
@@ -181,6 +192,20 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
         bar.update(1)  # after the test pass of the members that stop: its progress lines name this epoch
     bar.close()
     model.members.set_active(None)
+
+
+def shares(seconds: float, rows: list[int]) -> list[float]:
+    """A pass's wall time split by each member's share of the rows it computed: a fused member's part of its group's
+    seconds (records `train_seconds_share`, `eval_seconds_share`). A member alone gets all of them, exactly."""
+    total = sum(rows)
+    return [seconds * (r / total) if total else seconds / len(rows) for r in rows]
+
+
+def _rows_trained(size: int, batch_size: int, steps_per_epoch: int, first_step: int, count: int) -> int:
+    """The training rows a member of `size` rows trains in steps first_step .. first_step + count - 1 (_DataOrder's
+    batches: an epoch's last one may be short)."""
+    return sum(max(0, min(batch_size, size - (step % steps_per_epoch) * batch_size))
+               for step in range(first_step, first_step + count))
 
 
 def _unit(member: Member) -> str:
@@ -404,16 +429,18 @@ def _finish(model, members, stopping, test, task, group, evaluation, period, on_
         model.members.start_gate_recording()
         scores, seconds, outputs = evaluate(model, [test[m] for m in scored], task, group, "test", keep=True)
         gates = model.members.stop_gate_recording()
-        results = {m: (scores[i], seconds, outputs[i], gates[m]) for i, m in enumerate(scored)}
+        parts = shares(seconds, [len(test[m]) for m in scored])
+        results = {m: (scores[i], seconds, parts[i], outputs[i], gates[m]) for i, m in enumerate(scored)}
     for m in stopping:
         member = members[m]
-        test_scores, seconds, logits, gate_means = results.get(m, (None, 0.0, None, None))
+        test_scores, seconds, part, logits, gate_means = results.get(m, (None, 0.0, 0.0, None, None))
         member.best_state = None  # free it: the record is about to be written
         in_steps = member.settings.eval_every is not None
         on_done(m, MemberResult(
             test=test_scores, dev_best=member.dev_best, best_epoch=None if in_steps else member.best_epoch,
             epochs_run=None if in_steps else evaluation, history=member.history, train_seconds=member.train_seconds,
             train_steps=member.steps, eval_seconds=member.eval_seconds + seconds, test_seconds=seconds,
+            train_seconds_share=member.train_seconds_share, eval_seconds_share=member.eval_seconds_share + part,
             gates=gate_means, predictions=None if logits is None else predicted(logits, task), error=member.error,
             logits=logits,
             best_step=member.best_epoch * period if in_steps else None,
@@ -430,6 +457,7 @@ def _prune(members, pruned: dict[int, dict], evaluation, period, on_done) -> Non
             test=None, dev_best=member.dev_best, best_epoch=None if in_steps else member.best_epoch,
             epochs_run=None if in_steps else evaluation, history=member.history, train_seconds=member.train_seconds,
             train_steps=member.steps, eval_seconds=member.eval_seconds, test_seconds=0.0, gates=None,
+            train_seconds_share=member.train_seconds_share, eval_seconds_share=member.eval_seconds_share,
             predictions=None, best_step=member.best_epoch * period if in_steps else None, pruned=why,
         ))
 

@@ -8,6 +8,7 @@ order on other hardware. Losses, dev curves and scores of whole runs are compare
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from peltbench.data import collate_group
 from peltbench.fusion import plan_groups
 from peltbench.methods import build_pelt_model, member_state
 from peltbench.packaged import packaged_config
+from peltbench.record import CLEAR_REFS
 from peltbench.runner import run_group
 from peltbench.tasks import TaskSpec
 from peltbench.train import MemberAdamW, clip_per_member
@@ -182,13 +184,17 @@ def test_a_fused_run_ends_as_its_separate_run(quiet_checkpoint, glue_dir, tmp_pa
     fused = run_group(sweep_configs(quiet_checkpoint, glue_dir, tmp_path / "fused", RUNS))
     assert len(plan_groups(sweep_configs(quiet_checkpoint, glue_dir, tmp_path / "fused", RUNS))) == 1
     stopped = set()
+    # on the CPU: since the group started, where /proc/self/clear_refs resets it (Linux), else the process's lifetime
+    cpu_peak = "process_peak_rss_since_group_start" if os.access(CLEAR_REFS, os.W_OK) else "process_peak_rss"
     for alone, member in zip(separate, fused):
         a, b = alone.record, member.record
         assert a["status"] == b["status"] == "ok"
         assert a["fused"] is None and b["fused"] == {"group": fused[0].record["fused"]["group"], "size": len(RUNS) * 2}
         assert (a["best_epoch"], a["epochs_run"]) == (b["best_epoch"], b["epochs_run"])
         assert (a["peak_memory"]["of"], b["peak_memory"]["of"]) == ("run", "group")  # the group's peak, said so
-        assert a["peak_memory"]["measures"] == b["peak_memory"]["measures"] == "process_peak_rss"  # on the CPU
+        assert a["peak_memory"]["measures"] == b["peak_memory"]["measures"] == cpu_peak  # each group's own
+        assert (a["train_seconds_share"], a["eval_seconds_share"]) == (a["train_seconds"], a["eval_seconds"])  # alone
+        assert b["train_seconds_share"] < b["train_seconds"]  # fused: its part of its group's seconds
         assert [h["dev_main"] for h in a["history"]] == pytest.approx([h["dev_main"] for h in b["history"]], abs=1e-6)
         assert [h["train_loss"] for h in a["history"]] == pytest.approx([h["train_loss"] for h in b["history"]], rel=1e-6)
         assert a["test"] == pytest.approx(b["test"], abs=1e-6)

@@ -1,4 +1,5 @@
-"""The cost view (issue 20 item 4): score against parameters, time per step and peak memory, the Pareto front."""
+"""The cost view (issue 20 item 4): score against parameters, time per step and peak memory, the Pareto front; fused
+runs' time as their share of their group's (issue 26 item 1), their memory as their group's peak, marked."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,14 +18,23 @@ METHODS = {
 }
 
 
-def write_costs(root, fused_adapter=False):
+def write_costs(root, fused_adapter=False, fused=(), share=False):
+    """METHODS' records; `fused_adapter` (or the methods in `fused`): trained in a fused group, so their records hold
+    the group's seconds (3 s per step) and peak (5 GiB), and with `share` their own part of the seconds as well (a
+    record written since `train_seconds_share`; without it, an older one)."""
     for method, (params, per_step, peak, tasks) in METHODS.items():
+        in_group = method in fused or (fused_adapter and method == "adapter")
         for task, scores in tasks.items():
             for seed, score in zip((111, 222), scores):
-                fused = {"group": "g", "size": 3} if fused_adapter and method == "adapter" else None
+                timing = {"train_seconds": per_step * 100, "train_steps": 100}
+                if share:
+                    timing["train_seconds_share"] = per_step * 100
+                if in_group:
+                    timing["train_seconds"] = 3.0 * 100
                 write_record(root, method, task, 100, seed, score, trainable_params=params, backbone_params=110_000_000,
-                             train_seconds=per_step * 100, train_steps=100, fused=fused,
-                             peak_memory={"bytes": peak, "measures": "cuda_max_memory_allocated", "of": "run"})
+                             fused={"group": "g", "size": 3} if in_group else None, **timing,
+                             peak_memory={"bytes": 5 * 2 ** 30 if in_group else peak,
+                                          "measures": "cuda_max_memory_allocated", "of": "group" if in_group else "run"})
     return root
 
 
@@ -40,8 +50,11 @@ def test_points_are_means_and_the_average_needs_every_task(tmp_path):
     assert points.loc[("rte", "lora"), "seconds_per_step"] == pytest.approx(0.20)
     assert points.loc[("rte", "lora"), "peak_memory_gib"] == pytest.approx(3.0)
     assert points.loc[("avg", "ft"), "score"] == pytest.approx((61 + 32) / 2)
-    # fused: its group's seconds and memory, so none of its own; its parameters still count
-    assert np.isnan(points.loc[("rte", "adapter"), "seconds_per_step"]) and np.isnan(points.loc[("rte", "adapter"), "peak_memory_gib"])
+    # fused, in a record older than train_seconds_share: its group's seconds only, so no time; its group's peak, said so
+    assert np.isnan(points.loc[("rte", "adapter"), "seconds_per_step"])
+    assert points.loc[("rte", "adapter"), "peak_memory_gib"] == pytest.approx(5.0)
+    assert points.loc[("rte", "adapter"), "memory_shared_by"] == "3" and points.loc[("rte", "lora"), "memory_shared_by"] == ""
+    assert points.loc[("avg", "adapter"), "memory_shared_by"] == "3"
     assert points.loc[("rte", "adapter"), "trainable_params"] == 900_000
 
 
@@ -103,3 +116,42 @@ def test_24_methods_each_have_a_style_of_their_own(tmp_path):
     legend = figure.legends[0]
     assert len(legend.get_texts()) == 24
     assert len({(tuple(h.get_facecolor()[0]), h.get_paths()[0].vertices.tobytes()) for h in legend.legend_handles}) == 24
+
+
+def test_fused_runs_time_is_their_share_of_their_groups_and_their_memory_the_groups_peak(tmp_path):
+    """A fused-only sweep: its time figure is drawn, each run at its share (not its group's 3 s per step)."""
+    write_costs(tmp_path / "runs", fused=("lora", "bitfit", "adapter"), share=True)
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--seeds", "2"]) == 0
+    assert (out / "fig_cost_time.png").stat().st_size > 10_000
+    csv = pd.read_csv(out / "fig_cost.csv", keep_default_na=False).set_index(["task", "method"])
+    for method in ("lora", "bitfit", "adapter"):
+        assert float(csv.loc[("rte", method), "seconds_per_step"]) == pytest.approx(METHODS[method][1])
+        assert float(csv.loc[("rte", method), "peak_memory_gib"]) == pytest.approx(5.0)
+        assert str(csv.loc[("rte", method), "memory_shared_by"]) == "3"
+    assert str(csv.loc[("rte", "ft"), "memory_shared_by"]) == ""
+    index = (out / "README.md").read_text()
+    assert "its group's step time split by its share of the rows" in index
+    assert "its group's peak, shared by its 3 runs" in index and "fused run(s) left out" not in index
+
+
+def test_fused_records_without_a_share_are_left_out_of_time_and_counted(tmp_path):
+    write_costs(tmp_path / "runs", fused=tuple(METHODS))  # every run fused, every record older than the share
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--seeds", "2"]) == 0
+    assert not (out / "fig_cost_time.png").exists() and (out / "fig_cost_memory.png").exists()
+    assert pd.read_csv(out / "fig_cost.csv")["seconds_per_step"].isna().all()
+    assert "16 fused run(s) left out: their records (older) hold only their group's seconds" in (out / "README.md").read_text()
+
+
+def test_a_method_keeps_its_style_in_a_figure_that_lacks_another_method(tmp_path):
+    """Adapter's older fused records have no time: the time figure lacks it, and LoRA keeps its memory figure's colour."""
+    from peltbench.tables.cost import cost_figure, with_fronts
+
+    points = with_fronts(cost_points(load_records(write_costs(tmp_path, fused_adapter=True))))
+    legends = [cost_figure(points, cost, cost).legends[0] for cost in ("seconds_per_step", "peak_memory_gib")]
+    colours = [{text.get_text(): tuple(handle.get_facecolor()[0]) for text, handle in zip(legend.get_texts(),
+                                                                                           legend.legend_handles)
+                if text.get_text() != "ringed: fused, its group's peak"} for legend in legends]
+    assert "Adapter" not in colours[0] and "Adapter" in colours[1]
+    assert colours[0] == {method: colour for method, colour in colours[1].items() if method != "Adapter"}

@@ -148,3 +148,30 @@ def test_slurm_jobs_use_their_allocated_cpus(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_fused_members_seconds_are_its_share_of_the_rows_and_a_run_alone_keeps_all():
+    """In a group each member records the group's seconds and its part of them: each training period split by the rows
+    each member trained (the same: a third each), each evaluation by the rows each evaluated (8, 16 and 24)."""
+    task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
+    methods = [packaged_config(f"method/{name}.yaml") for name in ("adapter", "lora", "bitfit")]
+    model = build_pelt_model(tiny_backbone(), methods, [42, 42, 42], [tiny_backbone(seed=s) for s in (1, 2, 3)])
+    train, rows = _tiny_training_set(8), (8, 16, 24)
+    members = [Member(f"m{m}", train, _tiny_training_set(n), _tiny_training_set(n), TrainSettings(lr=1e-2, epochs=2))
+               for m, n in enumerate(rows)]
+    results = {}
+    fit(model, members, task, GroupSettings(), lambda index, result: results.__setitem__(index, result))
+    group = [results[m] for m in range(3)]
+    assert len({r.train_seconds for r in group}) == 1 and len({r.eval_seconds for r in group}) == 1  # the group's
+    train_seconds, eval_seconds = group[0].train_seconds, group[0].eval_seconds  # 2 dev passes and 1 test pass
+    assert sum(r.train_seconds_share for r in group) == pytest.approx(train_seconds, rel=1e-12)
+    assert [r.train_seconds_share for r in group] == pytest.approx([train_seconds / 3] * 3, rel=1e-12)
+    assert sum(r.eval_seconds_share for r in group) == pytest.approx(eval_seconds, rel=1e-12)
+    assert [r.eval_seconds_share for r in group] == pytest.approx([eval_seconds * n / sum(rows) for n in rows], rel=1e-12)
+
+    alone = {}
+    model = build_pelt_model(tiny_backbone(), methods[0], 42)
+    fit(model, [Member("alone", train, train, train, TrainSettings(lr=1e-2, epochs=2))], task, GroupSettings(),
+        lambda index, result: alone.__setitem__(index, result))
+    assert (alone[0].train_seconds_share, alone[0].eval_seconds_share) == (alone[0].train_seconds, alone[0].eval_seconds)
+    assert alone[0].train_seconds > 0 and alone[0].eval_seconds > 0

@@ -1,33 +1,43 @@
 """The cost view: score against what a method costs, one point per method, the Pareto front drawn (as PEFT's method
 comparison shows it). Three costs, one PNG each, one panel per task × K and one for the average over tasks per K:
 
-- trainable parameters (`trainable_params`: stored per task, head excluded; log scale),
-- training seconds per step (`train_seconds / train_steps`),
-- peak memory (`peak_memory`: CUDA's max allocated, or the process's peak RSS on a CPU, labelled as recorded).
+- trainable parameters (`trainable_params`: stored per task, head excluded),
+- training seconds per step (`train_seconds_share / train_steps`),
+- peak memory (`peak_memory`: CUDA's max allocated, or on a CPU the process's peak RSS since the group started, or
+  its lifetime peak where that could not be reset; labelled as recorded).
 
-A point is the protocol's statistic of the test score over the method's data seeds in that panel (the mean, with a
-bar of ± 1 std; under a median protocol such as full_median the median, with a bar from the 25th to the 75th
-percentile), its cost the mean over the same runs. A fused run records its group's seconds and its group's peak
-memory, not its own, so fused runs are left out of the time and memory points (their parameters count). The Avg.
-panel of a K covers only the tasks every method of that K has (its title names them when they are not all of the K's;
-fig_cost.csv's `tasks`): a method's score there is the statistic of its per-seed averages over those tasks, as Table
-1's Avg., its cost the mean of its task costs (none unless every one of those tasks has it). The Pareto front joins
-the points no other point beats: none at most as costly and scoring at least as high, one of them strictly.
-fig_cost.csv holds every point.
+The cost axis is logarithmic for parameters and time where a panel's costs span a decade or more (within less its
+ticks would crowd), else linear, and says which. A point is the protocol's statistic of the test score over the
+method's data seeds in that panel (the mean, with a bar of ± 1 std; under a median protocol such as full_median the
+median, with a bar from the 25th to the 75th percentile), its cost the mean over the same runs. A fused run
+(`fused.size` > 1: trained together with others on one backbone) shares its group's steps and memory. Its time is
+its group's step time split by its share of the rows trained (`train_seconds_share`: 1/N of each step while N runs
+train; for a run alone, `train_seconds`); a fused record written before that field holds only its group's seconds
+and is left out of the time points, the figure saying how many. Its memory is its group's peak, not its own: drawn
+ringed, the figure saying the group's size (`memory_shared_by` in fig_cost.csv). Its parameters are its own. The
+Avg. panel of a K covers only the tasks every method of that K has (its title names them when they are not all of
+the K's; fig_cost.csv's `tasks`): a method's score there is the statistic of its per-seed averages over those tasks,
+as Table 1's Avg., its cost the mean of its task costs (none unless every one of those tasks has it). The Pareto
+front joins the points no other point beats: none at most as costly and scoring at least as high, one of them
+strictly. fig_cost.csv holds every point.
 """
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from .efficiency import is_fused
 from .names import AVG, METHODS, TASKS, k_label, k_order, method_label, order_of, task_label
 
-COSTS = {  # column -> (file, axis label, log scale)
-    "trainable_params": ("fig_cost_params.png", "trainable parameters (stored per task, log scale)", True),
-    "seconds_per_step": ("fig_cost_time.png", "training seconds per step (log scale)", True),
+COSTS = {  # column -> (file, axis label, log scale where a panel's costs span a decade or more)
+    "trainable_params": ("fig_cost_params.png", "trainable parameters (stored per task)", True),
+    "seconds_per_step": ("fig_cost_time.png", "training seconds per step", True),
     "peak_memory_gib": ("fig_cost_memory.png", "peak memory, GiB", False),
 }
-MEASURES = {"cuda_max_memory_allocated": "CUDA max allocated", "process_peak_rss": "process peak RSS (CPU)"}
+MEASURES = {"cuda_max_memory_allocated": "CUDA max allocated", "process_peak_rss": "CPU: the process's lifetime peak RSS",
+            "process_peak_rss_since_group_start": "CPU: the process's peak RSS since the run's group started"}
+RING = dict(marker="o", markersize=14, markerfacecolor="none", markeredgecolor="0.35", markeredgewidth=1.0,
+            linestyle="none")  # around a fused run's memory point: its group's peak
 
 
 def _summary(values, statistic):
@@ -44,29 +54,65 @@ def _summary(values, statistic):
 
 def cost_points(runs, statistic="mean"):
     """One row per (k, task, method), the task AVG included: score (the protocol's `statistic` over seeds), its error
-    bar (score_low, score_high), n, and each cost (NaN where none is recorded)."""
-    ok = runs[(runs["status"] == "ok") & runs["main"].notna()]
+    bar (score_low, score_high), n, each cost (NaN where none is recorded), the memory's `memory_measures`, and
+    `memory_shared_by`: the sizes of the fused groups whose peak its memory is ("" where every run trained alone)."""
+    ok = scored(runs)
     if ok.empty:
         return pd.DataFrame(columns=["k", "task", "method", "score", "score_low", "score_high", "n", *COSTS,
-                                     "memory_measures", "tasks"])
-    alone = ~is_fused(ok)
-    steps = pd.to_numeric(ok["train_steps"], errors="coerce")
+                                     "memory_measures", "memory_shared_by", "tasks"])
+    fused = is_fused(ok)
+    steps = _numbers(ok["train_steps"])
+    memory = _numbers(ok["peak_memory"])
     frame = ok.assign(
-        seconds_per_step=(pd.to_numeric(ok["train_seconds"], errors="coerce") / steps.where(steps > 0)).where(alone),
-        peak_memory_gib=(pd.to_numeric(ok["peak_memory"], errors="coerce") / 2 ** 30).where(alone),
-        trainable_params=pd.to_numeric(ok["trainable_params"], errors="coerce"),
-        memory_measures=ok["peak_memory_measures"].where(alone))
+        seconds_per_step=own_train_seconds(ok) / steps.where(steps > 0),
+        peak_memory_gib=memory / 2 ** 30,
+        trainable_params=_numbers(ok["trainable_params"]),
+        memory_measures=ok["peak_memory_measures"].where(memory.notna()),
+        memory_shared_by=_numbers(ok["fused_size"]).where(fused & memory.notna()))
     grouped = frame.groupby(["k", "task", "method"])
     points = grouped.agg(n=("main", "count"), trainable_params=("trainable_params", "mean"),
                          seconds_per_step=("seconds_per_step", "mean"), peak_memory_gib=("peak_memory_gib", "mean"),
-                         memory_measures=("memory_measures", lambda values: ", ".join(sorted(set(values.dropna()))))
-                         ).reset_index()
+                         memory_measures=("memory_measures", lambda values: ", ".join(sorted(set(values.dropna())))),
+                         memory_shared_by=("memory_shared_by", _sizes)).reset_index()
     summaries = [_summary(group["main"], statistic) for _, group in grouped]
     points.insert(3, "score", [score for score, _, _ in summaries])
     points.insert(4, "score_low", [low for _, low, _ in summaries])
     points.insert(5, "score_high", [high for _, _, high in summaries])
     points["tasks"] = points["task"]
     return pd.concat([points, _averages(points, frame, statistic)], ignore_index=True)
+
+
+def scored(runs):
+    """The runs a point counts: ok, with a test score."""
+    return runs[(runs["status"] == "ok") & runs["main"].notna()]
+
+
+def own_train_seconds(runs):
+    """Each run's own training seconds: `train_seconds_share` (a fused run's part of its group's seconds, by its share
+    of the rows; a run alone's equals `train_seconds`), else for a run alone `train_seconds`; NaN for a fused run whose
+    record predates the share (it holds only its group's seconds)."""
+    share = _numbers(runs["train_seconds_share"])
+    return share.where(share.notna(), _numbers(runs["train_seconds"]).where(~is_fused(runs)))
+
+
+def fused_without_share(runs):
+    """How many scored fused runs have no time of their own (records from before `train_seconds_share`)."""
+    ok = scored(runs)
+    return int((is_fused(ok) & _numbers(ok["train_seconds_share"]).isna()).sum())
+
+
+def _numbers(values):
+    return pd.to_numeric(values, errors="coerce")
+
+
+def _sizes(values):
+    """Fused group sizes, e.g. "8" or "2, 8" ("" for none)."""
+    return ", ".join(str(size) for size in sorted({int(value) for value in values.dropna()}))
+
+
+def _all_sizes(listed):
+    """The sizes that `_sizes` strings list, joined the same way."""
+    return _sizes(pd.Series([int(size) for sizes in listed for size in filter(None, sizes.split(", "))], dtype=float))
 
 
 def _averages(points, frame, statistic):
@@ -88,6 +134,7 @@ def _averages(points, frame, statistic):
             rows.append({"k": k, "task": AVG, "method": method, "score": score, "score_low": low, "score_high": high,
                          "n": len(averages), **{cost: rows_of[cost].mean(skipna=False) for cost in COSTS},
                          "memory_measures": ", ".join(sorted(set(filter(None, rows_of["memory_measures"])))),
+                         "memory_shared_by": _all_sizes(rows_of["memory_shared_by"]),
                          "tasks": " ".join(tasks)})
     return pd.DataFrame(rows, columns=points.columns)
 
@@ -123,7 +170,9 @@ def panels(points):
 
 
 def cost_figure(points, cost, title):
-    """One panel per (k, task) with points for `cost`; None when no point has that cost."""
+    """One panel per (k, task) with points for `cost`; None when no point has that cost. A method has the same colour
+    and marker in every figure of `points`, whether or not the others have its cost (a fused run's older record: no
+    time)."""
     drawn = points.dropna(subset=[cost, "score"])
     if drawn.empty:
         return None
@@ -133,7 +182,7 @@ def cost_figure(points, cost, title):
     figure = Figure(figsize=(3.2 * columns, 2.9 * len(ks) + 0.6), layout="constrained")
     grid = figure.subplots(len(ks), columns, squeeze=False)
     methods = sorted(set(drawn["method"]), key=lambda method: order_of(method, METHODS))
-    style = styles(methods)
+    style = styles(sorted(set(points["method"]), key=lambda method: order_of(method, METHODS)))  # as in every figure
     for row, k in enumerate(ks):
         in_row = [key for key in keys if key[0] == k]
         for column, axes in enumerate(grid[row]):
@@ -144,6 +193,8 @@ def cost_figure(points, cost, title):
             task = in_row[column][1]
             axes.set_title(f"{task_label(task)}, {k_label(k)}" + _avg_over(drawn, k, task), fontsize="medium")
     handles = [grid[0][0].scatter([], [], color=style[m][0], marker=style[m][1], label=method_label(m)) for m in methods]
+    if cost == "peak_memory_gib" and (drawn["memory_shared_by"] != "").any():
+        handles.append(Line2D([], [], **RING, label="ringed: fused, its group's peak"))
     figure.legend(handles=handles, loc="outside lower center", ncols=min(len(methods), max(3, columns * 2)),
                   fontsize="small")
     figure.suptitle(title, fontsize="medium")
@@ -177,10 +228,13 @@ def _panel(axes, panel, cost, style):
                       color=style[method][0], marker=style[method][1], linestyle="none", capsize=2,
                       markerfacecolor=style[method][0] if point["n"] > 1 else "none",
                       elinewidth=0.8, zorder=3)
+        if cost == "peak_memory_gib" and point["memory_shared_by"]:  # not its own memory: its fused group's peak
+            axes.plot(point[cost], point["score"], **RING, zorder=4)
     front = panel[pareto(panel[cost], panel["score"])].sort_values(cost)
     axes.plot(front[cost], front["score"], color="0.4", linestyle="--", linewidth=1, zorder=2)
-    if log and (panel[cost] > 0).all():
-        axes.set_xscale("log")
+    if log and (panel[cost] > 0).all() and panel[cost].max() >= 10 * panel[cost].min():  # within a decade: linear,
+        axes.set_xscale("log")                                                          # its ticks legible
+        label += ", log scale"
     axes.set_xlabel(label, fontsize="small")
     axes.set_ylabel("test score (×100)" + (", hollow: 1 seed" if single.any() else ""), fontsize="small")
     axes.grid(alpha=0.3)
@@ -203,11 +257,33 @@ def write_cost(out, runs, render):
         what = label + (f" ({'; '.join(MEASURES.get(m, m) for m in measures)})" if cost == "peak_memory_gib" and measures else "")
         bars = ("median over seeds, bars: 25th-75th percentile" if statistic == "median" else
                 "mean over seeds, bars: ± 1 std")
-        figure = cost_figure(points, cost, f"Test score ({bars}) against {what}\n{about}. Dashed: Pareto front; "
-                                           "hollow: one seed.")
+        fused = fused_note(points, runs, cost)
+        title = f"Test score ({bars}) against {what}\n{about}. Dashed: Pareto front; hollow: one seed."
+        figure = cost_figure(points, cost, title + (f"\n{fused}" if fused else ""))
         if figure is None:
-            entries.append((name, f"not drawn: no record has {label.split(' (')[0]} (fused runs record their group's)"))
+            entries.append((name, f"not drawn: no record has {label}" + (f". {fused}" if fused else "")))
             continue
         out.figure(name, figure)
-        entries.append((name, f"test score against {what}, one point per method, per task × K and averaged"))
+        entries.append((name, f"test score against {what}, one point per method, per task × K and averaged"
+                              + (f". {fused}" if fused else "")))
     return entries
+
+
+def fused_note(points, runs, cost):
+    """What the figure of `cost` says of fused runs ("" when it draws none): how their time is split, which of them
+    have no time of their own, and that their memory is their group's."""
+    if cost == "seconds_per_step":
+        ok, notes = scored(runs), []
+        if (is_fused(ok) & _numbers(ok["train_seconds_share"]).notna()).any():
+            notes.append("A fused run's time: its group's step time split by its share of the rows (1/N while N runs "
+                         "train).")
+        left_out = fused_without_share(runs)
+        if left_out:
+            notes.append(f"{left_out} fused run(s) left out: their records (older) hold only their group's seconds.")
+        return " ".join(notes)
+    if cost == "peak_memory_gib":
+        sizes = _all_sizes(points["memory_shared_by"])
+        if sizes:
+            return (f"Ringed: fused, its group's peak, shared by its {sizes.replace(', ', ' or ')} runs "
+                    "(not the run's own).")
+    return ""

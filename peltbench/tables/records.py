@@ -34,7 +34,9 @@ from .protocol import architecture_name, canonical, config_defaults, normalize_m
 ARCHITECTURE_BEFORE_RECORDED = "bert"
 ARCHITECTURE_MARK = "#"  # PATH#roberta: the runs of one model path under one of its architectures (split_architectures)
 WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with save.weights=true
-EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_steps", "test_seconds", "test_examples")
+# A fused run's `*_seconds` are its group's; `*_seconds_share` its part of them (records before the field: None)
+EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_seconds_share", "train_steps",
+                     "eval_seconds", "eval_seconds_share", "test_seconds", "test_examples")
 COLUMNS = (
     "method", "variant", "task", "k", "seed", "model", "architecture", "status", "error", "main", "test_main", "dev_main",
     "best_epoch", "epochs_run", "pruned_at", "dev_size", "model_seed", "precision", "protocol",
