@@ -331,6 +331,9 @@ def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
     return build_pelt_model(backbone, [cfg.method for cfg in cfgs], [cfg.model_seed for cfg in cfgs], heads).to(device)
 
 
+CPU_ROWS_PER_PASS = 64  # a CPU's training pass: the members whose rows make about this many (docs/fused.md, measured)
+
+
 def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf16: bool,
                    shapes_for: str | None = None) -> GroupSettings:
     """What the group's runs share (from its first run's config: compatible runs agree on it).
@@ -338,8 +341,9 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
     The batch shapes suit the device (`shapes_for`: another device type's, for the benchmark's operator count).
     A GPU waits on launches, so each pass is as big as it gets: every member evaluates `eval_batch_size` rows
     at a time. A CPU waits on arithmetic and is fastest per row around `eval_batch_size` rows per pass (bigger
-    tensors leave its caches), so there the members share those rows out, and a training step runs in two
-    length-sorted pieces where that pads less (train.length_split). Neither changes a result beyond float rounding.
+    tensors leave its caches), so there the members share those rows out, a training step's forward and backward
+    run a few members at a time (about CPU_ROWS_PER_PASS rows: train.member_passes), and each pass in two
+    length-sorted pieces where that pads less (train.length_split). None of it changes a result beyond float rounding.
     """
     cpu = (shapes_for or device.type) == "cpu"
     eval_batch_size = cfg.train.eval_batch_size
@@ -349,6 +353,7 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
         batch_size=cfg.train.batch_size, eval_batch_size=eval_batch_size, pad_id=pad_id,
         pad_to=cfg.train.max_length if model.members.padded_pooling else None,
         device=device, bf16=bf16, split_by_length=cpu,
+        members_per_pass=max(1, CPU_ROWS_PER_PASS // cfg.train.batch_size) if cpu else None,
     )
 
 

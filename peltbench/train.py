@@ -63,6 +63,7 @@ class GroupSettings:
     pad_id: int = 0
     pad_to: int | None = None  # pad every batch to this width (gate_pooling=padded), else to its longest row
     split_by_length: bool = False  # a training step in two length-sorted pieces when that pads less (CPU: see pieces)
+    members_per_pass: int | None = None  # a training step's forward and backward for this many members at a time
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     bf16: bool = False
 
@@ -246,21 +247,18 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
     total = torch.zeros(len(active), device=group.device)
     first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
     seen = 0
+    passes = member_passes(len(active), group)
     for step in progress(range(count), "train", unit="step", advances_outer=True):
         rows = [data.rows(m, first_step + step, group.batch_size) for m in active]
-        sets = [members[m].train for m in active]
-        losses = 0.0
-        for piece in pieces(sets, rows, group):  # one forward and backward per piece (one piece: the whole batch)
-            batch = collate_group(sets, piece, group.pad_id, group.device, group.pad_to)
-            model.members.set_dropout_keys(step_keys(settings, active, first_step + step, piece,
-                                                     model.members.dropout_sites, group.device))
-            with _autocast(group):
-                logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-            loss = member_losses(logits, batch["labels"], len(active), task)
-            extra = regulariser(model)  # a component's term of each member's loss (AdaLoRA's orthogonality)
-            share = (loss if extra is None else loss + extra) * (len(piece[0]) / len(rows[0]))
-            share.sum().backward()
-            losses = losses + share.detach()
+        losses = []
+        for chosen in passes:  # the members whose forward and backward run together (all of them, or a few at a time)
+            if len(passes) > 1:
+                model.members.set_active([active[i] for i in chosen], group.device)
+            losses.append(_train_pass(model, members, [active[i] for i in chosen], [rows[i] for i in chosen], task,
+                                      group, settings, first_step + step))
+        if len(passes) > 1:
+            model.members.set_active(active, group.device)
+        losses = losses[0] if len(losses) == 1 else torch.cat(losses)
         clip_per_member(optimizer, clip)
         optimizer.step(first_step + step)
         after_step(model, first_step + step)  # reads this step's gradients (AdaLoRA's importance)
@@ -272,6 +270,31 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
         seen += len(rows[0])
     total = (total / seen).tolist()
     return total, first_bad.tolist()
+
+
+def _train_pass(model, members, chosen, rows, task, group, settings, step) -> torch.Tensor:
+    """Forward and backward of the `chosen` members' rows of a step (the model's active members); their losses."""
+    sets = [members[m].train for m in chosen]
+    losses = 0.0
+    for piece in pieces(sets, rows, group):  # one forward and backward per piece (one piece: the whole batch)
+        batch = collate_group(sets, piece, group.pad_id, group.device, group.pad_to)
+        model.members.set_dropout_keys(step_keys(settings, chosen, step, piece, model.members.dropout_sites,
+                                                 group.device))
+        with _autocast(group):
+            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        loss = member_losses(logits, batch["labels"], len(chosen), task)
+        extra = regulariser(model)  # a component's term of each member's loss (AdaLoRA's orthogonality)
+        share = (loss if extra is None else loss + extra) * (len(piece[0]) / len(rows[0]))
+        share.sum().backward()
+        losses = losses + share.detach()
+    return losses
+
+
+def member_passes(count: int, group: GroupSettings) -> list[list[int]]:
+    """The positions of a step's `count` active members, cut into the passes that run together: one pass on a GPU
+    (it waits on launches, so the bigger the better), `members_per_pass` members at a time on a CPU."""
+    size = group.members_per_pass or count
+    return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
 
 
 def pieces(sets: list[Encoded], rows: list[list[int]], group: GroupSettings) -> list[list[list[int]]]:
@@ -318,18 +341,18 @@ def member_losses(logits: torch.Tensor, labels: torch.Tensor, members: int, task
 def clip_per_member(optimizer: MemberAdamW, max_norm: torch.Tensor) -> None:
     """Clip each member's gradient to its own global norm (torch.nn.utils.clip_grad_norm_ per member).
 
-    Only the slots a member trains count: gradients that reached other members' untrained slots are zeroed.
-    """
-    entries = [(e, p.grad) for e, p in zip(optimizer.entries, optimizer.params) if p.grad is not None]
+    Only the slots a member trains count: gradients that reached other members' untrained slots are zeroed (within
+    the parameter's trained span; the optimiser reads no slot outside it)."""
+    entries = [(e, p.grad[e.span]) for e, p in zip(optimizer.entries, optimizer.params) if p.grad is not None]
     if not entries:
         return
     norms = []
     for entry, grad in entries:
         if entry.mask is not None:
             grad.mul_(entry.mask)
-        flat = grad.view(optimizer.members, -1) if entry.stacked else grad.view(1, -1)
+        flat = grad.reshape(grad.shape[0], -1) if entry.stacked else grad.view(1, -1)
         norm = torch.linalg.vector_norm(flat, dim=1)
-        norms.append(norm if entry.stacked else F.pad(norm, (0, optimizer.members - 1)))
+        norms.append(F.pad(norm, (entry.first, optimizer.members - entry.first - len(norm))))
     total = torch.linalg.vector_norm(torch.stack(norms), dim=0)
     coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_([g for _, g in entries], [optimizer.member_view(coefficient, e) for e, _ in entries])
@@ -339,9 +362,11 @@ def clip_per_member(optimizer: MemberAdamW, max_norm: torch.Tensor) -> None:
 class _Entry:
     stacked: bool
     dims: int                    # the parameter's number of dimensions
-    flags: torch.Tensor          # (members,) float: 1 where the member trains this parameter
-    flags_key: tuple             # the same flags as a tuple
-    mask: torch.Tensor | None    # flags shaped to the parameter, when some member does not train it
+    flags: torch.Tensor          # (members in the span,) float: 1 where the member trains this parameter
+    flags_key: tuple             # the same flags as a tuple, with the span
+    mask: torch.Tensor | None    # flags shaped to the parameter's span, when some member in it does not train it
+    span: slice = field(default_factory=lambda: slice(None))  # the member slots from the first that trains it to the last (all: unstacked)
+    first: int = 0               # the span's first slot
 
 
 class MemberAdamW:
@@ -351,21 +376,31 @@ class MemberAdamW:
     (β = (0.9, 0.999), ε = 1e-8, weight decay 0: the official code's Hugging Face defaults), and Hugging
     Face's linear schedule with no warm-up, from the member's lr down to 0 over its planned epochs.
     A member that does not train a slot, or has left the group, gets learning rate 0 there.
+
+    A parameter is updated over its span of member slots only, from the first member that trains it to the last (a
+    view: the runner seats members with the same components side by side, runner.layout_key): in a mixed group each
+    component's tensors have a slot for every member, and the optimiser's work stays what the members that train
+    them would do apart, not the group's size times each component's.
     """
 
     def __init__(self, model, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.members = model.members.count
         self.params, self.entries = [], []
         for _, parameter, flags, stacked in model.member_parameters():
-            key = tuple(flags)
-            flags = torch.tensor(flags, dtype=torch.float32, device=parameter.device)
+            first, span = 0, slice(None)
+            if stacked:  # the slots from the first member that trains it to the last
+                first, last = flags.index(True), len(flags) - flags[::-1].index(True)
+                flags = flags[first:last]
+                if last - first < self.members:
+                    span = slice(first, last)
+            entry = _Entry(stacked, parameter.dim(), torch.tensor(flags, dtype=torch.float32, device=parameter.device),
+                           (first, tuple(flags)), None, span, first)
+            if stacked and not all(flags):
+                entry.mask = self.member_view(entry.flags, entry).to(parameter.dtype)
             self.params.append(parameter)
-            entry = _Entry(stacked, parameter.dim(), flags, key, None)
-            if stacked and not bool(flags.all()):
-                entry.mask = self.member_view(flags, entry).to(parameter.dtype)
             self.entries.append(entry)
-        self.exp_avg = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg = [torch.zeros_like(p[e.span]) for p, e in zip(self.params, self.entries)]
+        self.exp_avg_sq = [torch.zeros_like(p[e.span]) for p, e in zip(self.params, self.entries)]
         self.betas, self.eps, self.count = betas, eps, 0
         self.lr = torch.zeros(self.members, dtype=torch.float64)
         self.total_steps = torch.ones(self.members, dtype=torch.float64)
@@ -383,8 +418,13 @@ class MemberAdamW:
         return float(self.lr[member]) * max(0.0, (total - step) / total)
 
     def member_view(self, values: torch.Tensor, entry: _Entry) -> torch.Tensor:
-        """(members,) values shaped to broadcast over a parameter (member 0's value for an unstacked one)."""
-        return values.view(self.members, *[1] * (entry.dims - 1)) if entry.stacked else values[0]
+        """Per-member values shaped to broadcast over a parameter's span: `values` (members,), or already the span's
+        (as `entry.flags`); member 0's value for an unstacked parameter."""
+        if not entry.stacked:
+            return values[0]
+        if len(values) == self.members and len(values) != len(entry.flags):
+            values = values[entry.span]
+        return values.view(len(values), *[1] * (entry.dims - 1))
 
     @torch.no_grad()
     def step(self, step: int) -> None:
@@ -394,8 +434,8 @@ class MemberAdamW:
         beta1, beta2 = self.betas
         step_size = (lrs / (1 - beta1**self.count)).to(self.params[0].device)
         indices = [i for i, p in enumerate(self.params) if p.grad is not None]
-        params = [self.params[i] for i in indices]
-        grads = [p.grad for p in params]
+        params = [self.params[i][self.entries[i].span] for i in indices]
+        grads = [self.params[i].grad[self.entries[i].span] for i in indices]
         exp_avg = [self.exp_avg[i] for i in indices]
         exp_avg_sq = [self.exp_avg_sq[i] for i in indices]
         torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
@@ -404,10 +444,11 @@ class MemberAdamW:
         denominator = torch._foreach_sqrt(exp_avg_sq)
         torch._foreach_div_(denominator, math.sqrt(1 - beta2**self.count))
         torch._foreach_add_(denominator, self.eps)
-        scaled: dict[tuple, torch.Tensor] = {}  # -step size per member, once per distinct pattern of flags
+        scaled: dict[tuple, torch.Tensor] = {}  # -step size per member, once per distinct span and pattern of flags
         for i in indices:
-            if self.entries[i].flags_key not in scaled:
-                scaled[self.entries[i].flags_key] = -step_size * self.entries[i].flags
+            entry = self.entries[i]
+            if entry.flags_key not in scaled:
+                scaled[entry.flags_key] = -(step_size[entry.span] if entry.stacked else step_size) * entry.flags
         sizes = [self.member_view(scaled[self.entries[i].flags_key], self.entries[i]) for i in indices]
         updates = torch._foreach_mul(exp_avg, sizes)
         torch._foreach_div_(updates, denominator)
