@@ -295,7 +295,14 @@ def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf1
     tokens = first.train.batch_size * length  # a group's runs share one prompt length (peltbench.fusion)
     activations = config.num_hidden_layers * tokens * (
         34 * config.hidden_size * width / 2 + 5 * config.num_attention_heads * length * width / 2)
-    counts = [count_method(cfg.method, config) for cfg in cfgs]
+    counts = []
+    for cfg in cfgs:
+        try:
+            counts.append(count_method(cfg.method, config))
+        except Exception:  # noqa: BLE001 - a run that cannot be counted fails alone when its group is built
+            continue
+    if not counts:
+        return len(cfgs)
     trained = max(count["optimizer_params"] for count in counts)
     backbone = 4 * counts[0]["backbone_params"]  # fp32 weights (the embeddings' share is small)
     cap = min(len(cfgs), max(1, int(0.8 * (free - backbone) // (activations + 16 * trained))))
