@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import sys
 from contextlib import contextmanager
 from functools import lru_cache
-
-log = logging.getLogger("peltbench")
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                         # mallopt's parameters (malloc.h)
 DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaults

@@ -126,14 +126,8 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
     Each member's seconds are those of the loop it was in (its group's); its `*_seconds_share` is its part of them,
     each pass split by its share of the rows (`shares`).
     """
-    steps_per_epoch = math.ceil(len(members[0].train) / group.batch_size)
+    steps_per_epoch, optimizer, clip, data = start_training(model, members, group)
     period = members[0].settings.period(steps_per_epoch)
-    optimizer = MemberAdamW(model)
-    for m, member in enumerate(members):
-        optimizer.schedule(m, member.settings.lr, member.settings.total_steps(steps_per_epoch))
-    plan_training(model, [member.settings.total_steps(steps_per_epoch) for member in members])
-    clip = torch.tensor([m.settings.grad_clip for m in members], device=group.device)
-    data = _DataOrder(members, steps_per_epoch)
     dev = [EvaluationSet(m.dev, group) for m in members]
     test = [EvaluationSet(m.test, group) for m in members]
 
@@ -193,6 +187,18 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
         bar.update(1)  # after the test pass of the members that stop: its progress lines name this epoch
     bar.close()
     model.members.set_active(None)
+
+
+def start_training(model, members: list[Member], group: GroupSettings):
+    """What training the group needs before its first step: (steps per epoch, the optimiser with each member's
+    schedule, each member's clipping norm, the members' data order); components plan their schedules (AdaLoRA)."""
+    steps_per_epoch = math.ceil(len(members[0].train) / group.batch_size)
+    optimizer = MemberAdamW(model)
+    for m, member in enumerate(members):
+        optimizer.schedule(m, member.settings.lr, member.settings.total_steps(steps_per_epoch))
+    plan_training(model, [member.settings.total_steps(steps_per_epoch) for member in members])
+    clip = torch.tensor([m.settings.grad_clip for m in members], device=group.device)
+    return steps_per_epoch, optimizer, clip, _DataOrder(members, steps_per_epoch)
 
 
 def shares(seconds: float, rows: list[int]) -> list[float]:
@@ -355,7 +361,7 @@ def clip_per_member(optimizer: MemberAdamW, max_norm: torch.Tensor) -> None:
         norms.append(F.pad(norm, (entry.first, optimizer.members - entry.first - len(norm))))
     total = torch.linalg.vector_norm(torch.stack(norms), dim=0)
     coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    torch._foreach_mul_([g for _, g in entries], [optimizer.member_view(coefficient, e) for e, _ in entries])
+    torch._foreach_mul_([g for _, g in entries], [optimizer.member_view(coefficient[e.span], e) for e, _ in entries])
 
 
 @dataclass(eq=False)
@@ -418,13 +424,9 @@ class MemberAdamW:
         return float(self.lr[member]) * max(0.0, (total - step) / total)
 
     def member_view(self, values: torch.Tensor, entry: _Entry) -> torch.Tensor:
-        """Per-member values shaped to broadcast over a parameter's span: `values` (members,), or already the span's
-        (as `entry.flags`); member 0's value for an unstacked parameter."""
-        if not entry.stacked:
-            return values[0]
-        if len(values) == self.members and len(values) != len(entry.flags):
-            values = values[entry.span]
-        return values.view(len(values), *[1] * (entry.dims - 1))
+        """Values of the members in a parameter's span (`entry.span`) shaped to broadcast over it; member 0's value
+        for an unstacked parameter."""
+        return values.view(len(values), *[1] * (entry.dims - 1)) if entry.stacked else values[0]
 
     @torch.no_grad()
     def step(self, step: int) -> None:

@@ -44,10 +44,10 @@ from torch.utils.flop_counter import flop_registry
 
 from peltbench.model import load_tokenizer
 from peltbench.allocator import kept_memory
-from peltbench.methods import plan_training
+from peltbench.record import peak_memory, reset_peak_memory
 from peltbench.runner import group_model, group_settings, layout_key, prepare_member, resolve_device
 from peltbench.tasks import TaskSpec
-from peltbench.train import MemberAdamW, _DataOrder, _train_steps, fit
+from peltbench.train import _train_steps, fit, start_training
 
 SEVEN = ["bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl"]
 SINCE_2022 = ["dora", "lora_fa", "vera", "adalora", "oft", "hra", "boft", "ia3", "ptuning_v2"]  # prompt: own groups
@@ -125,27 +125,22 @@ def train(cfgs, task, tokenizer, device, bf16, shapes_for=None) -> int:
     return sum(epochs * (len(m.train) + len(m.dev)) + len(m.test) for m in members)
 
 
-def step_seconds(cfgs, task, tokenizer, device, bf16, steps: int) -> tuple[float, int]:
-    """(seconds, peak bytes) of `steps` training steps of `cfgs` as one group (peltbench's step: forward, backward,
-    per-member clipping, AdamW, after_step), after one untimed step; the model build is not timed. The peak is
-    the process's resident set since the group was built (Linux: VmHWM after resetting it), CUDA's max allocated."""
+def step_seconds(cfgs, task, tokenizer, device, bf16, steps: int) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, peak bytes) of `steps` training steps of `cfgs` as one group (peltbench's step:
+    forward, backward, per-member clipping, AdamW, after_step), after one untimed step; the model build is not timed.
+    The peak is the record's `peak_memory` since the group was built (record.reset_peak_memory)."""
     members, model, settings = build(cfgs, task, tokenizer, device, bf16)
-    spe = -(-len(members[0].train) // settings.batch_size)
-    optimizer = MemberAdamW(model)
-    for m, member in enumerate(members):
-        optimizer.schedule(m, member.settings.lr, member.settings.total_steps(spe))
-    plan_training(model, [member.settings.total_steps(spe) for member in members])
-    clip = torch.tensor([member.settings.grad_clip for member in members], device=device)
-    order, active = _DataOrder(members, spe), list(range(len(members)))
+    _, optimizer, clip, order = start_training(model, members, settings)
+    active = list(range(len(members)))
     model.members.set_active(active, device)
     with kept_memory(device):
-        reset_peak_memory(device)
+        measures = reset_peak_memory(device)
         _train_steps(model, members, active, task, settings, optimizer, clip, order, 0, 1)
         cpu = time.process_time()
         seconds = timed(lambda: _train_steps(model, members, active, task, settings, optimizer, clip, order, 1, steps),
                         device)
         cpu = time.process_time() - cpu
-        peak = peak_bytes(device)
+        peak = peak_memory(device, len(members), measures)["bytes"]
     return seconds, cpu, peak
 
 
@@ -173,27 +168,6 @@ def steps_scenario(name, args, device, bf16, tokenizer, task):
           f"(CPU {statistics.median(cpu['fused']):.2f} s): fused/separate {ratio(wall):.2f} wall, {ratio(cpu):.2f} "
           f"CPU; peak memory: largest separate run {peaks['separate'] / 2**30:.2f} GiB, fused "
           f"{peaks['fused'] / 2**30:.2f} GiB", flush=True)
-
-
-def reset_peak_memory(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        try:
-            with open("/proc/self/clear_refs", "w") as refs:
-                refs.write("5")
-        except OSError:
-            pass
-
-
-def peak_bytes(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return 0
 
 
 def sync(device) -> None:
