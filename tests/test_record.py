@@ -264,12 +264,18 @@ def test_peak_memory_on_the_cpu_is_the_process_peak_rss_and_a_group_says_so():
 def test_a_groups_cpu_peak_counts_from_its_start_not_the_process_lifetime():
     """A sweep process that held 256 MB more for an earlier group: the next group's peak, reset as it starts, leaves
     them out (Linux: /proc/self/clear_refs resets VmHWM)."""
+    import mmap
     import resource
 
     from peltbench.record import peak_memory, reset_peak_memory
 
-    earlier = np.ones(256 * 2 ** 20, dtype=np.uint8)  # every page touched: resident
-    del earlier  # an allocation this large is given back to the system at once (mmap)
+    def resident(size):  # fresh pages from the system, every one touched: whatever the heap kept from earlier tests
+        block = mmap.mmap(-1, size)
+        for page in range(0, size, mmap.PAGESIZE):
+            block[page] = 1
+        return block
+
+    resident(256 * 2 ** 20).close()  # an earlier group's memory, given back
     lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     measures = reset_peak_memory("cpu")
     if measures == "process_peak_rss":
@@ -278,6 +284,6 @@ def test_a_groups_cpu_peak_counts_from_its_start_not_the_process_lifetime():
     peak = peak_memory("cpu", 1, measures)
     assert peak["measures"] == "process_peak_rss_since_group_start"
     assert 0 < peak["bytes"] <= lifetime - 200 * 2 ** 20  # the earlier 256 MB are not in it
-    held = np.ones(64 * 2 ** 20, dtype=np.uint8)  # this group's own memory counts
+    held = resident(64 * 2 ** 20)  # this group's own memory counts
     assert peak_memory("cpu", 1, measures)["bytes"] >= peak["bytes"] + 60 * 2 ** 20
-    del held
+    held.close()
