@@ -6,7 +6,7 @@ Per method × task × K: the learning rate each grid chooses (the highest mean b
 halving only among the candidates it did not prune: peltbench-tables --select method.lr), whether they agree, the test
 mean of each choice and their difference where they do not, and the compute of each grid: epochs trained (summed over
 runs), dev evaluations (= epochs under an epoch protocol) and test passes. With --times (scripts/halving_grid.sh's
-times.tsv: grid, task, method, wall, user, sys seconds per sweep) the wall and CPU (user + sys) time of each sweep.
+times.tsv: grid, task, K, method, wall, user, sys seconds per sweep) the wall and CPU (user + sys) time of each sweep.
 Also checks every pruning decision against the records (peltbench.halving's rule) and says how many it recomputed.
 """
 
@@ -84,8 +84,8 @@ def times(path: Path | None) -> dict[tuple, tuple[float, float]]:
     if path is None:
         return out
     for row in csv.reader(path.open(), delimiter="\t"):
-        grid, task, method, wall, user, system = row
-        out[(grid, task, method)] = (float(wall), float(user) + float(system))
+        grid, task, k, method, wall, user, system = row
+        out[(grid, task, int(k), method)] = (float(wall), float(user) + float(system))
     return out
 
 
@@ -120,8 +120,8 @@ def main() -> None:
         same = lr_full == lr_half
         test_full, test_half = rows_full[lr_full]["test"], rows_half[lr_half]["test"]
         c_full, c_half = compute(full[cell]), compute(halved[cell])
-        wall_full, cpu_full = timing.get(("full", task, method), (math.nan, math.nan))
-        wall_half, cpu_half = timing.get(("halving", task, method), (math.nan, math.nan))
+        wall_full, cpu_full = timing.get(("full", task, k, method), (math.nan, math.nan))
+        wall_half, cpu_half = timing.get(("halving", task, k, method), (math.nan, math.nan))
         for key, value in (("epochs_full", c_full["epochs"]), ("epochs_half", c_half["epochs"]),
                            ("test_full", c_full["test"]), ("test_half", c_half["test"]), ("wall_full", wall_full),
                            ("wall_half", wall_half), ("cpu_full", cpu_full), ("cpu_half", cpu_half), ("same", same),
