@@ -74,13 +74,13 @@ def fit_title(figure, share=0.96):
         return
     from matplotlib.textpath import TextToPath
 
-    measure, room = TextToPath(), share * figure.get_figwidth() * 72  # points
+    measure, font, room = TextToPath(), title.get_fontproperties(), share * figure.get_figwidth() * 72  # points
     lines = []
     for line in title.get_text().split("\n"):
         current = ""
         for word in line.split(" "):
             trial = f"{current} {word}" if current else word
-            if current and measure.get_text_width_height_descent(trial, title.get_fontproperties(), False)[0] > room:
+            if current and measure.get_text_width_height_descent(trial, font, False)[0] > room:
                 lines.append(current)
                 trial = word
             current = trial
