@@ -127,6 +127,7 @@ SETTINGS: dict[str, Rule] = {
     "fuse_members": POSITIVE_INT,
     "halving": (lambda v: v is None or (_positive_int(v) and v >= 2),
                 "must be null (off) or an integer η of at least 2 (successive halving keeps the top 1/η at each rung)"),
+    "halving_first": (_positive_int, "must be a positive integer: the dev evaluation of halving's first rung"),
     "save.weights": BOOL,
     "save.predictions": BOOL,
 }
@@ -195,8 +196,7 @@ def check_config(cfg: DictConfig) -> None:
             raise UserError(f"{key}={_show(value)}: {must}")
     check_schedule(cfg.train)
     check_protocol(cfg)
-    if cfg.get("halving") is not None and not cfg.get("fuse", False):  # peltbench.halving compares a fused group's runs
-        raise UserError(f"halving={cfg.halving}: successive halving compares the runs of a fused group; add fuse=true")
+    check_halving(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
     check_method(cfg.method)
@@ -326,6 +326,23 @@ def planned_steps(cfg: DictConfig) -> int | None:
     node = cfg.get("protocol")
     rows = k * max(int(cfg.task.get("num_labels", 1)), 2) if node is not None and node.get("k") == "per_class" else k
     return int(cfg.train.epochs) * math.ceil(rows / int(cfg.train.batch_size))
+
+
+def check_halving(cfg: DictConfig) -> None:
+    """Successive halving (peltbench.halving) compares a fused group's runs, at a rung before the run's end."""
+    eta, first = cfg.get("halving"), cfg.get("halving_first", 1)
+    if eta is None:
+        if first != 1:
+            raise UserError(f"halving_first={first}: the first rung of successive halving; set halving=η too")
+        return
+    if not cfg.get("fuse", False):
+        raise UserError(f"halving={eta}: successive halving compares the runs of a fused group; add fuse=true")
+    train = cfg.train
+    evaluations = train.epochs if train.epochs is not None else train.max_steps // train.eval_every
+    if first >= evaluations:
+        raise UserError(f"halving={eta} halving_first={first}: a run of {evaluations} dev evaluation"
+                        f"{'s' if evaluations != 1 else ''} has no rung before its end (halving would compare nothing); "
+                        f"lower halving_first or train longer")
 
 
 def check_planned_steps(cfg: DictConfig) -> None:

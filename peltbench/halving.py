@@ -1,11 +1,12 @@
 """Successive halving in fused grids (`halving=η`, off by default; docs/protocol.md §11, docs/fused.md).
 
 In a fused group, the runs of one *bracket* (the same method × task × K × everything else, differing only in
-`method.*` settings and the data seed) are compared at *rungs*: after dev evaluation 1, η, η², ... (epochs, or
-evaluations under a step-based protocol), while below the run's length. A *candidate* is one setting of the method
-(one variant folder); its runs are its data seeds. At a rung the live candidates are ranked by the mean, over their
-seeds in the group, of each seed's best dev score so far (the score the protocol selects on); the top ceil(n/η) (at
-least one) train on, the others stop, all their seeds, with a `pruned` record (no test score).
+`method.*` settings and the data seed) are compared at *rungs*: after dev evaluation r₀, r₀η, r₀η², ... (epochs,
+or evaluations under a step-based protocol; r₀ = `halving_first`, 1 by default), while below the run's length. A
+*candidate* is one setting of the method (one variant folder); its runs are its data seeds. At a rung the live
+candidates are ranked by the mean, over their seeds in the group, of each seed's best dev score so far (the score the
+protocol selects on); the top ceil(n/η) (at least one) train on, the others stop, all their seeds, with a `pruned`
+record (no test score).
 
 Every comparison is written to a ledger (`<results_dir>/.halving/<bracket>.json`) before any pruned record, so a
 sweep killed mid-rung and run again replays the recorded comparisons instead of deciding again among fewer
@@ -50,6 +51,11 @@ def eta(cfg: DictConfig) -> int | None:
     return None if value in (None, False) else int(value)
 
 
+def first_rung(cfg: DictConfig) -> int:
+    """The run's first rung r₀ (`halving_first`): the evaluation of the first comparison."""
+    return int(cfg.get("halving_first") or 1)
+
+
 def bracket_identity(cfg: DictConfig) -> dict:
     """What the candidates of one comparison share: the run's identity without its method settings (the method's
     name stays), data seed and model seed."""
@@ -61,10 +67,14 @@ def bracket_identity(cfg: DictConfig) -> dict:
 
 
 def bracket_id(cfg: DictConfig) -> str:
-    """The bracket's ledger name: its task, K and method, then a hash of its identity and η."""
-    canonical = json.dumps({"bracket": bracket_identity(cfg), "eta": eta(cfg)}, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
-    return f"{cfg.task.name}-k{cfg.k}-{cfg.method.name}-eta{eta(cfg)}-{digest}"
+    """The bracket's ledger name: its task, K and method, then a hash of its identity, η and r₀ (r₀ = 1, the default,
+    is left out: ledgers from before `halving_first` keep their name)."""
+    key = {"bracket": bracket_identity(cfg), "eta": eta(cfg)}
+    first = first_rung(cfg)
+    if first != 1:
+        key["first"] = first
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+    return f"{cfg.task.name}-k{cfg.k}-{cfg.method.name}-eta{eta(cfg)}{f'-first{first}' if first != 1 else ''}-{digest}"
 
 
 def candidate_name(cfg: DictConfig) -> str:
@@ -72,9 +82,9 @@ def candidate_name(cfg: DictConfig) -> str:
     return variant_name(cfg)
 
 
-def rungs(eta_: int, length: int) -> list[int]:
-    """The rungs of a run `length` evaluations long: 1, η, η², ... below `length`."""
-    out, rung = [], 1
+def rungs(eta_: int, length: int, first: int = 1) -> list[int]:
+    """The rungs of a run `length` evaluations long: r₀ = `first`, r₀η, r₀η², ... below `length`."""
+    out, rung = [], first
     while rung < length:
         out.append(rung)
         rung *= eta_
@@ -102,6 +112,23 @@ def decide(scores: dict[str, float], eta_: int) -> tuple[list[str], list[str]]:
                                              else 0.0, name))
     keep = max(1, math.ceil(len(order) / eta_))
     return order[:keep], order[keep:]
+
+
+def replay(histories: dict[str, Sequence[Sequence[dict]]], eta_: int, length: int, first: int = 1) -> dict[str, int]:
+    """The rung at which each candidate would be pruned ({name: rung}; the survivors are absent), from its seeds'
+    histories of the whole run (`histories[name]`: one per seed, in the order of their data seeds), by the rule above.
+
+    Exact for a fused group trained without halving: a member's history does not depend on when the others stop
+    (`tests/test_halving.py`), so this is what the same grid under halving (η, r₀) decides, and its survivors are
+    these runs. `scripts/compare_halving.py --first` replays other first rungs from a full grid's records."""
+    pruned: dict[str, int] = {}
+    for rung in rungs(eta_, length, first):
+        live = [name for name, seeds in histories.items() if name not in pruned and any(len(h) > rung for h in seeds)]
+        if len(live) < 2:
+            continue
+        scores = {name: candidate_score([seed_score(h, rung) for h in histories[name]]) for name in live}
+        pruned.update((name, rung) for name in decide(scores, eta_)[1])
+    return pruned
 
 
 def pruned_record(path: Path, cfg: DictConfig) -> dict | None:
@@ -165,8 +192,8 @@ class Halving:
                 self.slots.append(None)
                 continue
             cfg, path, length = entry
-            header = {"bracket": bracket_id(cfg), "eta": eta(cfg), "identity": bracket_identity(cfg),
-                      "rungs_planned": rungs(eta(cfg), length)}
+            header = {"bracket": bracket_id(cfg), "eta": eta(cfg), "first": first_rung(cfg),
+                      "identity": bracket_identity(cfg), "rungs_planned": rungs(eta(cfg), length, first_rung(cfg))}
             self.slots.append(_Slot(candidate_name(cfg), bracket_id(cfg), int(cfg.seed), path, header, length))
         self.eta = {slot.bracket: slot.header["eta"] for slot in self.slots if slot is not None}
 
@@ -184,7 +211,8 @@ class Halving:
     def _rung(self, bracket: str, rung: int, histories, active, stopping) -> dict[int, dict]:
         eta_ = self.eta[bracket]
         mine = [m for m, slot in enumerate(self.slots) if slot is not None and slot.bracket == bracket]
-        if rung not in rungs(eta_, self.slots[mine[0]].length):
+        header = self.slots[mine[0]].header
+        if rung not in header["rungs_planned"]:
             return {}
         training = [m for m in mine if m in active and m not in stopping]  # train on after this rung unless pruned
         live = sorted({self.slots[m].candidate for m in training})

@@ -1,6 +1,6 @@
 """The full grid against the same grid under successive halving, from their records (docs/fused.md, "Successive halving").
 
-    python scripts/compare_halving.py FULL_RESULTS HALVING_RESULTS [--times TIMES_TSV]
+    python scripts/compare_halving.py FULL_RESULTS HALVING_RESULTS [--times TIMES_TSV] [--first R0 ...]
 
 Per method × task × K: the learning rate each grid chooses (the highest mean best-epoch dev score over the seeds; under
 halving only among the candidates it did not prune: peltbench-tables --select method.lr), whether they agree, the test
@@ -8,6 +8,11 @@ mean of each choice and their difference where they do not, and the compute of e
 runs), dev evaluations (= epochs under an epoch protocol) and test passes. With --times (scripts/halving_grid.sh's
 times.tsv: grid, task, K, method, wall, user, sys seconds per sweep) the wall and CPU (user + sys) time of each sweep.
 Also checks every pruning decision against the records (peltbench.halving's rule) and says how many it recomputed.
+
+With --first R0 ...: what halving (η of the halving grid) with its first rung at each R0 (`halving_first`) would choose,
+replayed from the full grid's records alone (peltbench.halving.replay: exact, since a member's history does not depend
+on when the others stop; r0 = 1 is checked against the halving grid's own decisions): per cell the lr, its test
+difference to the full grid's choice, and the epochs trained.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from peltbench.halving import candidate_score, decide, rungs, seed_score
+from peltbench.halving import candidate_score, decide, replay, rungs, seed_score
 
 
 def load(results: Path) -> dict[tuple, list[dict]]:
@@ -50,13 +55,13 @@ def choose(records: list[dict]) -> tuple[float | None, dict[float, dict]]:
 
 def check_decisions(records: list[dict]) -> int:
     """Recompute every rung of one bracket from the records; the number of rungs that decided something."""
-    eta = records[0]["config"]["halving"]
+    eta, first = records[0]["config"]["halving"], records[0]["config"].get("halving_first", 1)
     length = records[0]["config"]["train"]["epochs"]
     by_candidate: dict[str, list[dict]] = defaultdict(list)
     for record in records:
         by_candidate[record["variant"]].append(record)
     decided = 0
-    for rung in rungs(eta, length):
+    for rung in rungs(eta, length, first):
         def trains_on(record):
             if record["status"] == "pruned":
                 return record["pruned"]["rung"] >= rung
@@ -72,6 +77,21 @@ def check_decisions(records: list[dict]) -> int:
         assert set(pruned) == recorded, f"rung {rung}: the rule prunes {sorted(pruned)}, the records say {sorted(recorded)}"
         decided += 1
     return decided
+
+
+def replayed(records: list[dict], eta: int, first: int) -> tuple[dict[float, int], float, int]:
+    """Halving (η, r0 = first) replayed from a full grid's records of one cell: {lr: pruned rung}, the lr it chooses
+    among the survivors (as `choose`), and the epochs it trains."""
+    by_candidate: dict[str, list[dict]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: (r["variant"], r["seed"])):
+        by_candidate[record["variant"]].append(record)
+    length = records[0]["config"]["train"]["epochs"]
+    pruned = replay({name: [r["history"] for r in runs] for name, runs in by_candidate.items()}, eta, length, first)
+    lr_of = {name: runs[0]["config"]["method"]["lr"] for name, runs in by_candidate.items()}
+    _, rows = choose(records)
+    chosen = max((lr_of[name] for name in by_candidate if name not in pruned), key=lambda lr: (rows[lr]["dev"], -lr))
+    epochs = sum(pruned.get(r["variant"], r.get("epochs_run") or 0) for r in records)
+    return {lr_of[name]: rung for name, rung in pruned.items()}, chosen, epochs
 
 
 def compute(records: list[dict]) -> dict[str, int]:
@@ -94,6 +114,7 @@ def main() -> None:
     parser.add_argument("full", type=Path)
     parser.add_argument("halving", type=Path)
     parser.add_argument("--times", type=Path, action="append", default=[])
+    parser.add_argument("--first", type=int, nargs="+", default=[], metavar="R0")
     args = parser.parse_args()
     full, halved = load(args.full), load(args.halving)
     timing = {}
@@ -144,6 +165,42 @@ def main() -> None:
     print(f"\n{checked} rung decisions recomputed from the halving grid's records: all agree with the rule.")
     print(f"{survivors} survivors' runs against the same runs of the full grid: test and best dev scores differ by at "
           f"most {worst:.4f} points.")
+    if args.first:
+        print_replays(full, halved, args.first)
+
+
+def print_replays(full: dict, halved: dict, firsts: list[int]) -> None:
+    """The table of --first: each cell of the full grid under halving with each first rung, replayed."""
+    cells = sorted(set(full) & set(halved), key=lambda c: (c[1], c[2], c[0]))
+    cells = [c for c in cells if len(halved[c]) == len(full[c])]
+    eta = halved[cells[0]][0]["config"]["halving"]
+    print(f"\nReplayed from the full grid's records, halving={eta} with its first rung at r0 (halving_first):")
+    print("| task | K | method | lr: full grid | " + " | ".join(f"r0 = {r}: lr (Δ test), epochs" for r in firsts) + " |")
+    print("|---|---|---|---|" + "---|" * len(firsts))
+    totals = {r: defaultdict(float) for r in firsts}
+    for cell in cells:
+        method, task, k = cell
+        lr_full, rows = choose(full[cell])
+        row = []
+        for r in firsts:
+            pruned, lr, epochs = replayed(full[cell], eta, r)
+            if r == 1:  # the replay against the halving grid's own decisions
+                recorded = {rec["config"]["method"]["lr"]: rec["pruned"]["rung"] for rec in halved[cell]
+                            if rec["status"] == "pruned"}
+                assert pruned == recorded and lr == choose(halved[cell])[0], f"{cell}: replay {pruned}, grid {recorded}"
+            delta = rows[lr]["test"] - rows[lr_full]["test"]
+            for key, value in (("same", lr == lr_full), ("epochs", epochs), ("full", compute(full[cell])["epochs"]),
+                               ("delta", delta), ("cells", 1)):
+                totals[r][key] += value
+            totals[r]["worst"] = min(totals[r]["worst"], delta)
+            row.append(f"{lr:g} ({delta:+.2f}), {epochs}")
+        print(f"| {task} | {k} | {method} | {lr_full:g} | " + " | ".join(row) + " |")
+    print(f"| all | | {int(totals[firsts[0]]['cells'])} cells | | " + " | ".join(
+        f"same lr {int(t['same'])} of {int(t['cells'])}; Δ test: mean {t['delta'] / t['cells']:+.2f}, worst "
+        f"{t['worst']:+.2f}; epochs {int(t['epochs'])} / {int(t['full'])} ({t['epochs'] / t['full']:.2f})"
+        for t in totals.values()) + " |")
+    if 1 in firsts:
+        print("(r0 = 1 replayed equals the halving grid's decisions in every cell.)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import compose_config, save_tiny_encoder, write_glue
 from peltbench import UserError
-from peltbench.halving import candidate_score, decide, rungs, seed_score
+from peltbench.halving import bracket_id, candidate_score, decide, replay, rungs, seed_score
 
 LRS = ("1e-4", "1e-2", "1e-1", "3e-1")
 SEEDS = (111, 222)
@@ -88,6 +88,9 @@ def test_rungs_grow_by_eta_below_the_runs_length():
     assert rungs(3, 9) == [1, 3]  # the last evaluation is no rung: every survivor ends there anyway
     assert rungs(2, 1) == []
     assert rungs(4, 10) == [1, 4]
+    assert rungs(3, 50, first=3) == [3, 9, 27]  # halving_first=3: r0, r0η, r0η², ...
+    assert rungs(3, 5, first=2) == [2]
+    assert rungs(2, 3, first=3) == []
 
 
 def test_the_top_ceil_n_over_eta_stay_nan_last_ties_by_name():
@@ -114,6 +117,30 @@ def test_halving_needs_fuse_and_a_valid_eta_and_is_no_part_of_a_runs_identity(ti
         check_config(grid(tiny, tmp_path, "fuse=false", lrs=("1e-3",), seeds=(111,))[0])
     with pytest.raises(UserError, match=r"^halving=1: must be null \(off\) or an integer η of at least 2"):
         check_config(grid(tiny, tmp_path, lrs=("1e-3",), seeds=(111,), halving="1")[0])
+
+
+def test_halving_first_sets_the_first_rung_is_checked_and_names_another_bracket(tiny, tmp_path):
+    from peltbench.config import check_config
+    from peltbench.record import config_hash
+
+    one = lambda *extra, halving="3": grid(tiny, tmp_path, *extra, lrs=("1e-3",), seeds=(111,), halving=halving)[0]
+    [default, first2] = one(), one("halving_first=2")
+    check_config(first2)
+    assert config_hash(first2) == config_hash(default)  # not part of a run's identity, as halving is not
+    # r0 = 1 keeps the ledger name it had before halving_first existed; another r0 is another bracket (another ledger)
+    assert bracket_id(default).startswith("rte-k16-lora-eta3-") and "first" not in bracket_id(default)
+    assert bracket_id(first2).startswith("rte-k16-lora-eta3-first2-")
+    assert bracket_id(first2).rsplit("-", 1)[1] != bracket_id(default).rsplit("-", 1)[1]
+    for extra, halving, message in (
+            (("halving_first=0",), "3", r"^halving_first=0: must be a positive integer"),
+            (("halving_first=2",), "null", r"^halving_first=2: the first rung of successive halving; set halving=η too$"),
+            (("halving_first=10",), "3", r"^halving=3 halving_first=10: a run of 10 dev evaluations has no rung before "
+                                         r"its end \(halving would compare nothing\); lower halving_first or train longer$"),
+            (("train.epochs=1",), "3", r"^halving=3 halving_first=1: a run of 1 dev evaluation has no rung before its end"),
+            (("train.epochs=null", "train.max_steps=40", "train.eval_every=20", "halving_first=2"), "3",
+             r"^halving=3 halving_first=2: a run of 2 dev evaluations has no rung")):
+        with pytest.raises(UserError, match=message):
+            check_config(one(*extra, halving=halving))
 
 
 def test_the_plan_keeps_a_bracket_in_one_group_and_says_when_it_cannot(tiny, tmp_path, caplog):
@@ -172,6 +199,37 @@ def test_every_rung_decision_is_recomputed_from_the_records(trained):
         assert record["epochs_run"] == len(record["history"]) == pruned["rung"]
         assert pruned["eta"] == 3 and pruned["rank"] > pruned["kept"] and pruned["ledger"].startswith(".halving/")
         assert record["dev_best"]["main"] == max(h["dev_main"] for h in record["history"])
+
+
+def histories(found: list[dict]) -> dict[str, list[list[dict]]]:
+    """Per candidate, its seeds' dev histories (in the order of their data seeds)."""
+    out: dict[str, list[list[dict]]] = {}
+    for record in sorted(found, key=lambda r: (r["variant"], r["seed"])):
+        out.setdefault(record["variant"], []).append(record["history"])
+    return out
+
+
+def test_a_replay_of_the_full_grids_records_makes_the_halving_grids_decisions(trained, tiny):
+    """halving.replay from the grid trained without halving: the rungs the halving grid pruned at, exactly (r0 = 1);
+    with halving_first=2 (rungs 2, 6) a grid trained so prunes where the replay says, and its survivors are the full
+    grid's runs (scripts/compare_halving.py --first replays other r0 from a full grid so)."""
+    from peltbench.runner import run_group
+
+    root, halved, full = trained
+    pruned_at = lambda found: {r["variant"]: r["pruned"]["rung"] for r in found if r["status"] == "pruned"}
+    assert replay(histories(records(root / "full")), 3, 10) == pruned_at(records(root / "halving"))
+    second = run_group(grid(tiny, root / "first2", "halving_first=2"))
+    found = records(root / "first2")
+    expected = replay(histories(records(root / "full")), 3, 10, first=2)
+    assert sorted(expected.values()) == [2, 2, 6] and pruned_at(found) == expected
+    [ledger] = (root / "first2" / ".halving").glob("*.json")
+    ledger = json.loads(ledger.read_text())
+    assert ledger["first"] == 2 and ledger["rungs_planned"] == [2, 6] and sorted(ledger["rungs"]) == ["2", "6"]
+    for a, b in zip(second, full):
+        if a.status == "ok":
+            same_record(a.record, b.record, a.record["variant"])
+        else:
+            assert a.record["epochs_run"] == a.record["pruned"]["rung"] == expected[a.record["variant"]]
 
 
 def test_survivors_records_equal_the_same_runs_without_halving(trained):
