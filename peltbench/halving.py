@@ -118,9 +118,9 @@ def replay(histories: dict[str, Sequence[Sequence[dict]]], eta_: int, length: in
     """The rung at which each candidate would be pruned ({name: rung}; the survivors are absent), from its seeds'
     histories of the whole run (`histories[name]`: one per seed, in the order of their data seeds), by the rule above.
 
-    Exact for a fused group trained without halving: a member's history does not depend on when the others stop
-    (`tests/test_halving.py`), so this is what the same grid under halving (η, r₀) decides, and its survivors are
-    these runs. `scripts/compare_halving.py --first` replays other first rungs from a full grid's records."""
+    Exact, to float rounding, for a fused group trained without halving: a member's history does not depend on when
+    the others stop (`tests/test_halving.py`), so this is what the same grid under halving (η, r₀) decides, and its
+    survivors are these runs. `scripts/compare_halving.py --first` replays other first rungs from a full grid's records."""
     pruned: dict[str, int] = {}
     for rung in rungs(eta_, length, first):
         live = [name for name, seeds in histories.items() if name not in pruned and any(len(h) > rung for h in seeds)]

@@ -171,10 +171,13 @@ def main() -> None:
 
 def print_replays(full: dict, halved: dict, firsts: list[int]) -> None:
     """The table of --first: each cell of the full grid under halving with each first rung, replayed."""
-    cells = sorted(set(full) & set(halved), key=lambda c: (c[1], c[2], c[0]))
-    cells = [c for c in cells if len(halved[c]) == len(full[c])]
-    eta = halved[cells[0]][0]["config"]["halving"]
-    print(f"\nReplayed from the full grid's records, halving={eta} with its first rung at r0 (halving_first):")
+    cells = sorted(full, key=lambda c: (c[1], c[2], c[0]))
+    measured = {c for c in cells if c in halved and len(halved[c]) == len(full[c])}  # a halving grid to check against
+    etas = {halved[c][0]["config"]["halving"] for c in measured}
+    assert len(etas) <= 1, f"halving grids with several η: {etas}"
+    eta = etas.pop() if etas else 3
+    print(f"\nReplayed from the full grid's records, halving={eta} with its first rung at r0 (halving_first); "
+          f"* a cell without a halving grid to check r0 = 1 against:")
     print("| task | K | method | lr: full grid | " + " | ".join(f"r0 = {r}: lr (Δ test), epochs" for r in firsts) + " |")
     print("|---|---|---|---|" + "---|" * len(firsts))
     totals = {r: defaultdict(float) for r in firsts}
@@ -184,7 +187,7 @@ def print_replays(full: dict, halved: dict, firsts: list[int]) -> None:
         row = []
         for r in firsts:
             pruned, lr, epochs = replayed(full[cell], eta, r)
-            if r == 1:  # the replay against the halving grid's own decisions
+            if r == 1 and cell in measured:  # the replay against the halving grid's own decisions
                 recorded = {rec["config"]["method"]["lr"]: rec["pruned"]["rung"] for rec in halved[cell]
                             if rec["status"] == "pruned"}
                 assert pruned == recorded and lr == choose(halved[cell])[0], f"{cell}: replay {pruned}, grid {recorded}"
@@ -194,13 +197,13 @@ def print_replays(full: dict, halved: dict, firsts: list[int]) -> None:
                 totals[r][key] += value
             totals[r]["worst"] = min(totals[r]["worst"], delta)
             row.append(f"{lr:g} ({delta:+.2f}), {epochs}")
-        print(f"| {task} | {k} | {method} | {lr_full:g} | " + " | ".join(row) + " |")
+        print(f"| {task} | {k}{'' if cell in measured else '*'} | {method} | {lr_full:g} | " + " | ".join(row) + " |")
     print(f"| all | | {int(totals[firsts[0]]['cells'])} cells | | " + " | ".join(
         f"same lr {int(t['same'])} of {int(t['cells'])}; Δ test: mean {t['delta'] / t['cells']:+.2f}, worst "
         f"{t['worst']:+.2f}; epochs {int(t['epochs'])} / {int(t['full'])} ({t['epochs'] / t['full']:.2f})"
         for t in totals.values()) + " |")
     if 1 in firsts:
-        print("(r0 = 1 replayed equals the halving grid's decisions in every cell.)")
+        print(f"(r0 = 1 replayed equals the halving grid's decisions in each of the {len(measured)} cells that have one.)")
 
 
 if __name__ == "__main__":
