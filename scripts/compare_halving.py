@@ -79,16 +79,15 @@ def check_decisions(records: list[dict]) -> int:
     return decided
 
 
-def replayed(records: list[dict], eta: int, first: int) -> tuple[dict[float, int], float, int]:
-    """Halving (η, r0 = first) replayed from a full grid's records of one cell: {lr: pruned rung}, the lr it chooses
-    among the survivors (as `choose`), and the epochs it trains."""
+def replayed(records: list[dict], rows: dict[float, dict], eta: int, first: int) -> tuple[dict[float, int], float, int]:
+    """Halving (η, r0 = first) replayed from a full grid's records of one cell (`rows`: `choose`'s, of those records):
+    {lr: pruned rung}, the lr it chooses among the survivors (as `choose`), and the epochs it trains."""
     by_candidate: dict[str, list[dict]] = defaultdict(list)
     for record in sorted(records, key=lambda r: (r["variant"], r["seed"])):
         by_candidate[record["variant"]].append(record)
     length = records[0]["config"]["train"]["epochs"]
     pruned = replay({name: [r["history"] for r in runs] for name, runs in by_candidate.items()}, eta, length, first)
     lr_of = {name: runs[0]["config"]["method"]["lr"] for name, runs in by_candidate.items()}
-    _, rows = choose(records)
     chosen = max((lr_of[name] for name in by_candidate if name not in pruned), key=lambda lr: (rows[lr]["dev"], -lr))
     epochs = sum(pruned.get(r["variant"], r.get("epochs_run") or 0) for r in records)
     return {lr_of[name]: rung for name, rung in pruned.items()}, chosen, epochs
@@ -186,7 +185,7 @@ def print_replays(full: dict, halved: dict, firsts: list[int]) -> None:
         lr_full, rows = choose(full[cell])
         row = []
         for r in firsts:
-            pruned, lr, epochs = replayed(full[cell], eta, r)
+            pruned, lr, epochs = replayed(full[cell], rows, eta, r)
             if r == 1 and cell in measured:  # the replay against the halving grid's own decisions
                 recorded = {rec["config"]["method"]["lr"]: rec["pruned"]["rung"] for rec in halved[cell]
                             if rec["status"] == "pruned"}
