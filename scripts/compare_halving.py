@@ -53,13 +53,19 @@ def choose(records: list[dict]) -> tuple[float | None, dict[float, dict]]:
     return chosen, rows
 
 
+def candidates(records: list[dict]) -> dict[str, list[dict]]:
+    """One cell's records by candidate (variant folder), each candidate's seeds in the order of their data seeds."""
+    by_candidate: dict[str, list[dict]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: (r["variant"], r["seed"])):
+        by_candidate[record["variant"]].append(record)
+    return by_candidate
+
+
 def check_decisions(records: list[dict]) -> int:
     """Recompute every rung of one bracket from the records; the number of rungs that decided something."""
     eta, first = records[0]["config"]["halving"], records[0]["config"].get("halving_first", 1)
     length = records[0]["config"]["train"]["epochs"]
-    by_candidate: dict[str, list[dict]] = defaultdict(list)
-    for record in records:
-        by_candidate[record["variant"]].append(record)
+    by_candidate = candidates(records)
     decided = 0
     for rung in rungs(eta, length, first):
         def trains_on(record):
@@ -71,8 +77,7 @@ def check_decisions(records: list[dict]) -> int:
         if len(live) < 2:
             assert not recorded, f"rung {rung}: pruned {recorded} with fewer than two live candidates"
             continue
-        scores = {name: candidate_score([seed_score(r["history"], rung)
-                                         for r in sorted(by_candidate[name], key=lambda r: r["seed"])]) for name in live}
+        scores = {name: candidate_score([seed_score(r["history"], rung) for r in by_candidate[name]]) for name in live}
         _, pruned = decide(scores, eta)
         assert set(pruned) == recorded, f"rung {rung}: the rule prunes {sorted(pruned)}, the records say {sorted(recorded)}"
         decided += 1
@@ -82,9 +87,7 @@ def check_decisions(records: list[dict]) -> int:
 def replayed(records: list[dict], rows: dict[float, dict], eta: int, first: int) -> tuple[dict[float, int], float, int]:
     """Halving (η, r0 = first) replayed from a full grid's records of one cell (`rows`: `choose`'s, of those records):
     {lr: pruned rung}, the lr it chooses among the survivors (as `choose`), and the epochs it trains."""
-    by_candidate: dict[str, list[dict]] = defaultdict(list)
-    for record in sorted(records, key=lambda r: (r["variant"], r["seed"])):
-        by_candidate[record["variant"]].append(record)
+    by_candidate = candidates(records)
     length = records[0]["config"]["train"]["epochs"]
     pruned = replay({name: [r["history"] for r in runs] for name, runs in by_candidate.items()}, eta, length, first)
     lr_of = {name: runs[0]["config"]["method"]["lr"] for name, runs in by_candidate.items()}
