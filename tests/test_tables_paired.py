@@ -1,4 +1,5 @@
-"""Paired comparisons (issue 20 item 3), each recomputed here with scipy, independently, from synthetic records."""
+"""Paired comparisons (issue 20 item 3; McNemar stratified by seed: issue 32 item 2), each recomputed here with scipy,
+independently, from synthetic records and from literal counts."""
 import itertools
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from scipy import stats
 
 from peltbench.tables.command import main
-from peltbench.tables.examples import cmh, paired_bootstrap, replicate_scores
+from peltbench.tables.examples import paired_bootstrap, replicate_scores, stratified_mcnemar
 from peltbench.tables.paired import bootstrap_p, paired_table, seed_test, sign_flip_floor, sign_flip_p
 from peltbench.tables.records import load_records
 from test_tables import write_record
@@ -37,7 +38,8 @@ def write_runs(root, skills=(("unipelt_ap", 0.8), ("lora", 0.7), ("adapter", 0.6
 
 
 def cmh_by_formula(ours, theirs):
-    """Cochran-Mantel-Haenszel, strata = seeds, each 2 x 2: method/reference x right/wrong; continuity-corrected."""
+    """Cochran-Mantel-Haenszel, strata = seeds, each 2 x 2: method/reference x right/wrong; continuity-corrected (the
+    test paired.md had before issue 32: it treats the two methods' answers as independent samples)."""
     excess = variance = 0.0
     for (labels, mine), (_, other) in zip(ours, theirs):
         table = np.array([[np.sum(mine == labels), np.sum(mine != labels)],
@@ -77,11 +79,12 @@ def test_example_tests_recomputed_with_scipy(tmp_path):
     theirs = [predictions(seed, 0.7) for seed in SEEDS]
     scores = [100 * np.mean(l == p) for l, p in ours], [100 * np.mean(l == p) for l, p in theirs]
     assert row["t_p"] == pytest.approx(stats.ttest_rel(*scores).pvalue)
-    # CMH over the seeds: b and c counted here, the statistic by its formula (strata = seeds)
-    b = sum(int(np.sum((p == l) & (q != l))) for (l, p), (_, q) in zip(ours, theirs))
-    c = sum(int(np.sum((p != l) & (q == l))) for (l, p), (_, q) in zip(ours, theirs))
-    assert (row["cmh_only_method"], row["cmh_only_reference"]) == (b, c)
-    assert row["cmh_p_value"] == pytest.approx(cmh_by_formula(ours, theirs))
+    # McNemar stratified by seed: b and c counted here per seed, the p from scipy's chi² (b + c >= 25)
+    b = [int(np.sum((p == l) & (q != l))) for (l, p), (_, q) in zip(ours, theirs)]
+    c = [int(np.sum((p != l) & (q == l))) for (l, p), (_, q) in zip(ours, theirs)]
+    assert (row["mcnemar_only_method"], row["mcnemar_only_reference"]) == (sum(b), sum(c))
+    assert row["mcnemar_per_seed"] == " ".join(f"{x}/{y}" for x, y in zip(b, c)) and row["mcnemar_test"] == "chi2"
+    assert row["mcnemar_p_value"] == pytest.approx(stats.chi2.sf((sum(b) - sum(c)) ** 2 / (sum(b) + sum(c)), df=1))
     # the paired bootstrap: scipy's, resampling the same examples for every seed and both methods
     data = [array for (l, p), (_, q) in zip(ours, theirs) for array in (l, p, q)]
 
@@ -96,12 +99,69 @@ def test_example_tests_recomputed_with_scipy(tmp_path):
     assert row["bootstrap_ci_high"] == pytest.approx(reference.high, abs=0.5)
 
 
-def test_the_bootstrap_and_cmh_on_a_known_case():
+def test_the_bootstrap_and_mcnemar_on_a_known_case():
     labels = np.array([1, 0] * 50)
     same = (labels, labels, labels)
-    assert paired_bootstrap("accuracy", [same])["difference"] == 0 and cmh([same])["p_value"] == 1.0
+    assert paired_bootstrap("accuracy", [same])["difference"] == 0 and stratified_mcnemar([same])["p_value"] == 1.0
     f1 = paired_bootstrap("f1", [(labels, labels, 1 - labels)], replicates=200)
     assert f1["difference"] == 100 and f1["ci_low"] == f1["ci_high"] == 100 and f1["p_value"] == 0
+
+
+# Literal answers of two methods on RTE's 277 test rows, per seed: (both right, only the method, only the reference,
+# both wrong). B = 37, C = 26 discordant pairs; few: B = 6, C = 3.
+MANY = ((170, 14, 9, 84), (165, 12, 10, 90), (172, 11, 7, 87))
+FEW = ((180, 3, 1, 93), (181, 2, 0, 94), (180, 1, 2, 94))
+
+
+def answers(both, only_method, only_reference, neither):
+    """(labels, method's, reference's predictions) with those four counts; labels of both classes."""
+    labels = np.tile([1, 0], 277)[:both + only_method + only_reference + neither]
+    method_right = np.repeat([True, True, False, False], (both, only_method, only_reference, neither))
+    reference_right = np.repeat([True, False, True, False], (both, only_method, only_reference, neither))
+    return labels, np.where(method_right, labels, 1 - labels), np.where(reference_right, labels, 1 - labels)
+
+
+def test_mcnemar_stratified_by_seed_on_literal_counts_is_scipys():
+    """Issue 32 item 2: per seed b, c; B = 37, C = 26 is the chi² test (uncorrected); B = 6, C = 3 the mid-p test, each
+    recomputed with scipy. The CMH test paired.md had said p = 0.61 on the first, treating the answers as unpaired."""
+    many = stratified_mcnemar([answers(*counts) for counts in MANY])
+    assert (many["only_method"], many["only_reference"], many["per_seed"]) == (37, 26, "14/9 12/10 11/7")
+    assert many["test"] == "chi2" and many["statistic"] == pytest.approx(11 ** 2 / 63)
+    assert many["p_value"] == pytest.approx(stats.chi2.sf(121 / 63, df=1)) == pytest.approx(0.16579, abs=1e-5)
+    old = cmh_by_formula(*zip(*[((l, p), (l, q)) for l, p, q in (answers(*counts) for counts in MANY)]))
+    assert old == pytest.approx(0.608, abs=1e-3)  # what the CMH test said on the same answers
+    few = stratified_mcnemar([answers(*counts) for counts in FEW])
+    assert (few["only_method"], few["only_reference"], few["test"]) == (6, 3, "mid-p")
+    exact = stats.binomtest(6, 9, 0.5).pvalue  # the exact conditional test; mid-p = exact - P(X = 6)
+    assert few["p_value"] == pytest.approx(exact - stats.binom.pmf(6, 9, 0.5)) == pytest.approx(0.3438, abs=1e-4)
+    tie = stratified_mcnemar([answers(100, 2, 2, 10)])
+    assert tie["test"] == "mid-p" and tie["p_value"] == pytest.approx(1.0)
+    none = stratified_mcnemar([answers(100, 0, 0, 10)])
+    assert none["test"] == "none" and none["p_value"] == 1.0
+
+
+def write_answers(root, rows, method, task="rte"):
+    """`method`'s records and predictions.csv on RTE, one seed per row of (labels, predictions)."""
+    meta = {"name": task, "main_metric": "accuracy", "num_labels": 2}
+    for seed, (labels, predicted) in zip(SEEDS, rows):
+        path = write_record(root, method, task, 100, seed, 100.0 * float(np.mean(labels == predicted)))
+        path.write_text(path.read_text().replace(f'"task": {{"name": "{task}"}}', f'"task": {pd.Series(meta).to_json()}'))
+        pd.DataFrame({"index": range(len(labels)), "label": labels, "prediction": predicted}).to_csv(
+            path.parent / "predictions.csv", index=False)
+
+
+def test_paired_md_tests_accuracy_by_mcnemar_stratified_by_seed(tmp_path):
+    """The render's row: UniPELT against LoRA on the literal answers above; paired.csv's p is scipy's chi²."""
+    triples = [answers(*counts) for counts in MANY]
+    write_answers(tmp_path / "runs", [(l, p) for l, p, _ in triples], "unipelt_ap")
+    write_answers(tmp_path / "runs", [(l, q) for l, _, q in triples], "lora")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--seeds", "3"]) == 0
+    row = pd.read_csv(out / "paired.csv").set_index("method").loc["unipelt_ap"]
+    assert (row["mcnemar_only_method"], row["mcnemar_only_reference"], row["mcnemar_test"]) == (37, 26, "chi2")
+    assert row["mcnemar_p_value"] == pytest.approx(stats.chi2.sf(121 / 63, df=1), rel=1e-5)  # the CSV keeps 6 digits
+    text = (out / "paired.md").read_text()
+    assert "| 37 / 26, 0.166 (χ²) " in text and "McNemar, stratified by seed" in text and "mid-p" in text
 
 
 def test_the_render_writes_paired_md_with_the_floor_and_a_baseline(tmp_path):
@@ -109,8 +169,9 @@ def test_the_render_writes_paired_md_with_the_floor_and_a_baseline(tmp_path):
     out = tmp_path / "tables"
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
     text = (out / "paired.md").read_text()
-    assert "0.0625 with 5 seeds" in text and "(0.0625)" in text and "accuracy, CMH over seeds: b / c, p" in text
-    assert "McNemar" not in text and "Acc, +" in text
+    assert "0.0625 with 5 seeds" in text and "(0.0625)" in text
+    assert "accuracy, McNemar stratified by seed: b / c, p (test)" in text and "(χ²)" in text
+    assert "Cochran" not in text and "CMH" not in text and "Acc, +" in text
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--baseline", "adapter"]) == 0
     csv = pd.read_csv(out / "paired.csv")
     assert set(csv["reference"]) == {"adapter"} and set(csv["method"]) == {"unipelt_ap", "lora"}
@@ -155,12 +216,16 @@ def test_seeds_with_different_examples_draw_their_own():
     assert (result["ci_low"], result["ci_high"]) == pytest.approx(tuple(np.quantile(replicates, [0.025, 0.975])))
 
 
-def test_cmh_by_its_formula_and_a_p_of_zero_reads_below_the_resolution():
-    ours = [predictions(seed, 0.8) for seed in SEEDS]
-    theirs = [predictions(seed, 0.75) for seed in SEEDS]
-    result = cmh([(l, p, q) for (l, p), (_, q) in zip(ours, theirs)])
-    assert result["p_value"] == pytest.approx(cmh_by_formula(ours, theirs))
-    assert bootstrap_p(0.0, 2000) == "< 0.0005" and bootstrap_p(0.0, 10000) == "< 0.0001"
+def test_a_bootstrap_p_of_zero_reads_below_two_over_b():
+    """Issue 32 item 6: p = min(1, 2 x the smaller share), so the smallest p above 0 is 2/B (one replicate across 0),
+    and a p of 0 is below that, not below 1/B."""
+    labels = np.array([1, 0] * 50)
+    right, wrong = labels.copy(), labels.copy()
+    wrong[:3] = 1 - wrong[:3]  # 3 of 100 wrong: the method is never worse, rarely equal
+    values = [paired_bootstrap("accuracy", [(labels, right, wrong)], replicates=b, seed=s)["p_value"]
+              for b in (20, 40) for s in range(40)]
+    assert min(value for value in values if value > 0) >= 2 / 40  # nothing between 0 and 2/B
+    assert bootstrap_p(0.0, 2000) == "< 0.001" and bootstrap_p(0.0, 10000) == "< 0.0002"
     assert bootstrap_p(0.0123, 2000) == "0.0123"
 
 
@@ -170,12 +235,13 @@ def test_cola_tests_mcc_by_bootstrap_and_runs_no_accuracy_count(tmp_path):
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
     text = (out / "paired.md").read_text()
     csv = pd.read_csv(out / "paired.csv").set_index("method")
-    assert csv.loc["unipelt_ap", "bootstrap_metric"] == "mcc" and "cmh_p_value" not in csv
+    assert csv.loc["unipelt_ap", "bootstrap_metric"] == "mcc"
     assert csv.loc["unipelt_ap", "bootstrap_p_value"] == 0  # 0.95 against 0.6: no replicate crosses 0
     header = text[:text.index("\n| K")]  # the assumptions are written above the table
-    assert "**Over examples**" in header and "exchangeable" in header and "strata are not independent" in header
-    assert "MCC, +" in text and ", < 0.0005" in text
-    assert "accuracy, CMH over seeds" not in text  # no CMH column on an MCC task
+    assert "**Over examples**" in header and "exchangeable" in header and "the p is optimistic" in header
+    assert "MCC, +" in text and ", < 0.001" in text
+    assert "McNemar stratified" not in text.split("\n| K")[1]  # no accuracy count on an MCC task
+    assert "mcnemar_p_value" not in csv
 
 
 def test_correlation_replicates_are_scipys_spearman_and_pearson():

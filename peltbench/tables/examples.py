@@ -8,24 +8,31 @@ columns, e.g. logits, are ignored here). Over the data seeds both methods have p
   for every seed when all seeds predict the same rows (an example takes its results of every seed with it; seeds with
   different examples draw their own), scores each seed by the metric and averages method − reference over the seeds.
   The 95% interval is the replicates' 2.5th and 97.5th percentiles; p = min(1, 2 × the smaller share of replicates
-  ≤ 0 or ≥ 0), two-sided. With B replicates a p of 0 reads p < 1/B. Assumes the examples are exchangeable draws of
-  the task's inputs; the trained models (seeds) are fixed, so it tests these runs, not a new seed's;
-- for accuracy tasks only, the Cochran-Mantel-Haenszel test with the seeds as strata (cmh below): per seed, method
-  vs. reference × right vs. wrong, continuity-corrected, chi² with 1 degree of freedom. It counts right answers, so it
-  tests accuracy, never MCC or F1. It treats each seed's examples as independent and the seeds as independent strata
-  (they predict the same dev rows, so they are not: read it beside the bootstrap), and within a seed it does not use
-  which example a right answer was on (conservative when both methods get the same examples right).
+  ≤ 0 or ≥ 0), two-sided. With B replicates the smallest p above 0 is 2/B (one replicate across 0, doubled), so a
+  p of 0 reads p < 2/B. Assumes the examples are exchangeable draws of the task's inputs; the trained models (seeds)
+  are fixed, so it tests these runs, not a new seed's;
+- for accuracy tasks only, McNemar's test stratified by seed (stratified_mcnemar below): both runs of a seed answer
+  the same examples, so the paired datum is the discordant pair: per seed s, b_s examples only the method got right
+  and c_s only the reference. Under no difference each discordant pair is as likely to go either way, so given the
+  b_s + c_s the b_s are binomial(b_s + c_s, 1/2) and their sum B (C = Σ c_s) binomial(B + C, 1/2). With 25 or more
+  discordant pairs (the usual rule of thumb for the chi² approximation): the asymptotic test, (B − C)² / (B + C)
+  against chi² with 1 degree of freedom, no continuity correction; with fewer: the mid-p binomial test. Fagerland,
+  Lydersen & Laake (2013, BMC Med. Res. Methodol. 13:91) found the exact conditional test conservative and these
+  two holding their size. It counts right answers, so it tests accuracy, never MCC or F1. It treats the strata as
+  independent; the seeds answer the same dev rows, so an example that favours one method in one seed may in others
+  too, and then it is optimistic: read it beside the bootstrap, which resamples an example with all its seeds.
 """
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.stats import chi2, rankdata
+from scipy.stats import binom, chi2, rankdata
 
 PREDICTIONS = "predictions.csv"  # saving.PREDICTIONS: beside result.json
 REPLICATES = 2000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0  # the replicates are drawn from this seed, so a render is reproducible
+ASYMPTOTIC_FROM = 25  # discordant pairs from which McNemar's chi² approximation is used; below it the mid-p test
 
 
 def read_predictions(record_path):
@@ -87,7 +94,8 @@ def paired_bootstrap(metric, pairs, replicates=REPLICATES, seed=BOOTSTRAP_SEED, 
     seed's resample by the task's metric, and averages method − reference over the seeds. Returns {difference,
     ci_low, ci_high, p_value, replicates}: the observed mean difference, the replicates' percentile interval and
     p = min(1, 2 × the smaller share of replicates ≤ 0 or ≥ 0): twice the share on the far side of 0 from the
-    observed difference. A p of 0 means no replicate crossed 0: p < 1 / replicates, not 0.
+    observed difference. A p of 0 means no replicate crossed 0: p < 2 / replicates (the smallest p above 0 is one replicate
+    across, doubled), not 0.
     """
     observed = np.mean([replicate_scores(metric, labels, ours, np.arange(len(labels))[None, :])[0]
                         - replicate_scores(metric, labels, theirs, np.arange(len(labels))[None, :])[0]
@@ -101,30 +109,36 @@ def paired_bootstrap(metric, pairs, replicates=REPLICATES, seed=BOOTSTRAP_SEED, 
             "replicates": replicates}
 
 
-def cmh(pairs):
-    """Cochran-Mantel-Haenszel test of accuracy, strata = seeds: {only_method, only_reference, statistic, p_value}.
+def discordant(labels, ours, theirs):
+    """(b, c) of one seed: the examples only the method answered right, and only the reference."""
+    return int(np.sum((ours == labels) & (theirs != labels))), int(np.sum((ours != labels) & (theirs == labels)))
 
-    Stratum s is the 2 × 2 table method/reference × right/wrong over its n_s examples (a_s: the method's right
-    answers, m_s: both methods' right answers, N_s = 2 n_s). X² = (|Σ(a_s − m_s/2)| − 1/2)² / Σ n_s² m_s (N_s − m_s)
-    / (N_s² (N_s − 1)), continuity-corrected, p from chi² with 1 degree of freedom. only_method / only_reference:
-    the discordant (seed, example) pairs, b and c, shown beside it (Σ(a_s − m_s/2) = (b − c)/2)."""
-    only_ours = sum(int(np.sum((ours == labels) & (theirs != labels))) for labels, ours, theirs in pairs)
-    only_theirs = sum(int(np.sum((ours != labels) & (theirs == labels))) for labels, ours, theirs in pairs)
-    excess = variance = 0.0
-    for labels, ours, theirs in pairs:
-        n = len(labels)
-        a, right = float(np.sum(ours == labels)), float(np.sum(ours == labels) + np.sum(theirs == labels))
-        excess += a - right / 2
-        variance += n * n * right * (2 * n - right) / ((2 * n) ** 2 * (2 * n - 1)) if n > 0 else 0.0
-    if variance <= 0:
-        return {"only_method": only_ours, "only_reference": only_theirs, "statistic": 0.0, "p_value": 1.0}
-    statistic = max(abs(excess) - 0.5, 0.0) ** 2 / variance
-    return {"only_method": only_ours, "only_reference": only_theirs, "statistic": float(statistic),
-            "p_value": float(chi2.sf(statistic, 1))}
+
+def stratified_mcnemar(pairs):
+    """McNemar's test of accuracy stratified by seed: {only_method, only_reference, per_seed, test, statistic, p_value}.
+
+    Per seed s, b_s and c_s are the discordant examples (only the method right, only the reference right); B and C
+    their sums. Given the b_s + c_s, under no difference B is binomial(B + C, 1/2): with B + C >= ASYMPTOTIC_FROM
+    the asymptotic test, X² = (B − C)² / (B + C), chi² with 1 degree of freedom, no continuity correction ("chi2");
+    below it the mid-p binomial test, 2 × (P(X ≤ min) − P(X = min) / 2) for X ~ binomial(B + C, 1/2) ("mid-p", no
+    statistic). No discordant pair: p = 1 (test "none"). `per_seed`: "b/c" per seed, as the strata were counted."""
+    counts = [discordant(*pair) for pair in pairs]
+    only_ours, only_theirs = sum(b for b, _ in counts), sum(c for _, c in counts)
+    total = only_ours + only_theirs
+    result = {"only_method": only_ours, "only_reference": only_theirs,
+              "per_seed": " ".join(f"{b}/{c}" for b, c in counts)}
+    if total == 0:
+        return {**result, "test": "none", "statistic": np.nan, "p_value": 1.0}
+    if total >= ASYMPTOTIC_FROM:
+        statistic = (only_ours - only_theirs) ** 2 / total
+        return {**result, "test": "chi2", "statistic": float(statistic), "p_value": float(chi2.sf(statistic, 1))}
+    smaller = min(only_ours, only_theirs)
+    mid_p = 2 * (binom.cdf(smaller, total, 0.5) - binom.pmf(smaller, total, 0.5) / 2)
+    return {**result, "test": "mid-p", "statistic": np.nan, "p_value": float(min(1.0, mid_p))}
 
 
 def example_tests(ours, theirs, metric, regression):
-    """The bootstrap and (accuracy tasks) CMH for two runs' seeds: `ours` and `theirs` map seed -> record path.
+    """The bootstrap and (accuracy tasks) stratified McNemar for two runs' seeds: `ours` and `theirs` map seed -> record path.
 
     Returns {} when no shared seed has predictions on both sides (or they cover different examples)."""
     pairs, seeds = [], []
@@ -140,5 +154,5 @@ def example_tests(ours, theirs, metric, regression):
     boot = paired_bootstrap(metric, pairs)
     result.update({f"bootstrap_{key}": value for key, value in boot.items()})
     if metric == "accuracy" and not regression:  # a count of right answers tests accuracy only, not MCC or F1
-        result.update({f"cmh_{key}": value for key, value in cmh(pairs).items()})
+        result.update({f"mcnemar_{key}": value for key, value in stratified_mcnemar(pairs).items()})
     return result

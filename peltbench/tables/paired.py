@@ -8,7 +8,7 @@ pairs cannot give a p-value below 2 / 2^n: 0.0625 for 5 seeds, so no sign-flip r
 the table says so instead of marking one. With fewer than 2 shared seeds (grids that ran different seeds) the
 comparison falls back to Welch's unpaired t-test and says so. When both methods saved predictions, the
 example-level tests of examples.py join the row: the paired bootstrap on the task's metric and, for accuracy only,
-the Cochran-Mantel-Haenszel test over seeds. paired.md's header (ASSUMPTIONS) says what each test assumes.
+McNemar's test stratified by seed (the discordant examples of each seed). paired.md's header (ASSUMPTIONS) says what each test assumes.
 
 The reference: the paper's comparison (§4.3), each UniPELT variant against the single method of highest mean in the
 cell; or, with `--baseline METHOD`, every other method against METHOD.
@@ -121,6 +121,7 @@ def check_baseline(runs, baseline):
                         f"chosen with --select); methods: {found}")
 
 
+MCNEMAR_TESTS = {"chi2": "χ²", "mid-p": "mid-p", "none": "no discordant pair"}
 METRIC_NAMES = {"accuracy": "Acc", "mcc": "MCC", "f1": "F1", "spearman": "Spearman", "pearson": "Pearson"}
 
 ASSUMPTIONS = [
@@ -142,27 +143,31 @@ ASSUMPTIONS = [
     "its predictions of every seed with it; seeds whose examples differ draw their own), scores each seed's resample and averages method − reference over the "
     "seeds; 2,000 replicates from RNG seed 0. The interval: the replicates' 2.5th and 97.5th percentiles. p: "
     "min(1, 2 × the smaller share of replicates at or below 0 or at or above 0), two-sided; when no replicate "
-    "crosses 0 it reads `< 1/B` (`< 0.0005` for B = 2,000), never 0. Assumes the examples are exchangeable draws "
+    "crosses 0 it reads `< 2/B` (`< 0.001` for B = 2,000: one replicate across 0 would give 2/B), never 0. Assumes the examples are exchangeable draws "
     "of the task's inputs; the trained runs are held fixed, so it says whether these runs differ on this task's "
     "inputs, not whether a new seed would.",
-    "- **CMH** (accuracy tasks only: it counts right answers, so it never stands in for MCC or F1): the "
-    "Cochran-Mantel-Haenszel test with the seeds as strata, each a 2 × 2 table method/reference × right/wrong, "
-    "continuity-corrected (|Σ(a − E[a])| − 1/2), chi² with 1 degree of freedom. It assumes independent examples "
-    "within a seed and independent strata; the seeds predict the same dev rows, so the strata are not independent "
-    "and its p is optimistic in that way, while ignoring which example each answer was on makes it conservative "
-    "in another: the bootstrap is the example-level test to read. b / c: the discordant (seed, example) pairs, b "
-    "only the method right, c only the reference right.",
+    "- **McNemar, stratified by seed** (accuracy tasks only: it counts right answers, so it never stands in for MCC "
+    "or F1): the paired test on the answers themselves. Per seed, b = the examples only the method got right, c = "
+    "only the reference (the discordant pairs; examples both got right or both wrong say nothing about which is "
+    "better); their sums over the seeds, B and C, are the table's b / c. Under no difference each discordant example is as "
+    "likely to go either way. With 25 or more discordant pairs: (B − C)² / (B + C) against chi² with 1 degree of "
+    "freedom, no continuity correction (`χ²`); with fewer, the mid-p binomial test (`mid-p`), which holds its size "
+    "where the chi² approximation does not and is less conservative than the exact test (Fagerland, Lydersen & Laake "
+    "2013). It assumes independent examples within a seed and independent seeds; the seeds answer the same dev rows, "
+    "so where an example favours one method in every seed it counts once per seed and the p is optimistic: the "
+    "bootstrap, which resamples an example with all its seeds, is the check.",
 ]
 
 
 def bootstrap_p(value, replicates):
-    """A bootstrap p-value as written: `< 1/B` when no replicate crossed 0 (the resolution of B replicates)."""
+    """A bootstrap p-value as written: `< 2/B` when no replicate crossed 0 (the smallest p above 0 that B replicates
+    give is 2/B: one replicate across 0, doubled by the two-sided formula)."""
     from .formatting import MISSING, is_missing
 
     if is_missing(value):
         return MISSING
     if value == 0:
-        return f"< {1 / int(replicates):.2g}"
+        return f"< {2 / int(replicates):.2g}"
     return f"{value:.3g}"
 
 
@@ -197,10 +202,11 @@ def paired_markdown(results, baseline, caption):
             for m, d, lo, hi, bp, b in zip(results["bootstrap_metric"], results["bootstrap_difference"],
                                            results["bootstrap_ci_low"], results["bootstrap_ci_high"],
                                            results["bootstrap_p_value"], results["bootstrap_replicates"])]
-    if has("cmh_p_value"):
-        table["accuracy, CMH over seeds: b / c, p"] = [
-            MISSING if is_missing(cp) else f"{int(b)} / {int(c)}, {p(cp)}"
-            for b, c, cp in zip(results["cmh_only_method"], results["cmh_only_reference"], results["cmh_p_value"])]
+    if has("mcnemar_p_value"):
+        table["accuracy, McNemar stratified by seed: b / c, p (test)"] = [
+            MISSING if is_missing(mp) else f"{int(b)} / {int(c)}, {p(mp)} ({MCNEMAR_TESTS.get(test, test)})"
+            for b, c, mp, test in zip(results["mcnemar_only_method"], results["mcnemar_only_reference"],
+                                      results["mcnemar_p_value"], results["mcnemar_test"])]
     return "\n".join(parts + [frame_markdown(table), ""])
 
 
