@@ -5,6 +5,7 @@ The format is documented field by field in docs/record.md.
 
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import json
@@ -64,7 +65,7 @@ def data_location(data_dir: str | None) -> str | None:
 # Method settings added after records existed, with the value that reproduces the behaviour from before they
 # existed: at that value they are left out of the identity, so earlier records keep their hash.
 LATER_METHOD_KEYS = {"gate_pooling": "masked", "lora_freeze_a": False, "prefix_projection": True,
-                     "prefix_shift_positions": False}
+                     "prefix_shift_positions": False, "lora_init": "kaiming"}
 # The same for top-level settings (protocols, issue 20): training bounded by steps, dev every N steps.
 LATER_KEYS = {"train.max_steps": None, "train.eval_every": None}
 
@@ -95,27 +96,77 @@ def semantic_config(cfg: DictConfig) -> dict:
     return identity
 
 
-def config_hash(cfg: DictConfig) -> str:
-    canonical = json.dumps(semantic_config(cfg), sort_keys=True, separators=(",", ":"))
+# Parts of the identity that this version derives from a config with knowledge of its own (which split a seed gets),
+# not read from a value the config holds, with what every record written before the part existed had. A record's
+# config cannot say them: they are read from what the record stored (`stored_identity`), never derived again.
+DERIVED_KEYS = {"split": None}
+
+
+def identity_hash(identity: dict) -> str:
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def config_hash(cfg: DictConfig) -> str:
+    return identity_hash(semantic_config(cfg))
+
+
+def stored_identity(record: dict) -> dict:
+    """The identity of the run that wrote `record`, as that run had it (what its `config_hash` hashes), its model as
+    this machine resolves the record's `config` (as a run's own, so the path's spelling never differs).
+
+    A record since issue 32 holds it (`identity`). An older one holds its config, which gives every part but the
+    DERIVED_KEYS, and its hash, which decides those: the identity with today's derived parts or with each at its value
+    from before it existed, whichever hashes to the record's `config_hash` (with the model the record names: the real
+    path it had then). Where neither does (a record from before model paths were normalised) its config speaks,
+    without derived parts. Raises (KeyError, ValueError, ...) for a record without a readable config.
+    """
+    from_config = semantic_config(OmegaConf.create(record["config"]))
+    here = {"model.name": from_config["model.name"]}
+    if isinstance(record.get("identity"), dict):
+        return {**copy.deepcopy(record["identity"]), **here}
+    before = {**{key: value for key, value in from_config.items() if key not in DERIVED_KEYS},
+              **{key: value for key, value in DERIVED_KEYS.items() if value is not None}}
+    for candidate in (from_config, before):
+        if identity_hash({**candidate, "model.name": record.get("model") or here["model.name"]}) == record.get("config_hash"):
+            return {**candidate, **here}
+    return before
 
 
 def config_differences(record: dict, cfg: DictConfig) -> list[str]:
     """How the run that wrote `record` differs from `cfg` in what changes results, one `key (record X, this run Y)`
-    per setting; [] when it is the same run. The settings are compared, not only the hashes, so that a record whose
-    hash came from another spelling of the same settings (model.name=DIR/ before paths were normalised) is this run."""
+    per setting; [] when it is the same run. The record's identity is read as it stored it (`stored_identity`), and
+    compared setting by setting, not only by hash, so that a record whose hash came from another spelling of the same
+    settings (model.name=DIR/ before paths were normalised) is this run."""
     if record.get("config_hash") == config_hash(cfg):
         return []
     try:
-        stored = _flat(semantic_config(OmegaConf.create(record["config"])))
+        stored = _flat(stored_identity(record))
     except Exception:  # no config, or one this version cannot read: only the hashes can be compared
         return [f"config_hash (record {record.get('config_hash')}, this run {config_hash(cfg)})"]
-    mine = _flat(semantic_config(cfg))
+    return _differences(stored, _flat(semantic_config(cfg)))
+
+
+def changed_meaning(record: dict) -> list[str]:
+    """How the run that wrote `record` differs from what its own config means to this version, e.g. `split (record
+    None, this run 'lmbff-chained')` for an LM-BFF CoLA record from before the chained split: such a record is not
+    this version's run of its config (a rerun of the config stops at it), so no table may show it as that run.
+    [] for every record whose meaning did not change; also for one without a readable config (tables name those)."""
+    try:
+        stored = stored_identity(record)
+        today = semantic_config(OmegaConf.create(record["config"]))
+    except Exception:
+        return []
+    return _differences(_flat(stored), _flat(today))
+
+
+def _differences(stored: dict, mine: dict) -> list[str]:
     return [f"{key} (record {stored.get(key)!r}, this run {mine.get(key)!r})"
             for key in sorted(stored.keys() | mine.keys()) if stored.get(key) != mine.get(key)]
 
 
 def _flat(identity: dict) -> dict:
+    identity = dict(identity)
     method = identity.pop("method")
     return {**{f"method.{key}": value for key, value in method.items()}, **identity}
 
@@ -284,8 +335,8 @@ HEAD = ("status", "error", "test", "dev_best", "best_epoch", "best_step", "epoch
         "model_seed", "model", "architecture", "non_finite", "trainable_params", "head_params", "optimizer_params", "backbone_params",
         "train_seconds", "train_seconds_share", "train_steps", "eval_seconds", "eval_seconds_share", "test_seconds",
         "test_examples", "peak_memory", "machine", "device", "precision", "fused", "dropout")
-TAIL = ("history", "gates", "split", "data_dir", "data_source", "config", "config_hash", "schema", "versions", "started_at",
-        "finished_at", "traceback")
+TAIL = ("history", "gates", "split", "data_dir", "data_source", "config", "identity", "config_hash", "schema", "versions",
+        "started_at", "finished_at", "traceback")
 LINE_WIDTH = 110  # a dict of plain values this short stays on one line
 
 
