@@ -79,7 +79,7 @@ GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config gr
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft ia3 prompt",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft ia3 prompt fourierft c3a",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -118,6 +118,12 @@ METHOD_HELP = {
     "boft_block_size": "BOFT block size b of each butterfly factor",
     "boft_factors": "BOFT: the number m of butterfly factors (PEFT's boft_n_butterfly_factor)",
     "boft_targets": "the projections whose input BOFT rotates (and output it scales), a list from query, key, value",
+    "fourierft_n_frequency": "FourierFT: the number n of trained spectral coefficients per adapted projection",
+    "fourierft_scaling": "FourierFT's alpha, which multiplies the weight change (PEFT's scaling)",
+    "fourierft_entry_seed": "FourierFT: seed of the n spectral entries, shared by every projection (PEFT's random_loc_seed)",
+    "fourierft_targets": "the projections FourierFT adapts, a list from query, key, value",
+    "c3a_block_size": "C3A block size b: one trained circular-convolution kernel of length b per b x b block",
+    "c3a_targets": "the projections C3A adapts, a list from query, key, value",
 }
 
 

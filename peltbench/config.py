@@ -44,6 +44,8 @@ COMPONENT_SETTINGS = {
     "parallel_adapter": ("bottleneck", "adapter_scale"),
     "dora": ("lora_rank", "lora_scale", "lora_targets"),
     "vera": ("vera_rank", "vera_targets", "vera_d_initial", "gated", "gate_pooling"),
+    "fourierft": ("fourierft_n_frequency", "fourierft_scaling", "fourierft_entry_seed", "fourierft_targets"),
+    "c3a": ("c3a_block_size", "c3a_targets"),
     "adalora": ("adalora_targets", "adalora_init_rank", "adalora_target_rank", "adalora_alpha", "adalora_tinit",
                 "adalora_tfinal", "adalora_delta_t", "adalora_beta1", "adalora_beta2", "adalora_orth_reg", "gated",
                 "gate_pooling"),
@@ -155,6 +157,14 @@ METHOD_SETTINGS: dict[str, Rule] = {
                      f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
     "lora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                      f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "fourierft_n_frequency": POSITIVE_INT,
+    "fourierft_scaling": (_positive_number, "must be a positive number (α, which multiplies the weight change)"),
+    "fourierft_entry_seed": (_non_negative_int, "must be a non-negative integer (the seed of the spectral entries)"),
+    "fourierft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                          f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "c3a_block_size": POSITIVE_INT,
+    "c3a_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                    f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
     "adalora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(ADALORA_TARGETS),
                         f"must be a list of distinct matrices from {', '.join(ADALORA_TARGETS)}"),
     "adalora_init_rank": POSITIVE_INT,
@@ -233,6 +243,30 @@ def rotation_misfit(kind: str, block: int, factors: int, features: int) -> str |
     return None
 
 
+def fourierft_misfit(n: int, out_features: int, in_features: int) -> str | None:
+    """Why FourierFT cannot place n coefficients in a projection's out × in spectrum, or None (PEFT's rule). The one
+    rule: methods/fourierft.py applies it to the model's shapes, check_model_fit before torch."""
+    if n <= out_features * in_features:
+        return None
+    return f"fourierft_n_frequency={n} exceeds the {out_features} × {in_features} entries of the adapted projections' spectrum"
+
+
+def c3a_misfit(block: int, out_features: int, in_features: int) -> str | None:
+    """Why C3A's block size cannot tile a projection, or None (PEFT's rule: b divides in and out). The one rule:
+    methods/c3a.py applies it to the model's shapes, check_model_fit before torch."""
+    if in_features % block or out_features % block:
+        return (f"c3a_block_size={block} must divide the adapted projections' input and output sizes "
+                f"({in_features}, {out_features})")
+    return None
+
+
+def spectral_misfit(method: DictConfig, components: list, hidden: int) -> str | None:
+    """FourierFT's or C3A's misfit on q, k, v projections of hidden × hidden (every supported encoder's, ModernBERT's
+    row blocks of Wqkv too), or None."""
+    why = fourierft_misfit(int(method.fourierft_n_frequency), hidden, hidden) if "fourierft" in components else None
+    return why or (c3a_misfit(int(method.c3a_block_size), hidden, hidden) if "c3a" in components else None)
+
+
 def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | None = None) -> None:
     """What the method needs of the model, from its config (config.json) alone: rotation block sizes that divide its
     width (before torch for a local checkpoint; for a Hub model once its config is loaded); and, given the run's
@@ -250,6 +284,9 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
                 why = rotation_misfit(kind, int(method[block]), int(method[factors]) if factors else 1, int(hidden))
                 if why:
                     raise UserError(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
+        why = spectral_misfit(method, components, int(hidden))
+        if why:
+            raise UserError(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
     from .architectures import ARCHITECTURES
 
     arch = ARCHITECTURES.get(model_config.get("model_type"))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from conftest import ENCODERS, tiny_encoder, tiny_tokenizer
+from conftest import ENCODERS, TINY_METHOD_SETTINGS, tiny_encoder, tiny_method_overrides, tiny_tokenizer
 from peltbench.methods import build_pelt_model, member_state, parameter_counts
 from peltbench.methods.base import FfnOutput
 from peltbench.packaged import options, packaged_config
@@ -30,8 +30,9 @@ PAIRS = (["the cat sat on the mat with a big dog", "a dog ran", "good movie"],
 
 
 def method(name: str, **changes):
+    """The packaged method, fitted to a tiny model (conftest.TINY_METHOD_SETTINGS), with `changes`."""
     config = OmegaConf.create(OmegaConf.to_container(packaged_config(f"method/{name}.yaml")))
-    for key, value in changes.items():
+    for key, value in {**TINY_METHOD_SETTINGS.get(name, {}), **changes}.items():
         config[key] = value
     return config
 
@@ -424,9 +425,10 @@ def test_peltbench_params_counts_any_model_from_its_config(model_type, encoder_c
 def sweep(checkpoint, glue, results, methods, fuse: bool, *extra: str):
     from conftest import compose_config
 
-    return [compose_config(f"method={name}", "task=rte", f"model.name={checkpoint}", f"data.dir={glue}",
-                           f"results_dir={results}", "k=16", "dev_size=20", "train.epochs=2", "train.patience=2",
-                           "logger=[]", "device=cpu", f"fuse={str(fuse).lower()}", *extra) for name in methods]
+    return [compose_config(f"method={name}", *tiny_method_overrides(name), "task=rte", f"model.name={checkpoint}",
+                           f"data.dir={glue}", f"results_dir={results}", "k=16", "dev_size=20", "train.epochs=2",
+                           "train.patience=2", "logger=[]", "device=cpu", f"fuse={str(fuse).lower()}", *extra)
+            for name in methods]
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import BertConfig, BertForSequenceClassification
 
-from conftest import tiny_backbone
+from conftest import TINY_METHOD_SETTINGS, tiny_backbone
 from peltbench.methods import build_pelt_model, parameter_counts
 from peltbench.methods.base import Gate, PeltModel
 from peltbench.methods.prefix import PrefixSelfAttention
@@ -45,6 +45,8 @@ TINY_STORED = {
     "ia3": 2 * (32 + 32 + 64),
     "ptuning_v2": 20 * 128,  # P-tuning v2: its L = 20 prefix tensor itself
     "prompt": 20 * 32,       # prompt tuning: P = 20 embeddings of width 32
+    "fourierft": 4 * 1000,   # n = 1000 coefficients (of the 32 · 32 = 1,024 entries) on q, v of 2 layers
+    "c3a": 4 * 32 * 32 // 8,  # q, v of 2 layers: (32 / b)² kernels of b = 8 (TINY_METHOD_SETTINGS: 128 cannot tile 32)
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
@@ -58,6 +60,8 @@ BERT_BASE_STORED = {
     "ia3": 12 * (768 + 768 + 3_072),  # (IA)³ paper's three places: 55,296
     "ptuning_v2": 20 * 2 * 12 * 768,  # 368,640
     "prompt": 20 * 768,  # 15,360
+    "fourierft": 24 * 1000,  # n = 1000 on q, v of 12 layers: 24,000 (the FourierFT paper's and PEFT's count)
+    "c3a": 24 * 768 * 768 // 128,  # b = 128 on q, v of 12 layers: 110,592 (the C3A paper's 0.111M)
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -70,7 +74,9 @@ def method_config(name: str, **changes):
 
 
 def build(name: str, num_labels: int = 2, **changes) -> PeltModel:
-    return build_pelt_model(tiny_backbone(num_labels), method_config(name, **changes), model_seed=42).eval()
+    """Method `name` on the tiny BERT, fitted to it (conftest.TINY_METHOD_SETTINGS), with `changes`."""
+    config = method_config(name, **{**TINY_METHOD_SETTINGS.get(name, {}), **changes})
+    return build_pelt_model(tiny_backbone(num_labels), config, model_seed=42).eval()
 
 
 def inputs(batch: int = 3, length: int = 9, seed: int = 1):
@@ -116,6 +122,7 @@ def test_trainable_set(name):
         "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_b" if config.get("lora_freeze_a")
         else "lora_", "dora": ("lora_", ".magnitude"), "vera": "vera_lambda_", "adalora": ".lora_",
         "oft": ".oft_R.", "hra": ".hra_u.", "boft": ".boft_R.", "ia3": "ia3_l", "prompt": "prompt.",
+        "fourierft": ".fourierft_spectrum", "c3a": ".c3a_kernel",
     }
     allowed = [f for c in config.components for f in (expected_fragment[c] if isinstance(expected_fragment[c], tuple)
                                                       else [expected_fragment[c]])]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose_config, save_tiny_encoder, write_glue
+from conftest import compose_config, save_tiny_encoder, tiny_method_overrides, write_glue
 from peltbench.methods.randomness import COUNTERS, key_table, keep_mask, mix, row_salts
 from peltbench.packaged import options
 
@@ -87,9 +87,10 @@ def dropout_on(tmp_path_factory):
 
 def runs(data, results, methods, *extra: str, fuse: bool = True):
     checkpoint, glue = data
-    return [compose_config(f"method={name}", "task=rte", f"model.name={checkpoint}", f"data.dir={glue}",
-                           f"results_dir={results}", "k=16", "dev_size=20", "train.batch_size=8", "train.epochs=2",
-                           "train.patience=2", "logger=[]", "device=cpu", f"fuse={str(fuse).lower()}", *extra)
+    return [compose_config(f"method={name}", *tiny_method_overrides(name), "task=rte", f"model.name={checkpoint}",
+                           f"data.dir={glue}", f"results_dir={results}", "k=16", "dev_size=20", "train.batch_size=8",
+                           "train.epochs=2", "train.patience=2", "logger=[]", "device=cpu", f"fuse={str(fuse).lower()}",
+                           *extra)
             for name in methods]
 
 

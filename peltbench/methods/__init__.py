@@ -14,8 +14,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import (adalora, adapter, bitfit, boft, dora, full, hra, ia3, ln, lora, oft, parallel_adapter, prefix, prompt,
-               randomness, vera)
+from . import (adalora, adapter, bitfit, boft, c3a, dora, fourierft, full, hra, ia3, ln, lora, oft, parallel_adapter,
+               prefix, prompt, randomness, vera)
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -30,6 +30,8 @@ COMPONENTS = {
     "parallel_adapter": parallel_adapter,
     "dora": dora,  # after lora: in a group with both, DoRA's delta wraps LoRA's on a shared projection
     "vera": vera,
+    "fourierft": fourierft,  # projection deltas, as LoRA's (issue 34)
+    "c3a": c3a,
     "adalora": adalora,
     "oft": oft,  # after lora: a rotation hooks the input of whatever module computes the projection
     "hra": hra,

@@ -1,0 +1,123 @@
+"""FourierFT (Gao et al., ICML 2024, Eq. 2-4), as PEFT 0.21's FourierFTLayer: each adapted projection learns n
+spectral coefficients c, placed at n fixed entries E of its out × in spectrum, and its weight change is the real part
+of the inverse 2D DFT of that spectrum:
+
+    F = 0 but F[E] = c,    ΔW = α · Re(IDFT2(F)),    y = W x + ΔW x
+
+E is the first n of a random permutation of the out·in entries from a CPU generator seeded with
+`fourierft_entry_seed` (PEFT's `random_loc_seed`), so every projection of one shape has the same entries (the paper's
+entry matrix shared across layers); c is drawn N(0, 1) (the paper's §3.1, PEFT's default `init_weights=False`), so the
+model does not start as the pretrained one; α = `fourierft_scaling`. Only c trains and is stored: n per projection.
+
+ΔW is built in fp32 with autocast off, as PEFT builds it (torch.fft has no bf16 on a CPU), then multiplies the
+projection's input as a Linear would (in bf16 under bf16 autocast, as PEFT's F.linear). In a fused group each member
+has its own c and E (a member with a smaller n holds zeros past it, masked out of its spectrum), and α is its
+Coefficient's constant. On a fused projection (ModernBERT's Wqkv) each adapted row block has its own H × H spectrum,
+which PEFT cannot express (it adapts the whole Wqkv): no PEFT copy there (saving.peft_kind).
+
+No gate: a gated method listing fourierft is refused (GATE = None).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from ..config import fourierft_misfit
+from . import lora
+from .base import Members, PeltModel, Selection, draw, mark
+
+GATE = None  # not a UniPELT submodule: PEFT has no gated FourierFT, and no gate was asked for
+
+
+@lru_cache(maxsize=8)
+def _permutation(seed: int, size: int) -> torch.Tensor:
+    """PEFT's `torch.randperm(out · in, generator=Generator().manual_seed(random_loc_seed))`: every projection of one
+    shape uses it (cached: a model has dozens of projections of the same shape)."""
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+
+
+def entries(seed: int, n: int, out_features: int, in_features: int) -> torch.Tensor:
+    """The n spectral entries as flat indices row · in + column (PEFT stacks them as [index // in, index % in])."""
+    return _permutation(seed, out_features * in_features)[:n]
+
+
+class FourierFTLinear(lora.ProjectionDelta):
+    """FourierFT's delta on one projection: `fourierft_spectrum` (members, n) trained, `entries` and `valid`
+    (members, n) buffers drawn again from each member's seed (not saved)."""
+
+    def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
+                 layer: int, in_features: int, out_features: int, block: slice | None) -> None:
+        super().__init__(base, members, users, block)
+        n = max(int(method.fourierft_n_frequency) for method in users.values())
+        why = fourierft_misfit(n, out_features, in_features)
+        if why:
+            raise ValueError(why)
+        self.fourierft_spectrum = nn.Parameter(torch.zeros(members.count, n))
+        self.register_buffer("entries", torch.zeros(members.count, n, dtype=torch.long), persistent=False)
+        self.register_buffer("valid", torch.zeros(members.count, n), persistent=False)
+        self.in_features, self.out_features = in_features, out_features
+        scales = [float(users[m].fourierft_scaling) if m in users else 1.0 for m in range(members.count)]
+        self.set_coefficient(users, submodule, layer, in_features, scales)  # α, as LoRA's s
+
+    def weight_change(self, selection: Selection) -> torch.Tensor:
+        """Re(IDFT2(F)) for the selected members (members, out, in), in fp32 (α is the Coefficient's)."""
+        slots = self.members.slots_of
+        spectrum = slots(self.fourierft_spectrum, selection)
+        with torch.autocast(spectrum.device.type, enabled=False):
+            coefficients = spectrum.float() * slots(self.valid, selection)  # a member's padding adds nothing
+            dense = torch.zeros(selection.count, self.out_features * self.in_features, device=spectrum.device)
+            dense = dense.scatter_add(1, slots(self.entries, selection), coefficients)
+            return torch.fft.ifft2(dense.view(-1, self.out_features, self.in_features)).real
+
+    def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
+        weight = self.weight_change(selection)
+        grouped = rows.reshape(selection.count, -1, rows.shape[-1])
+        delta = torch.bmm(grouped, weight.transpose(1, 2).to(rows.dtype))
+        return delta.view(*rows.shape[:-1], self.out_features)
+
+    def init_member(self, slot: int, method: DictConfig) -> None:
+        """E from the entry seed (its own generator: the global stream is untouched), then c ~ N(0, 1) from the
+        global stream, which build_pelt_model has seeded: PEFT's `torch.randn(n_frequency)`."""
+        n = int(method.fourierft_n_frequency)
+        with torch.no_grad():
+            self.entries[slot] = 0
+            self.entries[slot, :n] = entries(int(method.fourierft_entry_seed), n, self.out_features,
+                                             self.in_features).to(self.entries.device)
+            self.valid[slot] = 0
+            self.valid[slot, :n] = 1
+        draw(self.fourierft_spectrum[slot, :n], nn.init.normal_)
+        self.coefficient.init_member(slot)
+
+
+def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
+    def make(base, on_target, target, layer, in_features, out_features, block):
+        return FourierFTLinear(base, model.members, on_target, f"fourierft_{target}", layer, in_features,
+                               out_features, block)
+
+    for fourier, on_target in lora.install_deltas(model, users, "fourierft_targets", make):
+        mark(model, [fourier.fourierft_spectrum], on_target)
+
+
+def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
+    """Layer by layer, q before v: the order PEFT creates (and draws) its FourierFT layers in."""
+    for layer in model.layers:
+        for target in lora.TARGETS:
+            if target in method.fourierft_targets:
+                lora.delta_module(model, layer, target, FourierFTLinear).init_member(slot, method)
+
+
+def peft_config(method: DictConfig) -> dict:
+    """PEFT's FourierFTConfig fields for a copy of a run (saving.export_fourier)."""
+    return {"peft_type": "FOURIERFT", "n_frequency": int(method.fourierft_n_frequency),
+            "scaling": float(method.fourierft_scaling), "random_loc_seed": int(method.fourierft_entry_seed),
+            "init_weights": True}
+
+
+def check(method: DictConfig) -> None:
+    unknown = sorted(set(method.fourierft_targets) - set(lora.TARGETS))
+    if unknown:
+        raise ValueError(f"fourierft_targets: unknown projection(s) {unknown}; choose from {list(lora.TARGETS)}")
