@@ -1,5 +1,5 @@
-"""The cost view (issue 20 item 4): score against parameters, time per step and peak memory, the Pareto front; fused
-runs' time as their share of their group's (issue 26 item 1), their memory as their group's peak, marked."""
+"""The cost view (issue 20 item 4): score against parameters, time per step and peak memory, the Pareto front; a fused
+group's time and peak measured once, drawn once behind its members and in no Pareto decision (issue 32 item 3)."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,11 +18,15 @@ METHODS = {
 }
 
 
+GROUP_PEAK = 5 * 2 ** 30  # what the last member of a fused group reads; the others read a little less
+
+
 def write_costs(root, fused_adapter=False, fused=(), share=False):
-    """METHODS' records; `fused_adapter` (or the methods in `fused`): trained in a fused group, so their records hold
-    the group's seconds (3 s per step) and peak (5 GiB), and with `share` their own part of the seconds as well (a
-    record written since `train_seconds_share`; without it, an older one)."""
-    for method, (params, per_step, peak, tasks) in METHODS.items():
+    """METHODS' records; `fused_adapter` (or the methods in `fused`): trained in one fused group per task, so their
+    records hold the group's seconds (3 s per step) and the group's peak as each member read it at its end (up to
+    GROUP_PEAK, a few KB apart, as issue 32 found them), and with `share` the seconds split by rows as well (a record
+    written since `train_seconds_share`; without it, an older one)."""
+    for index, (method, (params, per_step, peak, tasks)) in enumerate(METHODS.items()):
         in_group = method in fused or (fused_adapter and method == "adapter")
         for task, scores in tasks.items():
             for seed, score in zip((111, 222), scores):
@@ -31,10 +35,11 @@ def write_costs(root, fused_adapter=False, fused=(), share=False):
                     timing["train_seconds_share"] = per_step * 100
                 if in_group:
                     timing["train_seconds"] = 3.0 * 100
+                read = GROUP_PEAK - 8192 * ((index + seed) % 4) if in_group else peak  # one reads it all
                 write_record(root, method, task, 100, seed, score, trainable_params=params, backbone_params=110_000_000,
-                             fused={"group": "g", "size": 3} if in_group else None, **timing,
-                             peak_memory={"bytes": 5 * 2 ** 30 if in_group else peak,
-                                          "measures": "cuda_max_memory_allocated", "of": "group" if in_group else "run"})
+                             fused={"group": f"g-{task}", "size": 3} if in_group else None, **timing,
+                             peak_memory={"bytes": read, "measures": "cuda_max_memory_allocated",
+                                          "of": "group" if in_group else "run"})
     return root
 
 
@@ -50,11 +55,13 @@ def test_points_are_means_and_the_average_needs_every_task(tmp_path):
     assert points.loc[("rte", "lora"), "seconds_per_step"] == pytest.approx(0.20)
     assert points.loc[("rte", "lora"), "peak_memory_gib"] == pytest.approx(3.0)
     assert points.loc[("avg", "ft"), "score"] == pytest.approx((61 + 32) / 2)
-    # fused, in a record older than train_seconds_share: its group's seconds only, so no time; its group's peak, said so
-    assert np.isnan(points.loc[("rte", "adapter"), "seconds_per_step"])
-    assert points.loc[("rte", "adapter"), "peak_memory_gib"] == pytest.approx(5.0)
+    # fused: its group's seconds per step and its group's peak (the highest its members read), each said so
+    assert points.loc[("rte", "adapter"), "seconds_per_step"] == pytest.approx(3.0)
+    assert points.loc[("rte", "adapter"), "peak_memory_gib"] == pytest.approx((GROUP_PEAK - 8192) / 2 ** 30)  # highest read
     assert points.loc[("rte", "adapter"), "memory_shared_by"] == "3" and points.loc[("rte", "lora"), "memory_shared_by"] == ""
-    assert points.loc[("avg", "adapter"), "memory_shared_by"] == "3"
+    assert points.loc[("rte", "adapter"), "time_shared_by"] == "3" and points.loc[("rte", "adapter"), "fused_groups"] == "g-rte"
+    assert points.loc[("avg", "adapter"), "memory_shared_by"] == "3" and points.loc[("avg", "adapter"), "time_shared_by"] == "3"
+    assert points.loc[("avg", "adapter"), "fused_groups"] == "g-cola g-rte"
     assert points.loc[("rte", "adapter"), "trainable_params"] == 900_000
 
 
@@ -86,10 +93,11 @@ def test_error_bars_the_median_statistic_and_an_avg_only_over_shared_tasks(tmp_p
     assert median.loc[("rte", "lora"), "score"] == 46
     assert (median.loc[("rte", "lora"), "score_low"], median.loc[("rte", "lora"), "score_high"]) == pytest.approx(
         tuple(np.percentile(lora, [25, 75])))
-    # the Avg. panel: only RTE, the one task every method has; prompt's fused time: none, so no Avg. time for it
+    # the Avg. panel: only RTE, the one task every method has; prompt's time is its group's (10 s over 100 steps)
     assert set(mean.xs("avg")["tasks"]) == {"rte"}
     assert mean.loc[("avg", "ft"), "score"] == pytest.approx(61) and mean.loc[("avg", "lora"), "score"] == pytest.approx(lora.mean())
-    assert np.isnan(mean.loc[("avg", "prompt"), "seconds_per_step"]) and mean.loc[("avg", "prompt"), "trainable_params"] == 10_000
+    assert mean.loc[("avg", "prompt"), "seconds_per_step"] == pytest.approx(0.1)
+    assert mean.loc[("avg", "prompt"), "time_shared_by"] == "2" and mean.loc[("avg", "prompt"), "trainable_params"] == 10_000
 
 
 def test_the_avg_is_the_statistic_of_per_seed_averages(tmp_path):
@@ -118,43 +126,86 @@ def test_24_methods_each_have_a_style_of_their_own(tmp_path):
     assert len({(tuple(h.get_facecolor()[0]), h.get_paths()[0].vertices.tobytes()) for h in legend.legend_handles}) == 24
 
 
-def test_fused_runs_time_is_their_share_of_their_groups_and_their_memory_the_groups_peak(tmp_path):
-    """A fused-only sweep: its time figure is drawn, each run at its share (not its group's 3 s per step)."""
+def test_a_fused_groups_time_and_peak_are_one_measurement_each_in_no_pareto_decision(tmp_path):
+    """Issue 32 item 3: each member's peak was its own reading (57 KB apart), the time its group's split by N, and the
+    Pareto front chose among them. Now: the group's peak (the highest reading) and the group's seconds per step, the
+    same for every member, never on the front nor putting a run alone off it."""
     write_costs(tmp_path / "runs", fused=("lora", "bitfit", "adapter"), share=True)
     out = tmp_path / "tables"
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--seeds", "2"]) == 0
-    assert (out / "fig_cost_time.png").stat().st_size > 10_000
     csv = pd.read_csv(out / "fig_cost.csv", keep_default_na=False).set_index(["task", "method"])
-    for method in ("lora", "bitfit", "adapter"):
-        assert float(csv.loc[("rte", method), "seconds_per_step"]) == pytest.approx(METHODS[method][1])
-        assert float(csv.loc[("rte", method), "peak_memory_gib"]) == pytest.approx(5.0)
-        assert str(csv.loc[("rte", method), "memory_shared_by"]) == "3"
-    assert str(csv.loc[("rte", "ft"), "memory_shared_by"]) == ""
+    for task in ("rte", "cola", "avg"):
+        members = csv.loc[[(task, method) for method in ("lora", "bitfit", "adapter")]]
+        assert set(members["peak_memory_gib"].astype(float)) == {GROUP_PEAK / 2 ** 30}  # one group peak, not 3 readings
+        assert set(members["seconds_per_step"].astype(float)) == {3.0}  # the group's step time, not 3.0 / N or a share
+        assert set(members["memory_shared_by"].astype(str)) == set(members["time_shared_by"].astype(str)) == {"3"}
+        for cost in ("peak_memory_gib", "seconds_per_step"):
+            assert not members[f"pareto_{cost}"].astype(bool).any()
+            assert bool(csv.loc[(task, "ft"), f"pareto_{cost}"])  # the one run alone: its own cost, on its own front
+        assert members["pareto_trainable_params"].astype(bool).any()  # parameters are each run's own
+    assert str(csv.loc[("rte", "ft"), "memory_shared_by"]) == "" and str(csv.loc[("rte", "lora"), "fused_groups"]) == "g-rte"
     index = (out / "README.md").read_text()
-    assert "its group's step time split by its share of the rows" in index
-    assert "its group's peak, shared by its 3 runs" in index and "fused run(s) left out" not in index
+    assert "Fused runs (groups of 3): the group's seconds per step (all its runs in one step), not the run's own" in index
+    assert "Fused runs (groups of 3): the group's peak, not the run's own; one grey bar per group, left out of the Pareto " \
+           "front" in index
 
 
-def test_fused_records_without_a_share_are_left_out_of_time_and_counted(tmp_path):
-    write_costs(tmp_path / "runs", fused=tuple(METHODS))  # every run fused, every record older than the share
-    out = tmp_path / "tables"
-    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--seeds", "2"]) == 0
-    assert not (out / "fig_cost_time.png").exists() and (out / "fig_cost_memory.png").exists()
-    assert pd.read_csv(out / "fig_cost.csv")["seconds_per_step"].isna().all()
-    assert "16 fused run(s) left out: their records (older) hold only their group's seconds" in (out / "README.md").read_text()
+def test_a_members_group_time_is_its_longest_members_and_a_method_alone_keeps_its_own(tmp_path):
+    """A member that stopped early records the seconds of its periods only: the group's step time comes from the member
+    that trained in every period. A method with runs alone beside fused runs is costed by its runs alone."""
+    from peltbench.tables.cost import group_costs
+
+    for seed, steps, seconds, peak in ((111, 100, 400.0, 2_000_000), (222, 40, 200.0, 1_990_000)):
+        write_record(tmp_path, "lora", "rte", 100, seed, 60.0, train_steps=steps, train_seconds=seconds,
+                     train_seconds_share=seconds / 2, fused={"group": "g1", "size": 2},
+                     peak_memory={"bytes": peak, "measures": "cuda_max_memory_allocated", "of": "group"})
+    write_record(tmp_path, "lora", "rte", 100, 333, 62.0, train_steps=50, train_seconds=10.0,
+                 peak_memory={"bytes": 900_000, "measures": "cuda_max_memory_allocated", "of": "run"})
+    runs = load_records(tmp_path)
+    groups = group_costs(runs)
+    assert groups.loc["g1", "seconds_per_step"] == 4.0 and groups.loc["g1", "peak_bytes"] == 2_000_000
+    point = cost_points(runs).set_index(["task", "method"]).loc[("rte", "lora")]
+    assert point["seconds_per_step"] == 0.2 and point["peak_memory_gib"] == pytest.approx(900_000 / 2 ** 30)
+    assert point["time_shared_by"] == point["memory_shared_by"] == point["fused_groups"] == "" and point["n"] == 3
+    fused_only = cost_points(runs[runs["seed"] != 333]).set_index(["task", "method"]).loc[("rte", "lora")]
+    assert fused_only["seconds_per_step"] == 4.0 and fused_only["time_shared_by"] == "2"
 
 
-def test_a_method_keeps_its_style_in_a_figure_that_lacks_another_method(tmp_path):
-    """Adapter's older fused records have no time: the time figure lacks it, and LoRA keeps its memory figure's colour."""
-    from peltbench.tables.cost import cost_figure, with_fronts
+def test_a_fused_groups_measurement_is_drawn_once_on_a_plain_axis(tmp_path):
+    """One grey bar per shared measurement behind its members; the memory axis prints plain numbers (its offset text
+    `1e-5+1.4706` overprinted the label) and spans ±10% of a group's peak instead of spreading its readings."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    points = with_fronts(cost_points(load_records(write_costs(tmp_path, fused_adapter=True))))
-    legends = [cost_figure(points, cost, cost).legends[0] for cost in ("seconds_per_step", "peak_memory_gib")]
-    colours = [{text.get_text(): tuple(handle.get_facecolor()[0]) for text, handle in zip(legend.get_texts(),
-                                                                                           legend.legend_handles)
-                if text.get_text() != "ringed: fused, its group's peak"} for legend in legends]
-    assert "Adapter" not in colours[0] and "Adapter" in colours[1]
-    assert colours[0] == {method: colour for method, colour in colours[1].items() if method != "Adapter"}
+    from peltbench.tables.cost import BAR, cost_figure, with_fronts
+
+    write_costs(tmp_path, fused=tuple(METHODS))  # every method in its task's group: one peak per panel
+    points = with_fronts(cost_points(load_records(tmp_path)))
+    figure = cost_figure(points, "peak_memory_gib", "memory")
+    FigureCanvasAgg(figure).draw()
+    for axes in figure.axes:
+        bars = [line for line in axes.get_lines() if line.get_linewidth() == BAR["linewidth"]]
+        assert len(bars) == 1 and len(set(bars[0].get_xdata())) == 1  # one group, one bar, at one x
+        assert axes.xaxis.get_offset_text().get_text() == ""
+        low, high = axes.get_xlim()
+        assert (low, high) == pytest.approx((0.9 * GROUP_PEAK / 2 ** 30, 1.1 * GROUP_PEAK / 2 ** 30))
+        assert all(label.get_text() for label in axes.get_xticklabels())
+        assert not any(line.get_linestyle() == "--" and len(line.get_xdata()) for line in axes.get_lines())  # no front
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert "grey bar: one fused group's peak, shared" in legend
+
+
+def test_the_csv_index_names_the_protocols_statistic(tmp_path):
+    """Issue 32 item 6: fig_cost.csv's index entry said 'mean test score' under a median protocol."""
+    from peltbench.tables.cost import write_cost
+    from peltbench.tables.outputs import Output, Render
+    from peltbench.tables.protocol import Selection
+
+    runs = load_records(write_costs(tmp_path / "runs"))
+    selection = Selection("bert-base-uncased", "", "protocol=full_median,precision=fp32", "")
+    render = Render(selection, 2, 1, None, runs.iloc[:0])
+    (tmp_path / "out").mkdir()
+    entries = dict(write_cost(Output(tmp_path / "out"), runs, render))
+    assert entries["fig_cost.csv"].startswith("the cost view's points: median test score")
 
 
 def test_a_long_title_is_broken_to_the_figures_width(tmp_path):

@@ -1,5 +1,6 @@
 """`peltbench-tables --select`: a method setting chosen on dev per method × task × K (issue 20 item 2), recomputed
 here from the synthetic records with plain pandas."""
+import json
 import shutil
 
 import pandas as pd
@@ -178,3 +179,62 @@ def test_failed_cells_and_single_candidates_are_said(tmp_path):
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr", "--seeds", "2"]) == 0
     table = pd.read_csv(out / "table1.csv").set_index(["method", "task"])
     assert table.loc[("lora", "mrpc"), "failed"] == 2 and table.loc[("ft", "rte"), "mean"] == 50.0
+
+
+def figure_titles(monkeypatch):
+    """{file name: title} of every figure a render saves."""
+    from peltbench.tables.outputs import Output
+
+    titles, save = {}, Output.figure
+
+    def figure(self, name, figure):
+        save(self, name, figure)
+        titles[name] = figure._suptitle.get_text().replace("\n", " ")
+
+    monkeypatch.setattr(Output, "figure", figure)
+    return titles
+
+
+def test_with_select_paired_md_and_the_cost_figures_say_the_settings_were_chosen_on_dev(tmp_path, monkeypatch):
+    """Issue 32 item 4: with --select, paired.md and the cost figures were the default render's below its header."""
+    for path in write_grid(tmp_path / "runs").rglob("result.json"):  # costs, so that the cost figures are drawn
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "trainable_params": 1000, "train_seconds": 10.0, "train_steps": 100}))
+    titles = figure_titles(monkeypatch)
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", "method.lr", "--seeds", "2",
+                 "--baseline", "adapter"]) == 0
+    said = "Settings chosen on dev (--select method.lr)"
+    assert said in (out / "paired.md").read_text()
+    cost = [name for name in titles if name.startswith("fig_cost_")]
+    assert cost and all(said in titles[name] for name in cost)
+    index = (out / "README.md").read_text()
+    assert all(said in line for line in index.splitlines() if line.startswith("| `fig_cost"))
+    titles.clear()
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "default"), "--seeds", "2"]) == 0
+    assert "chosen on dev" not in (tmp_path / "default" / "paired.md").read_text()
+    assert not any("chosen on dev" in title for title in titles.values())
+
+
+@pytest.mark.parametrize("keys, tables, candidates, other", [
+    ("method.lr", 4, 5, 1),
+    ("method.lr,method.lora_rank", 3, 7, 0),  # LoRA: rank 4 at the default lr (dev 99, seed 111 alone) is chosen
+])
+def test_candidates_not_chosen_are_only_in_selection_csv_when_every_cell_keeps_its_default(
+        tmp_path, capsys, monkeypatch, keys, tables, candidates, other):
+    """Issue 32 item 4: where dev chose each method's default, the other candidates were counted as 'non-default
+    method settings in no figure' in the console and other_runs.md; docs/tables.md says only in selection.csv."""
+    monkeypatch.setitem(LORA, 5e-4, {111: (80, 66), 222: (80, 64)})  # LoRA's default lr now has the best dev
+    write_grid(tmp_path / "runs")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--select", keys, "--seeds", "2"]) == 0
+    chosen = pd.read_csv(out / "selection.csv").query("chosen")
+    if keys == "method.lr":  # each method's default chosen: no run in the tables changes a setting
+        assert dict(zip(chosen["method"], chosen["value"].astype(str))) == {"adapter": "0.0001", "lora": "0.0005"}
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert (f"10 records: {tables} in the tables, 0 only in figures, {candidates} only in selection.csv (candidates not "
+            f"chosen), {other} listed in other_runs.md") in line
+    listed = (out / "other_runs.md").read_text().split("## Non-default method settings that no figure plots")[1]
+    listed = listed.split("##")[0]
+    assert "lr=" not in listed
+    assert ("LoRA with lora_rank=4: 1 run(s)" in listed) == (other == 1)

@@ -24,7 +24,7 @@ from ..protocols import statistic
 from .protocol import label_protocol, pooled, render_options, select
 from .records import (architecture_conflicts, default_runs, known_names, known_runs, one_record_per_seed,
                       read_records)
-from .selection import parse_keys, select_settings, selected_runs, table_caption
+from .selection import candidate_runs, parse_keys, select_settings, selected_runs, table_caption
 from .selection_render import write_selection
 
 PROG = "peltbench-tables"
@@ -129,8 +129,10 @@ def render_tables(args):
     runs = default_runs(trained) if selected is None else selected_runs(trained, selected)
     if selected is not None:
         render_context.selected = table_caption(selected)
+        render_context.select_label = selected.label
     render_context.ks = tuple(sorted({k for k in runs["k"] if k != "all"}, key=int))  # the K a hint's sweep fills
-    ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable, runs)
+    ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable, runs,
+                     args.select_keys if selected is not None else ())
     _say_selection(selection, ledger, args, render_context)
     compared = runs
     check_baseline(compared, args.baseline)
@@ -141,7 +143,7 @@ def render_tables(args):
         *write_table3(out, runs, render_context),
         *write_table4(out, runs, render_context),
         *write_figures(out, trained, render_context),
-        *write_cost(out, compared, render_context),
+        *write_cost(out, compared, render_context, chosen),  # a fused group's cost from all its pooled members
         *write_paired(out, compared, render_context, args.baseline),
         *write_published(out, compared, render_context, args.paper_dir, reported),
     ]
@@ -175,26 +177,22 @@ def render_models(args, known):
     return 0
 
 
-def account(chosen, duplicates, pooled, other_settings, unknown, unreadable, in_tables=None):
+def account(chosen, duplicates, pooled, other_settings, unknown, unreadable, in_tables=None, keys=()):
     """The Ledger of one render (see others.py): each readable record in exactly one place. `in_tables`: the runs
-    the tables use (default settings, or the settings --select chose); the other candidates of a selection are
-    in selection.csv only."""
+    the tables use (default settings, or the settings --select chose); `keys`: the settings --select chose among,
+    whose other candidates (every run that differs from its method's defaults in those keys only) are in
+    selection.csv only, whichever value dev chose (the default too)."""
     in_tables = default_runs(chosen) if in_tables is None else in_tables
     rest = chosen[~chosen["path"].isin(in_tables["path"])]
     plotted = rest["path"].isin(swept_paths(chosen))
-    candidate = ~plotted & (rest["changed"].map(len) == 0) | rest["path"].isin(_selection_candidates(chosen, in_tables))
+    candidate = ~plotted & (rest["changed"].map(len) == 0)
+    if keys:
+        candidate |= ~plotted & rest["path"].isin(candidate_runs(chosen, keys)["path"])
     return Ledger(
         in_tables=in_tables, only_in_figures=rest[plotted], not_plotted=rest[~plotted & ~candidate],
         other_settings=other_settings, unknown=unknown, duplicates=duplicates,
         duplicates_left_out=pooled - len(chosen), unreadable=unreadable, only_in_selection=rest[~plotted & candidate],
     )
-
-
-def _selection_candidates(chosen, in_tables):
-    """Paths of the runs that differ from the defaults only in settings some table run changes (a selection's
-    candidates that were not chosen)."""
-    selected = {key for changed in in_tables["changed"] for key in changed}
-    return chosen.loc[chosen["changed"].map(lambda changed: 0 < len(changed) and set(changed) <= selected), "path"]
 
 
 def _say_unknown(unknown):

@@ -101,6 +101,7 @@ class Render:
     notes: list = field(default_factory=list)
     ks: tuple = ()         # the K < all of the pooled runs: what a hint's sweep fills
     selected: str = ""     # with --select: the caption's sentence on the settings chosen on dev (selection.table_caption)
+    select_label: str = ""  # with --select: the keys chosen on dev, `method.lr` (selection.Chosen.label)
 
 
 def write_missing(out, name, title, command, why="No runs for this table yet", below=""):

@@ -214,6 +214,9 @@ def write_paired(out, runs, render, baseline=None):
     """paired.md / paired.csv from the compared runs (default settings, or those --select chose); index entries."""
     results = paired_table(runs, baseline)
     out.csv("paired.csv", results)
-    out.text("paired.md", paired_markdown(results, baseline, render.selection.caption()))
+    caption = " ".join(filter(None, [render.selected, render.selection.caption()]))  # --select: chosen on dev, said
+    out.text("paired.md", paired_markdown(results, baseline, caption))
+    chosen = f" (settings chosen on dev: --select {render.select_label})" if render.select_label else ""
     return [("paired.md / .csv", "paired comparisons per task and K with the reference method: over data seeds "
-                                 "(paired t-test, exact sign-flip) and, where predictions were saved, over test examples")]
+                                 "(paired t-test, exact sign-flip) and, where predictions were saved, over test examples"
+                                 + chosen)]
