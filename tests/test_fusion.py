@@ -186,8 +186,11 @@ def test_a_fused_run_ends_as_its_separate_run(quiet_checkpoint, glue_dir, tmp_pa
     fused = run_group(sweep_configs(quiet_checkpoint, glue_dir, tmp_path / "fused", RUNS))
     assert len(plan_groups(sweep_configs(quiet_checkpoint, glue_dir, tmp_path / "fused", RUNS))) == 1
     stopped = set()
-    # on the CPU: since the group started, where /proc/self/clear_refs resets it (Linux), else the process's lifetime
-    cpu_peak = "process_peak_rss_since_group_start" if os.access(CLEAR_REFS, os.W_OK) else "process_peak_rss"
+    # on CUDA the allocator's peak; on the CPU: since the group started, where /proc/self/clear_refs resets it (Linux),
+    # else the process's lifetime
+    device = fused[0].record["device"]
+    cpu_peak = ("cuda_max_memory_allocated" if device.startswith("cuda") else
+                "process_peak_rss_since_group_start" if os.access(CLEAR_REFS, os.W_OK) else "process_peak_rss")
     for alone, member in zip(separate, fused):
         a, b = alone.record, member.record
         assert a["status"] == b["status"] == "ok"

@@ -103,10 +103,11 @@ def test_a_lora_run_loads_in_peft(tiny_checkpoint, glue_dir, tmp_path):
     assert (run_dir / "peft" / "adapter_config.json").is_file()
     config = json.loads((run_dir / "peft" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["target_modules"]) == (8, 16.0, ["query", "value"])
+    loaded = peltbench.load_run(run_dir)  # on the test device (make check-gpu: cuda); PEFT's copy goes there too
     base = BertForSequenceClassification.from_pretrained(tiny_checkpoint, num_labels=2)
-    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
-    ours = peltbench.load_run(run_dir).model
-    ids = torch.randint(5, 64, (4, 9), generator=torch.Generator().manual_seed(0))
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval().to(loaded.device)
+    ours = loaded.model
+    ids = torch.randint(5, 64, (4, 9), generator=torch.Generator().manual_seed(0)).to(loaded.device)
     mask = torch.ones_like(ids)
     with torch.no_grad():
         torch.testing.assert_close(peft_model(input_ids=ids, attention_mask=mask).logits,
@@ -256,10 +257,12 @@ def test_lora_family_runs_fused_reload_and_load_in_peft(tiny_checkpoint, glue_di
         assert loaded.predict()[0] == pytest.approx(outcome.record["test"], abs=1e-6)
         assert json.loads((run_dir / "peft" / "adapter_config.json").read_text())["peft_type"] == kind
         base = BertForSequenceClassification.from_pretrained(tiny_checkpoint, num_labels=2)
-        peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+        peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval().to(loaded.device)
+        on = dict(input_ids=ids.to(loaded.device), attention_mask=mask.to(loaded.device))  # the device it loaded to
         with torch.no_grad():
-            torch.testing.assert_close(peft_model(input_ids=ids, attention_mask=mask).logits,
-                                       loaded.model(ids, mask, torch.zeros_like(ids)), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(peft_model(**on).logits,
+                                       loaded.model(on["input_ids"], on["attention_mask"], torch.zeros_like(on["input_ids"])),
+                                       rtol=1e-5, atol=1e-6)
 
 
 def test_no_peft_copy_where_peft_has_no_such_method_on_the_encoder():

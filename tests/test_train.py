@@ -101,9 +101,11 @@ def test_a_crash_writes_a_failed_record_and_a_rerun_retries(tiny_checkpoint, glu
 
 
 def test_bf16_is_refused_when_device_auto_finds_only_a_cpu(tiny_checkpoint, glue_dir, tmp_path, monkeypatch):
-    """Before the model loads (model.name points nowhere), and with no record: one line, CPU_BF16."""
+    """Before the model loads (model.name points nowhere), and with no record: one line, CPU_BF16. device=auto whatever
+    the test device (make check-gpu runs this file with device=cuda), on a machine made to have no CUDA."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    overrides = [*tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path), "model.name=nowhere/", "precision=bf16"]
+    overrides = [*tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path), "device=auto", "model.name=nowhere/",
+                 "precision=bf16"]
     with pytest.raises(UserError) as refused:
         run_experiment(compose_config("method=lora", "task=rte", *overrides), tmp_path)
     assert str(refused.value) == CPU_BF16

@@ -32,13 +32,15 @@ class Budget:
         self.init_budget = {m: int(method.adalora_init_rank) * matrices[m] for m, method in users.items()}
         self.target_budget = {m: int(method.adalora_target_rank) * matrices[m] for m, method in users.items()}
         self.matrices = matrices
-        self.kept = [module.rank_mask.clone() for module in modules]  # (members, rank): triplets not masked
+        self.kept = [module.rank_mask.clone() for module in modules]  # (members, rank): triplets not masked (plan)
         self.state: list[dict[str, torch.Tensor]] | None = None
         self.schedule: dict[int, tuple[int, int, int]] = {}  # member → (T, t_i, t_f)
         self._betas: dict[str, torch.Tensor] = {}
 
     def plan(self, total_steps: list[int]) -> None:
-        """Each member's schedule from its planned number of steps (PEFT's total_step)."""
+        """Each member's schedule from its planned number of steps (PEFT's total_step). Training starts with every
+        triplet kept, on the device the model now trains on (the budget was made with the model, before it moved)."""
+        self.kept = [module.rank_mask.clone() for module in self.modules]
         for m, method in self.users.items():
             total = int(total_steps[m])
             tinit, tfinal = round(float(method.adalora_tinit) * total), round(float(method.adalora_tfinal) * total)

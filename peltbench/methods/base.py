@@ -90,7 +90,8 @@ class Members:
     def add_rows(self, selection: Selection, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them); the other rows
         are x's, untouched. In place when only some members are selected (no copy of the others' rows): x must be
-        an output no backward pass reads (a Linear's, a dropout's)."""
+        an output no backward pass reads (a Linear's, a dropout's). Under autocast x and delta may differ in dtype
+        (a LayerNorm's fp32 output, a bf16 matmul's delta): in place, delta is cast to x's dtype, as `+=` does."""
         grouped = self.split(x)
         delta = delta.reshape(selection.count, *grouped.shape[1:])  # a view: delta may also come member by member
         if selection.every:
@@ -98,7 +99,7 @@ class Members:
         if selection.span is not None:
             grouped[selection.span] += delta
             return x
-        return grouped.index_add_(0, selection.positions, delta).view(x.shape)
+        return grouped.index_add_(0, selection.positions, delta.to(x.dtype)).view(x.shape)
 
     def slots_of(self, tensor: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
         """A member-stacked tensor's slots for the selected members (default: every active member)."""
@@ -607,7 +608,7 @@ class MemberLayerNorm(nn.Module):
         mine = F.layer_norm(rows.index_select(0, users.positions), self.normalized_shape, None, None, self.eps)
         own = torch.addcmul(self.members.slots_of(self.bias, users)[:, None].to(mine.dtype), mine,
                             self.members.slots_of(self.weight, users)[:, None].to(mine.dtype))
-        return out.reshape(rows.shape).index_copy(0, users.positions, own).view(out.shape)
+        return out.reshape(rows.shape).index_copy(0, users.positions, own.to(out.dtype)).view(out.shape)
 
 
 def member_affine(model: PeltModel) -> None:

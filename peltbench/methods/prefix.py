@@ -73,10 +73,12 @@ class PrefixEncoder(nn.Module):
                 parts.append((within, self._compute(within, kind is self.projected)))
         if len(parts) == 1:
             flat = parts[0][1]
-        else:  # both kinds active: each member's prefixes at its place among the selection
-            flat = parts[0][1].new_empty(selection.count, *parts[0][1].shape[1:])
+        else:  # both kinds active: each member's prefixes at its place among the selection (under autocast the MLP's
+            # are bf16, the stored ones fp32: both kept in the wider type)
+            dtype = torch.promote_types(parts[0][1].dtype, parts[1][1].dtype)
+            flat = parts[0][1].new_empty(selection.count, *parts[0][1].shape[1:], dtype=dtype)
             for within, values in parts:
-                flat = flat.index_copy(0, within.positions, values)
+                flat = flat.index_copy(0, within.positions, values.to(dtype))
         key_values = flat.view(selection.count, self.length, self.layers, 2, self.heads, -1)
         return Prefixes(selection, key_values, self._classes(selection))
 

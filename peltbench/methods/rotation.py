@@ -82,11 +82,13 @@ def rotate(rows: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor
 
 
 def replace_rows(members: Members, selection, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x with the selected members' rows replaced (out of place: x is a layer's input, which backward may read)."""
+    """x with the selected members' rows replaced (out of place: x is a layer's input, which backward may read); under
+    autocast the rotated rows (a bf16 matmul's) take x's dtype, which the projection autocasts again."""
     if selection.every:
         return rows
     grouped = members.split(x)
-    return grouped.index_copy(0, selection.positions, rows.reshape(selection.count, *grouped.shape[1:])).view(x.shape)
+    rows = rows.reshape(selection.count, *grouped.shape[1:]).to(x.dtype)
+    return grouped.index_copy(0, selection.positions, rows).view(x.shape)
 
 
 def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str) -> None:
