@@ -143,3 +143,28 @@ def test_a_tasks_metric_is_the_one_its_main_score_is(tmp_path):
         path.write_text(json.dumps(record))
     text = (render(tmp_path, "lmbff", runs) / "table1.md").read_text()
     assert "STS-B Pearson corr." in text and "Spearman" not in text
+
+
+def test_hints_sweep_the_renders_tasks_from_its_data_dir(tmp_path):
+    """Issue 32 item 6: the hints had no data.dir and swept all 8 tasks, so they failed offline. Runs on RTE and
+    SST-2 from the shipped GLUE folder: every hint sweeps those tasks (a figure's too) from that folder, and its whole
+    sweep passes peltbench's own check of the folder (each task's files)."""
+    glue = str(Path(__file__).resolve().parents[1] / "data" / "glue")
+    for task in ("rte", "sst2"):
+        for seed in (111, 222):
+            write_run(tmp_path / "runs", "unipelt", "lora", task, 100, seed, 60.0 + seed % 7, "train.epochs=3",
+                      "precision=fp32", f"data.dir={glue}")
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(tmp_path),
+                 "--protocol", "train.epochs=3"]) == 0
+    found = hints(out)
+    assert any("+experiment=fig3_lora_scale" in command for command in found)  # STS-B and QQP in the file: not shipped
+    for command in found:
+        words = shlex.split(command)
+        assert f"data.dir={glue}" in words, command
+        assert [word for word in words if word.startswith("task=")] == ["task=sst2,rte"], command
+        pinned = any(word.startswith("method=") for word in words) or "+experiment=fig" in command
+        text = preflight([*words[1:], *([] if pinned else ["method=lora"]), "k=100", "seed=111", "--cfg", "job"])
+        configs = [yaml.safe_load(part.split("\n", 1)[1]) for part in text.split("# run ")[1:]]
+        assert {config["task"]["name"] for config in configs} == {"rte", "sst2"}, command
+        assert {config["data"]["dir"] for config in configs} == {glue}

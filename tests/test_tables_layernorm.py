@@ -108,7 +108,8 @@ def test_without_saved_ln_runs_it_names_the_sweep(tmp_path, capsys):
     write_record(tmp_path, "ln", "rte", 100, 111, 60.0)  # an LN run that did not save its weights
     assert main(["--results-dir", str(tmp_path), "--out", str(tmp_path / "out"), "--paper-dir", str(tmp_path)]) == 0
     assert ("fig_ln_change.png not drawn: no LN-tuning run saved its weights; "
-            "`peltbench -m +experiment=table1 method=ln save.weights=true precision=fp32` fills it") in capsys.readouterr().out
+            "`peltbench -m +experiment=table1 method=ln save.weights=true task=rte precision=fp32` fills it"
+            ) in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])

@@ -137,7 +137,7 @@ def test_hints_name_the_model_and_protocol_they_render(tmp_path, capsys):
                          model="/ckpt/mini", train={"epochs": 5}, dev_size=200)
     status, out = render(tmp_path, "--protocol", "train.epochs=5,dev_size=200")
     assert status == 0
-    sweep = "model.name=/ckpt/mini train.epochs=5 dev_size=200 precision=fp32"
+    sweep = "task=mrpc model.name=/ckpt/mini train.epochs=5 dev_size=200 precision=fp32"  # the render's task only
     assert f"`peltbench -m +experiment=table3 {sweep}`, then `make tables`" in (out / "table3.md").read_text()
     # the K of the cells shown (MRPC K = 500), not the experiment file's three
     assert f"`peltbench -m +experiment=table2 k=500 {sweep}` runs them" in (out / "table2.md").read_text()

@@ -8,6 +8,8 @@ under a full-data protocol).
 """
 import shlex
 
+from omegaconf import OmegaConf
+
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT, protocol_file, protocol_settings, run_defaults, sweep_seeds
 from .names import TASK_LABELS, TASKS, order_of
@@ -116,11 +118,14 @@ def metric_words(metrics):
     return words + ("; MNLI matched" if "mnli" in metrics else "")
 
 
-def sweep_command(sweep, selection, ks=None, extra=()):
+def sweep_command(sweep, selection, ks=None, extra=(), tasks=None, data_dir=None):
     """The sweep that fills an output for the model and protocol this render pools, e.g. `peltbench -m
     +experiment=table1 protocol=lmbff k=16 seed=13,21,42,87,100`; None where the protocol cannot run that sweep
     (a few-shot table under a full-data protocol: `not_under`). `ks`: the K of the cells shown (default: the
-    experiment file's, or the protocol's K where the protocol fixes it)."""
+    experiment file's, or the protocol's K where the protocol fixes it). `tasks`: the tasks the render shows (the
+    sweep runs those of its own tasks, or these where it has none of them; all of its own without `tasks`);
+    `data_dir`: the local GLUE directory the pooled runs read (`data.dir`; None: the Hub), so that the sweep runs
+    where they did, offline too."""
     name = named(selection)
     ks = None if sweep in FULL_DATA_SWEEPS else ks
     model = selection.model.rpartition("#")[0] or selection.model  # records.split_architectures' PATH#roberta
@@ -136,9 +141,28 @@ def sweep_command(sweep, selection, ks=None, extra=()):
         words += [f"k={k}", f"seed={seeds.split(',')[0] if sweep in ONE_SEED_SWEEPS else seeds}"]
     elif ks:
         words.append(f"k={','.join(ks)}")
+    words += _tasks(sweep, tasks)
     words += [] if model == PAPER_MODEL else [f"model.name={model}"]
+    words += [] if data_dir is None else [f"data.dir={data_dir}"]
     words += [f"{key}={value}" for key, value in departures.items() if key != "protocol"]
     return shlex.join(words)
+
+
+def sweep_tasks(sweep):
+    """The tasks the experiment file `sweep` runs, in its order (none for a file without a task sweep)."""
+    config = packaged_config(f"experiment/{sweep}.yaml")
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) if config is not None else None
+    return [task.strip() for task in str(params.get("task", "")).split(",") if task.strip()] if params else []
+
+
+def _tasks(sweep, tasks):
+    """`task=...` for a sweep narrowed to the render's tasks (nothing when it runs just those, or without `tasks`):
+    the ones of the sweep's own tasks the render shows, else the render's (a figure's sweep on tasks it lacks)."""
+    own = sweep_tasks(sweep)
+    if not tasks or not own:
+        return []
+    shown = [task for task in own if task in tasks] or sorted(tasks, key=lambda task: order_of(task, TASKS))
+    return [] if shown == own else [f"task={','.join(shown)}"]
 
 
 def not_under(selection):

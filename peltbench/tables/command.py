@@ -15,6 +15,7 @@ from .cost import write_cost
 from .figures import swept_paths
 from .models import NAME as MODELS
 from .models import caption, models_markdown, side_by_side
+from .names import TASKS, order_of
 from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
 from .others import Ledger, other_runs_markdown, other_settings_groups
 from .paired import check_baseline, write_paired
@@ -131,6 +132,8 @@ def render_tables(args):
         render_context.selected = table_caption(selected)
         render_context.select_label = selected.label
     render_context.ks = tuple(sorted({k for k in runs["k"] if k != "all"}, key=int))  # the K a hint's sweep fills
+    render_context.tasks = tuple(sorted(set(chosen["task"]), key=lambda task: order_of(task, TASKS)))  # and its tasks
+    render_context.data_dir = data_dir(chosen)  # and where it reads them: a hint runs offline where the runs did
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable, runs,
                      args.select_keys if selected is not None else ())
     _say_selection(selection, ledger, args, render_context)
@@ -193,6 +196,17 @@ def account(chosen, duplicates, pooled, other_settings, unknown, unreadable, in_
         other_settings=other_settings, unknown=unknown, duplicates=duplicates,
         duplicates_left_out=pooled - len(chosen), unreadable=unreadable, only_in_selection=rest[~plotted & candidate],
     )
+
+
+def data_dir(runs):
+    """The `data.dir` most of `runs` read (a local GLUE directory), or None where most read the Hub (ties: the Hub,
+    then the first directory alphabetically)."""
+    dirs = runs["config"].map(lambda config: ((config.get("data") or {}).get("dir") if isinstance(config, dict) else None))
+    counts = dirs.fillna("").astype(str).value_counts()
+    if counts.empty:
+        return None
+    chosen = min(counts.index, key=lambda value: (-counts[value], value))
+    return chosen or None
 
 
 def _say_unknown(unknown):

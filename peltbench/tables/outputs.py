@@ -102,6 +102,8 @@ class Render:
     ks: tuple = ()         # the K < all of the pooled runs: what a hint's sweep fills
     selected: str = ""     # with --select: the caption's sentence on the settings chosen on dev (selection.table_caption)
     select_label: str = ""  # with --select: the keys chosen on dev, `method.lr` (selection.Chosen.label)
+    tasks: tuple = ()      # the tasks of the pooled runs: the ones a hint's sweep runs
+    data_dir: str | None = None  # the local GLUE directory the pooled runs read (`data.dir`), None: the Hub
 
 
 def write_missing(out, name, title, command, why="No runs for this table yet", below=""):
@@ -378,9 +380,11 @@ LN_SWEEP_SETTINGS = ("method=ln", "save.weights=true")  # LN runs that keep thei
 
 def _sweep(sweep, render, ks=None, extra=()):
     """The sweep that fills an output of this render (captions.sweep_command): at `ks`, the K of the cells a table
-    shows; under a protocol of K per class (whose K no experiment file has), at the K of the pooled runs."""
+    shows; under a protocol of K per class (whose K no experiment file has), at the K of the pooled runs; on the
+    render's tasks, from the GLUE directory its runs read (so that it runs offline where they did)."""
     per_class = protocol_node(render.selection)["k"] == "per_class"
-    return sweep_command(sweep, render.selection, ks or (render.ks if per_class else None) or None, extra)
+    return sweep_command(sweep, render.selection, ks or (render.ks if per_class else None) or None, extra,
+                         render.tasks, render.data_dir)
 
 
 def _any_k_sweep(render, extra=()):
