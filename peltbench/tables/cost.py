@@ -279,6 +279,8 @@ def _panel(axes, panel, cost, style):
     common = shared(panel, cost)
     for value, points in panel[common].groupby(cost):  # one shared measurement: one bar behind all its points
         axes.plot([value, value], [points["score_low"].min(), points["score_high"].max()], **BAR, zorder=1)
+    if common.any():
+        axes.margins(x=0.1)  # room for a bar's width at the panel's edge
     for method, point in panel.set_index("method").iterrows():
         bar = [[point["score"] - point["score_low"]], [point["score_high"] - point["score"]]] if point["n"] > 1 else None
         axes.errorbar(point[cost], point["score"], yerr=bar,  # one seed: no bar
@@ -341,15 +343,15 @@ def write_cost(out, runs, render, members=None):
         what = label + (f" ({'; '.join(MEASURES.get(m, m) for m in measures)})" if cost == "peak_memory_gib" and measures else "")
         bars = ("median over seeds, bars: 25th-75th percentile" if statistic == "median" else
                 "mean over seeds, bars: ± 1 std")
-        notes = " ".join(filter(None, [fused_note(points, cost), chosen]))
+        notes = [note for note in (fused_note(points, cost), chosen) if note]
         title = f"Test score ({bars}) against {what}\n{about}. Dashed: Pareto front; hollow: one seed."
-        figure = cost_figure(points, cost, title + (f"\n{notes}" if notes else ""))
+        figure = cost_figure(points, cost, "\n".join([title, *notes]))
         if figure is None:
-            entries.append((name, f"not drawn: no record has {label}" + (f". {notes}" if notes else "")))
+            entries.append((name, " ".join([f"not drawn: no record has {label}.", *notes])))
             continue
         out.figure(name, figure)
-        entries.append((name, f"test score against {what}, one point per method, per task × K and averaged"
-                              + (f". {notes}" if notes else "")))
+        entries.append((name, " ".join([f"test score against {what}, one point per method, per task × K and averaged.",
+                                        *notes])))
     return entries
 
 
@@ -357,8 +359,8 @@ def selected_note(render):
     """With --select, what a cost figure says of its points (docs/tables.md: each shows the chosen setting)."""
     if not render.select_label:
         return ""
-    return (f"Settings chosen on dev (--select {render.select_label}): each point is its method's runs at the value "
-            "chosen for that task and K (selection.md), not the method's default.")
+    return (f"Settings chosen on dev (--select {render.select_label}): each point at the value chosen for its task and "
+            "K (selection.md), not the method's default.")
 
 
 def fused_note(points, cost):
