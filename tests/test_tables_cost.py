@@ -112,7 +112,7 @@ def test_24_methods_each_have_a_style_of_their_own(tmp_path):
     from peltbench.tables.cost import cost_figure, styles, with_fronts
     from peltbench.tables.names import METHODS as ALL
 
-    assert len(ALL) == 24 and len(set(styles(ALL).values())) == 24
+    assert len(ALL) >= 24 and len(set(styles(ALL).values())) == len(ALL)  # every method peltbench has, 24 and more
     rng = np.random.default_rng(0)
     for i, method in enumerate(ALL):
         for task in ("rte", "cola"):
@@ -120,10 +120,11 @@ def test_24_methods_each_have_a_style_of_their_own(tmp_path):
                 write_record(tmp_path, method, task, 100, seed, float(rng.uniform(20, 70)), trainable_params=10 ** (3 + i % 6),
                              train_seconds=10 + i, train_steps=100)
     points = with_fronts(cost_points(load_records(tmp_path)))
-    figure = cost_figure(points, "trainable_params", "24 methods")
+    figure = cost_figure(points, "trainable_params", "every method")
     legend = figure.legends[0]
-    assert len(legend.get_texts()) == 24
-    assert len({(tuple(h.get_facecolor()[0]), h.get_paths()[0].vertices.tobytes()) for h in legend.legend_handles}) == 24
+    assert len(legend.get_texts()) == len(ALL)
+    assert len({(tuple(h.get_facecolor()[0]), h.get_paths()[0].vertices.tobytes())
+                for h in legend.legend_handles}) == len(ALL)
 
 
 def test_a_fused_groups_time_and_peak_are_one_measurement_each_in_no_pareto_decision(tmp_path):
