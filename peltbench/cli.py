@@ -79,7 +79,7 @@ GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config gr
 # What each method setting means (the values each method takes are commented in conf/method/*.yaml).
 METHOD_HELP = {
     "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft ia3 prompt fourierft c3a",
+    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft ia3 prompt fourierft c3a road delora",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
     "gated": "UniPELT's gate on each submodule (§3.2): true or false",
@@ -96,6 +96,7 @@ METHOD_HELP = {
     "lora_targets": "the projections LoRA adapts, a list from query, key, value",
     "adapter_scale": "MAM's parallel-adapter scale",
     "lora_freeze_a": "LoRA-FA: LoRA's A stays at its random init, only B trains (default false)",
+    "lora_init": "LoRA's (DoRA's) init: kaiming (default), pissa or olora (A, B from W's principal part, taken out of W)",
     "vera_rank": "VeRA rank r of the shared random A (r × in) and B (out × r)",
     "vera_targets": "the projections VeRA adapts, a list from query, key, value",
     "vera_d_initial": "VeRA's initial λ_d (PEFT's d_initial)",
@@ -124,6 +125,12 @@ METHOD_HELP = {
     "fourierft_targets": "the projections FourierFT adapts, a list from query, key, value",
     "c3a_block_size": "C3A block size b: one trained circular-convolution kernel of length b per b x b block",
     "c3a_targets": "the projections C3A adapts, a list from query, key, value",
+    "road_variant": "RoAd's variant: 1, 2 or 4 (PEFT's road_1/2/4: one angle and scale per pair, per feature, two per feature)",
+    "road_group_size": "RoAd: features are paired within groups of this size (i with i + size/2; 2: consecutive pairs)",
+    "road_targets": "the projections whose output RoAd rotates, a list from query, key, value",
+    "delora_rank": "DeLoRA rank r",
+    "delora_lambda": "DeLoRA's initial λ, the trained bound on the update's norm relative to W's",
+    "delora_targets": "the projections DeLoRA adapts, a list from query, key, value",
 }
 
 

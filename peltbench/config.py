@@ -40,12 +40,14 @@ COMPONENT_SETTINGS = {
     "ln": (),
     "adapter": ("bottleneck", "gated", "gate_pooling"),
     "prefix": ("prefix_length", "prefix_hidden", "prefix_projection", "prefix_shift_positions", "gated", "gate_pooling"),
-    "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling", "lora_freeze_a"),
+    "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling", "lora_freeze_a", "lora_init"),
     "parallel_adapter": ("bottleneck", "adapter_scale"),
-    "dora": ("lora_rank", "lora_scale", "lora_targets"),
+    "dora": ("lora_rank", "lora_scale", "lora_targets", "lora_init"),
     "vera": ("vera_rank", "vera_targets", "vera_d_initial", "gated", "gate_pooling"),
     "fourierft": ("fourierft_n_frequency", "fourierft_scaling", "fourierft_entry_seed", "fourierft_targets"),
     "c3a": ("c3a_block_size", "c3a_targets"),
+    "road": ("road_variant", "road_group_size", "road_targets"),
+    "delora": ("delora_rank", "delora_lambda", "delora_targets"),
     "adalora": ("adalora_targets", "adalora_init_rank", "adalora_target_rank", "adalora_alpha", "adalora_tinit",
                 "adalora_tfinal", "adalora_delta_t", "adalora_beta1", "adalora_beta2", "adalora_orth_reg", "gated",
                 "gate_pooling"),
@@ -55,8 +57,8 @@ COMPONENT_SETTINGS = {
     "ia3": (),
     "prompt": ("prompt_length", "prompt_init"),
 }
-OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a", "prefix_projection", "prefix_shift_positions")  # a method file may leave them out:
-# masked, false, true (the MLP)
+OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a", "prefix_projection", "prefix_shift_positions", "lora_init")  # a method
+# file may leave them out: masked, false, true (the MLP), false, kaiming
 
 # The optional dependency (module to import = extra to install) of each logger in conf/logger/.
 LOGGER_EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
@@ -163,6 +165,16 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "fourierft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                           f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
     "c3a_block_size": POSITIVE_INT,
+    "lora_init": (lambda v: v in ("kaiming", "pissa", "olora"),
+                  "must be kaiming (A kaiming-uniform, B zero), pissa or olora (PEFT's init_lora_weights)"),
+    "road_variant": (lambda v: v in (1, 2, 4) and not isinstance(v, bool), "must be 1, 2 or 4 (PEFT's road_1, road_2, road_4)"),
+    "road_group_size": (lambda v: _positive_int(v) and v % 2 == 0, "must be a positive even integer (features paired within a group)"),
+    "road_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "delora_rank": POSITIVE_INT,
+    "delora_lambda": (_positive_number, "must be a positive number (λ, the bound on the update's norm relative to W's)"),
+    "delora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                       f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
     "c3a_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
     "adalora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(ADALORA_TARGETS),
@@ -243,6 +255,14 @@ def rotation_misfit(kind: str, block: int, factors: int, features: int) -> str |
     return None
 
 
+def road_misfit(group: int, out_features: int) -> str | None:
+    """Why RoAd's group size cannot pair a projection's outputs, or None (PEFT's rule: it divides them). The one rule:
+    methods/road.py applies it to the model's shapes, check_model_fit before torch."""
+    if out_features % group:
+        return f"road_group_size={group} must divide the adapted projections' output size {out_features}"
+    return None
+
+
 def fourierft_misfit(n: int, out_features: int, in_features: int) -> str | None:
     """Why FourierFT cannot place n coefficients in a projection's out × in spectrum, or None (PEFT's rule). The one
     rule: methods/fourierft.py applies it to the model's shapes, check_model_fit before torch."""
@@ -285,6 +305,8 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
                 if why:
                     raise UserError(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
         why = spectral_misfit(method, components, int(hidden))
+        if not why and "road" in components:  # q, k, v: hidden outputs (a row block of ModernBERT's Wqkv too)
+            why = road_misfit(int(method.road_group_size), int(hidden))
         if why:
             raise UserError(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
     from .architectures import ARCHITECTURES
@@ -340,6 +362,9 @@ def check_method(method: DictConfig) -> None:
                         f"{gateless[0]} out")
     if "adalora" in components:
         _check_adalora(method)
+    if method.get("lora_init", "kaiming") != "kaiming" and method.get("gated"):  # methods/lora.py check() too
+        raise UserError(f"method.lora_init={method.lora_init}: takes s·B₀A₀ out of W, and a gate replaces s: PiSSA and "
+                        "OLoRA run ungated (method.gated=false)")
 
 
 def _check_adalora(method: DictConfig) -> None:

@@ -4,7 +4,7 @@
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
                             `classifier.weight`); its metadata names the method, model and task. A plain LoRA, LoRA-FA,
-                            DoRA, VeRA, AdaLoRA, OFT, HRA, BOFT, (IA)³ or prompt-tuning run (ungated, nothing else) also
+                            DoRA, VeRA, AdaLoRA, OFT, HRA, BOFT, (IA)³, prompt-tuning, RoAd or DeLoRA run (ungated, alone) also
                             writes peft/, which `PeftModel.from_pretrained` loads, where PEFT has the method on that
                             encoder (peft_kind); a run PEFT cannot express there (a prefix run ...) says why in one log line.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order: its label,
@@ -68,6 +68,8 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
         written += export_ia3(run_dir / PEFT_DIR, tensors, cfg, arch)
     elif kind == "PROMPT_TUNING":
         written += export_prompt(run_dir / PEFT_DIR, tensors, cfg, arch)
+    elif kind in OWN_EXPORTS:
+        written += export_own(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
     elif kind is not None:
         written += export_peft(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
     elif refusal:
@@ -83,8 +85,11 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     if components == ["prefix"] and not gated:
         return None, NO_PEFT_SHIFTED if method.get("prefix_shift_positions", False) else NO_PEFT_PREFIX
     if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"], ["oft"], ["hra"], ["boft"], ["ia3"],
-                                                 ["prompt"]):
+                                                 ["prompt"], ["road"], ["delora"]):
         return None, None
+    if components == ["delora"] and any(arch.projections[t][1] is not None for t in method.delora_targets):
+        return None, (f"PEFT's DeLoRA adapts {arch.name}'s whole fused Wqkv with one λ and W's column norms over its "
+                      "q, k and v rows; DeLoRA on its q and v blocks has no PEFT form (docs/saving.md)")
     if components == ["adalora"]:
         fused = [t for t in method.adalora_targets if t in arch.projections and arch.projections[t][1] is not None]
         if fused:
@@ -103,6 +108,22 @@ NO_PEFT_PREFIX = ("PEFT's prefix tuning shifts every position id by the prefix l
                   "or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
 NO_PEFT_SHIFTED = ("peltbench writes no PEFT copy of a prefix run (a P-tuning v2 run with shifted positions computes what "
                    "PEFT's prefix tuning computes on BERT and RoBERTa, but its export is not implemented: docs/saving.md)")
+
+
+# Methods whose component module writes its own PEFT config and state dict (`peft_export`): RoAd, DeLoRA.
+OWN_EXPORTS = {"ROAD": "road", "DELORA": "delora"}
+
+
+def export_own(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """A run of a method that says its PEFT form itself (OWN_EXPORTS: `<component>.peft_export`), with the head as
+    modules_to_save, for the run's model."""
+    from .methods import COMPONENTS
+
+    [component] = cfg.method.components
+    config, renamed = COMPONENTS[component].peft_export(tensors, cfg.method, arch)
+    config.update({"task_type": "SEQ_CLS", "modules_to_save": _modules_to_save(arch), "inference_mode": True,
+                   "base_model_name_or_path": str(cfg.model.name)})
+    return _write_peft(folder, config, renamed)
 
 
 def _modules_to_save(arch) -> list[str]:
@@ -172,7 +193,8 @@ def export_peft_adalora(folder: Path, tensors: dict[str, torch.Tensor], cfg, arc
 
 def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
     """A LoRA run (LoRA-FA: its frozen A from `tensors` too; DoRA: use_dora and its m) or a VeRA run in PEFT's format:
-    adapter_config.json + adapter_model.safetensors (the head as modules_to_save).
+    adapter_config.json + adapter_model.safetensors (the head as modules_to_save). A PiSSA / OLoRA run: the rank-2r
+    LoRA (DoRA) on the original W that PEFT converts such a run to (_principal_as_lora).
 
     Our y = W x + s · B(A x) is PEFT's LoRA with lora_alpha = s · r (scaling = lora_alpha / r) and no dropout. On a
     fused projection (ModernBERT's Wqkv) PEFT can only adapt the whole Linear: LoRA on its q and v blocks is exported
@@ -183,10 +205,11 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     method = cfg.method
     if list(method.components) == ["vera"]:
         return _write_peft(folder, *_vera_export(tensors, cfg, arch))
+    tensors, doubled = _principal_as_lora(tensors)
     targets = [target for target in ("query", "key", "value") if target in method.lora_targets]
     modules = list(dict.fromkeys(arch.projections[target][0] for target in targets))
     fused = any(arch.projections[target][1] is not None for target in targets)
-    rank = int(method.lora_rank) * (len(targets) if fused else 1)
+    rank = int(method.lora_rank) * (2 if doubled else 1) * (len(targets) if fused else 1)
     config = {
         "peft_type": "LORA", "task_type": "SEQ_CLS", "r": rank, "lora_alpha": float(method.lora_scale) * rank,
         "lora_dropout": 0.0, "target_modules": modules, "bias": "none",
@@ -221,6 +244,21 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
             full[block * size : (block + 1) * size] = magnitude
         renamed[f"base_model.model.{module}.lora_magnitude_vector"] = full
     return _write_peft(folder, config, renamed)
+
+
+def _principal_as_lora(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
+    """A PiSSA / OLoRA run (its frozen A₀, B₀ among `tensors`) as the LoRA of rank 2r that PEFT's
+    `path_initial_model_for_weight_conversion` writes, which loads on the original W: s·(BA − B₀A₀) = s·B'A' with
+    A' = [A; A₀], B' = [B, −B₀] (the scale is kept: lora_alpha doubles with r). Returns (tensors, whether converted)."""
+    initial = [name.removesuffix(".lora_a0") for name in tensors if name.endswith(".lora_a0")]
+    if not initial:
+        return tensors, False
+    converted = {name: tensor for name, tensor in tensors.items() if not name.endswith((".lora_a0", ".lora_b0"))}
+    for module in initial:
+        converted[f"{module}.lora_a.weight"] = torch.cat([tensors[f"{module}.lora_a.weight"], tensors[f"{module}.lora_a0"]])
+        converted[f"{module}.lora_b.weight"] = torch.cat([tensors[f"{module}.lora_b.weight"], -tensors[f"{module}.lora_b0"]],
+                                                         dim=1)
+    return converted, True
 
 
 def _vera_export(tensors: dict[str, torch.Tensor], cfg, arch) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -21,7 +21,7 @@ def test_menus():
     assert METHODS == sorted(["ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
                               "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he",
                               "dora", "lora_fa", "vera", "adalora", "oft", "hra", "boft",
-                              "ia3", "ptuning_v2", "prompt", "fourierft", "c3a"])
+                              "ia3", "ptuning_v2", "prompt", "fourierft", "c3a", "road", "delora"])
     assert TASKS == sorted(["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"])
 
 

@@ -409,7 +409,8 @@ OWN_COUNTS = {
 }
 SAME_EVERYWHERE = {"adapter": 6_304, "prefix": 1_280, "lora": 2_048, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
                    "mam": 2_128, "ia3": 2 * (32 + 32 + 64), "ptuning_v2": 20 * 128,
-                   "dora": 2_048 + 4 * 32, "lora_fa": 4 * 8 * 32, "vera": 4 * (1024 + 32)}  # q, v: 32 × 32 (H-row blocks)
+                   "dora": 2_048 + 4 * 32, "lora_fa": 4 * 8 * 32, "vera": 4 * (1024 + 32),  # q, v: 32 × 32 (H-row blocks)
+                   "road": 4 * (16 + 16), "delora": 4 * (8 * 32 + 32 * 8 + 1)}  # road_1: H/2 θ and α; DeLoRA's λ
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

@@ -14,8 +14,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import (adalora, adapter, bitfit, boft, c3a, dora, fourierft, full, hra, ia3, ln, lora, oft, parallel_adapter,
-               prefix, prompt, randomness, vera)
+from . import (adalora, adapter, bitfit, boft, c3a, delora, dora, fourierft, full, hra, ia3, ln, lora, oft,
+               parallel_adapter, prefix, prompt, randomness, road, vera)
 from ..architectures import SUPPORTED, architecture
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
@@ -32,6 +32,8 @@ COMPONENTS = {
     "vera": vera,
     "fourierft": fourierft,  # projection deltas, as LoRA's (issue 34)
     "c3a": c3a,
+    "road": road,  # projection deltas too (issue 34): RoAd rotates a projection's output rows, DeLoRA adds to them
+    "delora": delora,
     "adalora": adalora,
     "oft": oft,  # after lora: a rotation hooks the input of whatever module computes the projection
     "hra": hra,

@@ -8,6 +8,10 @@ The norm is the one product this costs beyond LoRA; it is computed without the f
 
 DoRA has no gate: its magnitude rescales the frozen path W x itself, and a gate per example would enter the norm
 (one norm per example). A method listing DoRA with lora, vera or bitfit is refused: DoRA rescales the whole projection.
+
+Started from PiSSA or OLoRA (`lora_init`, as PEFT allows with use_dora), DoRA is PEFT's on W_res = W − s·B₀A₀:
+W_res + s·BA = W + s·[B, −B₀][A; A₀], so the norm and the delta take the rank-2r factors with the member's frozen
+A₀, B₀, and the shared W x stays shared (lora.py).
 """
 
 from __future__ import annotations
@@ -28,38 +32,34 @@ class DoRALinear(lora.LoRALinear):
 
     def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
                  layer: int, in_features: int, out_features: int, block: slice | None, linear: nn.Module) -> None:
-        super().__init__(base, members, users, submodule, layer, in_features, out_features, block)
+        super().__init__(base, members, users, submodule, layer, in_features, out_features, block, linear)
         self.magnitude = nn.Parameter(torch.zeros(members.count, out_features))
-        self._linear = [linear]  # a reference, not a submodule: the projection belongs to the backbone
         scales = [float(users[m].lora_scale) if m in users else 0.0 for m in range(members.count)]
         self.register_buffer("s", torch.tensor(scales), persistent=False)
 
     def scales(self, users: dict[int, DictConfig]) -> list[float]:
         return [1.0] * self.members.count  # s is applied inside the delta, to B(A x) only
 
-    def frozen(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """W and b of this delta's rows of the frozen projection."""
-        linear = self._linear[0]
-        bias = getattr(linear, "pretrained", linear.bias)  # BitFit's MemberBias keeps the pretrained bias there
-        rows = self.block or slice(None)
-        return linear.weight[rows], None if bias is None else bias[rows]
-
     def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
         weight, bias = self.frozen()
         a = self.members.slots_of(self.lora_a.weight, selection)
         b = self.members.slots_of(self.lora_b.weight, selection)
+        if self.lora_a0 is not None:  # PiSSA / OLoRA: the norm of W + s·[B, −B₀][A; A₀] = W_res + s·BA
+            a0, b0 = self.initial(selection)
+            a, b = torch.cat([a, a0], dim=1), torch.cat([b, -b0], dim=2)
         s = self.members.slots_of(self.s.to(a.device), selection)
         scale = self.members.slots_of(self.magnitude, selection) / row_norms(weight, a, b, s)  # (members, out)
         frozen = self.members.gather(selection, out)[..., self.block or slice(None)].clone()  # W x + b: rows, block
         if bias is not None:
             frozen = frozen - bias.to(frozen.dtype)
-        low_rank = self.lora_b(self.lora_a(rows, selection), selection)
+        low_rank = self.low_rank(rows, selection)
         grouped = (selection.count, -1, low_rank.shape[-1])
         delta = (scale[:, None] - 1) * frozen.reshape(grouped) + (scale * s[:, None])[:, None] * low_rank.reshape(grouped)
         return delta.to(low_rank.dtype).view(low_rank.shape)
 
     def init_member(self, slot: int, method: DictConfig) -> None:
-        """A, B as LoRA's (the same draws), then m = ‖W‖ per output row: ‖W + s·BA‖ at B = 0, as PEFT starts it."""
+        """A, B as LoRA's (the same draws), then m = ‖W‖ per output row: ‖W + s·BA‖ at B = 0, as PEFT starts it
+        (PiSSA / OLoRA: ‖W_res + s·B₀A₀‖ = ‖W‖ too)."""
         super().init_member(slot, method)
         with torch.no_grad():
             self.magnitude[slot] = torch.linalg.norm(self.frozen()[0].float(), dim=1)
@@ -97,8 +97,9 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
 
 def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
     """On a fused projection (ModernBERT's Wqkv) a PEFT copy is one DoRA on the whole Linear, whose rows outside our
-    blocks keep PEFT's initial m = ‖W‖ (B is zero there): that vector, under `<Wqkv>.lora_magnitude_vector`."""
-    state = {}
+    blocks keep PEFT's initial m = ‖W‖ (B is zero there): that vector, under `<Wqkv>.lora_magnitude_vector`; and a
+    PiSSA / OLoRA member's A₀, B₀ (lora.initial_state)."""
+    state = lora.initial_state(model, slot, method, DoRALinear)
     for name, module in model.named_modules():
         if isinstance(module, lora.FusedProjection) and any(
                 type(delta) is DoRALinear and slot in delta.users for delta in module.modules()):

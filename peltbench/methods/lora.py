@@ -7,6 +7,12 @@ ModernBERT's fused Wqkv) is the architecture map's business (architectures.py). 
 input, and the gate replaces s (official code; docs/protocol.md). LoRA-FA (`lora_freeze_a`): A stays at its draw and
 only B trains.
 
+`lora_init` (PEFT's `init_lora_weights`): `kaiming` (the above; PEFT's True), or `pissa` / `olora`, which start A and B
+at the principal part of W (its top-r singular vectors; its QR factors) and, as PEFT, take that part out of W:
+W_res = W − s·B₀A₀. A fused group shares one W, so each such member keeps its own frozen B₀, A₀ instead and computes
+    y = W x + s · (B(A x) − B₀(A₀ x))  =  W_res x + s · B(A x)
+(equal to PEFT's to float rounding: tests/test_lora_init.py). Ungated only: a gate replaces s, and W_res was cut with s.
+
 `ProjectionDelta` and `install_deltas` are where any delta on a projection goes (LoRA's here, DoRA's, VeRA's), on
 every architecture and for every member of a group; a method on the projections subclasses it and says its delta.
 """
@@ -26,6 +32,12 @@ from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, draw
 GATE = "the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s"
 
 TARGETS = ("query", "key", "value")  # the attention projections LoRA may adapt (where each sits: architectures.py)
+INITS = ("kaiming", "pissa", "olora")  # lora_init: PEFT's init_lora_weights True, "pissa", "olora"
+
+
+def residual(method: DictConfig) -> bool:
+    """Whether a method's LoRA starts from W's principal part and so computes on W_res (PiSSA, OLoRA)."""
+    return method.get("lora_init", "kaiming") != "kaiming"
 
 
 def kaiming(tensor: torch.Tensor) -> torch.Tensor:
@@ -80,27 +92,85 @@ class ProjectionDelta(nn.Module):
 
 class LoRALinear(ProjectionDelta):
     """LoRA's delta B(A x). Members with a smaller rank than the group's largest hold zeros in the rest of A and B,
-    and members without LoRA on this projection hold zeros everywhere."""
+    and members without LoRA on this projection hold zeros everywhere. Where some member starts from PiSSA or OLoRA,
+    `lora_a0` and `lora_b0` hold each such member's frozen B₀, A₀ (zeros for the others; module docstring)."""
 
     def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
-                 layer: int, in_features: int, out_features: int, block: slice | None = None) -> None:
+                 layer: int, in_features: int, out_features: int, block: slice | None = None,
+                 linear: nn.Module | None = None) -> None:
         super().__init__(base, members, users, block)
         rank = max(method.lora_rank for method in users.values())
         self.lora_a = MemberLinear(members, in_features, rank, bias=False)
         self.lora_b = MemberLinear(members, rank, out_features, bias=False)
         self.set_coefficient(users, submodule, layer, in_features, self.scales(users))
+        self._linear = [linear]  # a reference, not a submodule: the projection belongs to the backbone
+        corrected = any(residual(method) for method in users.values())  # on the device of the backbone's weight
+        device = linear.weight.device if corrected else None
+        self.register_buffer("lora_a0", torch.zeros(members.count, rank, in_features, device=device) if corrected
+                             else None, persistent=False)
+        self.register_buffer("lora_b0", torch.zeros(members.count, out_features, rank, device=device) if corrected
+                             else None, persistent=False)
 
     def scales(self, users: dict[int, DictConfig]) -> list[float]:
         """The constant that multiplies each member's delta when it is not gated: s."""
         return [float(users[m].lora_scale) if m in users else 1.0 for m in range(self.members.count)]
 
+    def frozen(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """W and b of this delta's rows of the frozen projection."""
+        linear = self._linear[0]
+        bias = getattr(linear, "pretrained", linear.bias)  # BitFit's MemberBias keeps the pretrained bias there
+        rows = self.block or slice(None)
+        return linear.weight[rows], None if bias is None else bias[rows]
+
     def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
-        return self.lora_b(self.lora_a(rows, selection), selection)
+        return self.low_rank(rows, selection)
+
+    def low_rank(self, rows: torch.Tensor, selection: Selection) -> torch.Tensor:
+        """B(A x) for the selected members' rows, minus B₀(A₀ x) where a member started from PiSSA / OLoRA."""
+        product = self.lora_b(self.lora_a(rows, selection), selection)
+        if self.lora_a0 is None:
+            return product
+        a0, b0 = self.initial(selection)
+        grouped = rows.reshape(a0.shape[0], -1, rows.shape[-1])
+        correction = torch.bmm(torch.bmm(grouped, a0.transpose(1, 2)), b0.transpose(1, 2))
+        return product - correction.view(product.shape)
+
+    def initial(self, selection: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selected members' frozen A₀, B₀ (zeros for a member with the kaiming init)."""
+        return self.members.slots_of(self.lora_a0, selection), self.members.slots_of(self.lora_b0, selection)
 
     def init_member(self, slot: int, method: DictConfig) -> None:
-        """A kaiming-uniform, B zeros (already), then the gate: the order a separate run draws them in."""
-        draw(self.lora_a.weight[slot, : method.lora_rank], kaiming)
+        """A kaiming-uniform, B zeros (already), then the gate: the order a separate run draws them in. PiSSA / OLoRA:
+        A = A₀ and B = B₀ from W, nothing drawn."""
+        if residual(method):
+            self.init_principal(slot, method)
+        else:
+            draw(self.lora_a.weight[slot, : method.lora_rank], kaiming)
         self.coefficient.init_member(slot)
+
+    @torch.no_grad()
+    def init_principal(self, slot: int, method: DictConfig) -> None:
+        """PEFT's `pissa_init` / `olora_init` on this delta's rows of W (in fp32), kept as the member's A₀, B₀ too."""
+        weight = self.frozen()[0]
+        if weight.device.type == "meta":  # counting on the meta device (methods.count_method): no values to factor
+            return
+        a, b = principal(weight.float(), method)
+        rank = method.lora_rank
+        for target, value in ((self.lora_a.weight[slot, :rank], a), (self.lora_b.weight[slot, :, :rank], b),
+                              (self.lora_a0[slot, :rank], a), (self.lora_b0[slot, :, :rank], b)):
+            target.copy_(value)
+
+
+def principal(weight: torch.Tensor, method: DictConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A₀, B₀) of PiSSA or OLoRA for an out × in W in fp32, as PEFT 0.21's LoraLayer computes them:
+    PiSSA: W = V S Uᵀ, A₀ = √(S_r/s) U_rᵀ, B₀ = V_r √(S_r/s); OLoRA: W = Q R, A₀ = R_r (first r rows), B₀ = Q_r."""
+    rank = int(method.lora_rank)
+    if method.lora_init == "pissa":
+        v, s, uh = torch.linalg.svd(weight, full_matrices=False)
+        root = torch.diag(torch.sqrt(s[:rank] / float(method.lora_scale)))
+        return root @ uh[:rank], v[:, :rank] @ root
+    q, r = torch.linalg.qr(weight)
+    return r[:rank].contiguous(), q[:, :rank].contiguous()
 
 
 class FusedProjection(nn.Module):
@@ -188,7 +258,10 @@ def install_deltas(model: PeltModel, users: dict[int, DictConfig], targets_key: 
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     def make(base, on_target, target, layer, in_features, out_features, block):
-        return LoRALinear(base, model.members, on_target, f"lora_{target}", layer, in_features, out_features, block)
+        linear = frozen_projection(model, model.layers[layer], target)
+        check_principal_rank(on_target, out_features, in_features)
+        return LoRALinear(base, model.members, on_target, f"lora_{target}", layer, in_features, out_features, block,
+                          linear)
 
     for lora, on_target in install_deltas(model, users, "lora_targets", make):
         trains_a = [m for m in on_target if not on_target[m].get("lora_freeze_a", False)]  # LoRA-FA: A stays frozen
@@ -205,14 +278,42 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
 
 
 def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
-    """LoRA-FA's A (frozen, so not in what the member trains), which a PEFT copy needs."""
-    if not method.get("lora_freeze_a", False):
+    """LoRA-FA's A (frozen, so not in what the member trains), which a PEFT copy needs; PiSSA's / OLoRA's A₀, B₀."""
+    state = initial_state(model, slot, method, LoRALinear)
+    if method.get("lora_freeze_a", False):
+        state.update({model.stored_name(f"{name}.lora_a.weight"): module.lora_a.weight[slot, : method.lora_rank]
+                      for name, module in model.named_modules() if type(module) is LoRALinear and slot in module.users})
+    return state
+
+
+def initial_state(model: PeltModel, slot: int, method: DictConfig, kind: type) -> dict[str, torch.Tensor]:
+    """A PiSSA / OLoRA member's frozen A₀ and B₀ on each `kind` delta (`<projection>.lora_a0`, `.lora_b0`): drawn
+    again from W when a run is rebuilt, and what its PEFT copy (a LoRA of rank 2r on the original W) needs."""
+    if not residual(method):
         return {}
-    return {model.stored_name(f"{name}.lora_a.weight"): module.lora_a.weight[slot, : method.lora_rank]
-            for name, module in model.named_modules() if type(module) is LoRALinear and slot in module.users}
+    rank, state = method.lora_rank, {}
+    for name, module in model.named_modules():
+        if isinstance(module, kind) and slot in module.users:
+            state[model.stored_name(f"{name}.lora_a0")] = module.lora_a0[slot, :rank]
+            state[model.stored_name(f"{name}.lora_b0")] = module.lora_b0[slot, :, :rank]
+    return state
+
+
+def check_principal_rank(users: dict[int, DictConfig], out_features: int, in_features: int) -> None:
+    """PiSSA / OLoRA take r singular (QR) vectors of the adapted W: r cannot exceed its smaller side."""
+    for method in users.values():
+        if residual(method) and method.lora_rank > min(out_features, in_features):
+            raise ValueError(f"lora_init={method.lora_init} takes lora_rank={method.lora_rank} principal directions of "
+                             f"a {out_features} × {in_features} projection, which has {min(out_features, in_features)}")
 
 
 def check(method: DictConfig) -> None:
     unknown = sorted(set(method.lora_targets) - set(TARGETS))
     if unknown:
         raise ValueError(f"lora_targets: unknown projection(s) {unknown}; choose from {list(TARGETS)}")
+    init = method.get("lora_init", "kaiming")
+    if init not in INITS:
+        raise ValueError(f"lora_init must be one of {list(INITS)}, not {init!r}")
+    if init != "kaiming" and method.get("gated", False):
+        raise ValueError(f"method {method.name}: lora_init={init} takes s·B₀A₀ out of W, and a gate replaces s: "
+                         "PiSSA and OLoRA run ungated (gated: false)")

@@ -1,0 +1,220 @@
+"""DeLoRA (methods/delora.py) against PEFT 0.21's DeLoRA, in groups, through peltbench, saved, exported.
+
+Tiny random encoders with O(1) weights (initializer_range 0.2); B and λ moved off their start (B = 0 would hide every
+norm) so that the normalisation, λ and the column norms of W all matter. Tolerances as tests/test_encoders.py. On
+ModernBERT, where PEFT can only adapt the whole Wqkv, each block's delta is checked against PEFT's DeLoRA layer on a
+Linear holding that block's rows of W. Written per architecture so that it becomes a row of the PEFT matrix (issue 33).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_encoder
+from peltbench.methods import count_method, member_frozen, member_state, parameter_counts
+from peltbench.methods.delora import DeLoRALinear
+from test_encoders import (assert_members_equal_their_own_models, batch, build, method, model_inputs,
+                           same_logits_then_backward)
+
+O1 = {"initializer_range": 0.2}
+UNFUSED = ["bert", "deberta-v2", "electra", "roberta"]
+PEFT_TARGETS = {"bert": ["query", "value"], "roberta": ["query", "value"], "electra": ["query", "value"],
+                "deberta-v2": ["query_proj", "value_proj"]}
+H = 32
+
+
+def spread(model) -> None:
+    """B non-zero and λ away from its start (each member and projection its own), so that the update matters."""
+    generator = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("delora_B"):
+                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+            elif name.endswith("delora_lambda"):
+                parameter.add_(torch.rand(parameter.shape, generator=generator))
+
+
+def peft_delora(model_type: str, ours, rank: int, lam: float):
+    from peft import DeloraConfig, get_peft_model
+
+    config = DeloraConfig(r=rank, delora_lambda=lam, target_modules=PEFT_TARGETS[model_type], task_type="SEQ_CLS")
+    peft = get_peft_model(tiny_encoder(model_type, dropout=0.0, **O1), config)
+    state = member_state(ours, 0)
+    frozen = member_frozen(ours, 0, method("delora", delora_rank=rank))
+    with torch.no_grad():
+        for name, tensor in peft.state_dict().items():
+            if ".delora_" not in name:
+                continue
+            plain = name.removeprefix("base_model.model.").replace(".default", "")
+            if plain.endswith("delora_w_norm"):  # PEFT's own, from the same W: ours must be it
+                torch.testing.assert_close(frozen[plain], tensor, rtol=1e-6, atol=1e-7)
+            else:
+                tensor.copy_(state[plain].reshape(tensor.shape))
+    return peft
+
+
+@pytest.mark.parametrize("rank", [8, 3])
+@pytest.mark.parametrize("model_type", UNFUSED)
+def test_delora_equals_peft(model_type, rank):
+    """Logits, the gradients of A, B and λ, and the count equal PEFT's DeLoRA on the same model and targets."""
+    pytest.importorskip("peft")
+    ours = build(model_type, method("delora", delora_rank=rank), **O1)
+    spread(ours)
+    lam = float(method("delora").delora_lambda)
+    peft = peft_delora(model_type, ours, rank, lam).train()
+    ours.train()
+    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
+    counted = 0
+    for name, parameter in peft.named_parameters():
+        if ".delora_" not in name:
+            continue
+        plain = name.removeprefix("base_model.model.").replace(".default", "")
+        torch.testing.assert_close(grads[plain].reshape(parameter.shape), parameter.grad, rtol=1e-5, atol=1e-6,
+                                   msg=plain)
+        counted += parameter.numel()
+    assert parameter_counts(ours)["trainable_params"] == counted == 2 * 2 * (rank * H + H * rank + 1)
+
+
+@pytest.mark.parametrize("block", ["query", "value"])
+def test_delora_on_modernbert_blocks_is_peft_delora_on_each_block(block):
+    """ModernBERT's Wqkv: our delta on a row block equals PEFT's DeloraLinear on a Linear holding those rows of W (its
+    column norms included), in output and in the gradients of A, B and λ."""
+    pytest.importorskip("peft")
+    from peft import DeloraConfig
+    from peft.tuners.delora.layer import DeloraLinear
+
+    ours = build("modernbert", method("delora"), **O1)
+    spread(ours)
+    fused = ours.layers[1].attn.Wqkv
+    delta = getattr(fused, block)
+    rows = delta.block
+    linear = torch.nn.Linear(H, H, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(fused.base.weight[rows])
+    theirs = DeloraLinear(linear, "default", DeloraConfig(r=8, delora_lambda=4.0, target_modules=["x"]), r=8,
+                          delora_lambda=4.0)
+    with torch.no_grad():
+        theirs.delora_A["default"].copy_(delta.delora_A[0])
+        theirs.delora_B["default"].copy_(delta.delora_B[0])
+        theirs.delora_lambda["default"].copy_(delta.delora_lambda[0])
+    torch.testing.assert_close(delta.w_norm, theirs.delora_w_norm["default"], rtol=1e-6, atol=1e-7)
+    x = torch.randn(3, 7, H, generator=torch.Generator().manual_seed(1))
+    mine = fused(x)[..., rows]
+    reference = theirs(x)
+    torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-6)
+    assert (reference - linear(x)).abs().max() > 1e-2  # the update matters
+    mine.square().sum().backward()
+    reference.square().sum().backward()
+    for ours_parameter, name in ((delta.delora_A, "delora_A"), (delta.delora_B, "delora_B"),
+                                 (delta.delora_lambda, "delora_lambda")):
+        torch.testing.assert_close(ours_parameter.grad[0].reshape(-1), getattr(theirs, name)["default"].grad.reshape(-1),
+                                   rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_delora_starts_as_the_pretrained_model_and_its_update_is_bounded():
+    """B = 0 at the start; with any A and B the paper's bound holds: ΔW = Σ_i (λ/r) b̂_i â_iᵀ diag(‖W‖_c), r terms of
+    unit norm, so ‖ΔW diag(1/‖W‖_c)‖_F ≤ λ."""
+    model = build("roberta", method("delora"), **O1)
+    delta = model.layers[0].attention.self.value
+    x = torch.randn(2, 5, H)
+    torch.testing.assert_close(delta(x), delta.base(x), rtol=0, atol=0)
+    spread(model)
+    with torch.no_grad():
+        change = delta(torch.eye(H)) - delta.base(torch.eye(H))  # rows: ΔW applied to each basis vector
+        normalised = change / delta.w_norm[:, None]  # (ΔW diag(‖W‖_c))ᵀ with the column scale divided out
+        assert torch.linalg.norm(normalised) <= delta.delora_lambda[0, 0] + 1e-5
+
+
+def test_roberta_base_and_deberta_v3_base_counts():
+    """r = 8 on q, v: 12 layers · 2 projections · (8·768 + 768·8 + λ) = 294,936 (PEFT's count)."""
+    from transformers import AutoConfig
+
+    roberta = AutoConfig.for_model("roberta")
+    deberta = AutoConfig.for_model("deberta-v2", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                   intermediate_size=3072, relative_attention=True, share_att_key=True,
+                                   pos_att_type=["p2c", "c2p"], position_buckets=256, vocab_size=128100)
+    for config in (roberta, deberta):
+        assert count_method(method("delora"), config)["trainable_params"] == 294_936
+
+
+MIXED = [("delora", {}), ("delora", {"delora_rank": 3, "delora_targets": ["key", "value"], "delora_lambda": 12.0}),
+         ("road", {}), ("dora", {"lora_rank": 2}), ("vera", {"vera_rank": 16}), ("delora", {"delora_rank": 5})]
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_group_with_delora_and_other_methods_computes_each_members_logits_and_gradients(model_type):
+    """DeLoRA members of several ranks, λ and targets beside RoAd, DoRA and VeRA on one backbone: each member's logits
+    and gradients equal its own model's (a smaller rank padded to the group's: no gradient in the padding)."""
+    from test_road import turned
+
+    methods = [method(name, **changes) for name, changes in MIXED]
+    seeds = [42 + i for i in range(len(methods))]
+    group = build(model_type, methods, seeds, **O1)
+    initial = [member_state(group, slot) for slot in range(len(methods))]
+    spread(group)
+    turned(group)
+    with torch.no_grad():  # B spread over its own rank only: the padding stays as the group holds it, zero
+        for module in group.modules():
+            if isinstance(module, DeLoRALinear):
+                for slot in module.users:
+                    module.delora_B[slot, :, methods[slot].delora_rank :] = 0
+    for slot, (config, seed) in enumerate(zip(methods, seeds)):
+        for name, tensor in member_state(build(model_type, config, seed, **O1), 0).items():
+            assert torch.equal(initial[slot][name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
+    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
+    for module in group.modules():
+        if isinstance(module, DeLoRALinear):
+            for slot in module.users:
+                rank = methods[slot].delora_rank
+                assert not module.delora_A.grad[slot, rank:].any() and not module.delora_B.grad[slot, :, rank:].any()
+
+
+@pytest.mark.parametrize("model_type", ["bert", "deberta-v2"])
+def test_delora_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    """Through peltbench: DeLoRA fused with RoAd and LoRA gives its separate run's record; save.weights=true keeps A, B,
+    λ; load_run predicts what the run scored; peft/ loads in PEFT on the plain model with the same logits."""
+    pytest.importorskip("peft")
+    import json
+
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    extra = ("method.lr=5e-3", "save.weights=true")
+    [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["delora"], False, *extra))
+    fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["road", "delora", "lora"], True, *extra))
+    assert [o.status for o in [alone, *fused]] == ["ok"] * 4 and fused[1].record["fused"]["size"] == 3
+    for key in ("train_loss", "dev_main"):
+        assert [h[key] for h in alone.record["history"]] == \
+            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
+    assert alone.record["test"] == pytest.approx(fused[1].record["test"], abs=1e-6)
+    assert alone.record["trainable_params"] == 2 * 2 * (8 * H + H * 8 + 1)
+    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
+    config = json.loads((run_dir / "peft" / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["delora_lambda"]) == ("DELORA", 8, 4.0)
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
+                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)
+    assert any(t.abs().max() > 0 for n, t in member_state(loaded.model, 0).items() if n.endswith("delora_B"))
+
+
+def test_no_peft_copy_of_delora_on_modernbert():
+    from peltbench.architectures import architecture
+    from peltbench.saving import peft_kind
+
+    assert peft_kind(method("delora"), architecture("roberta")) == ("DELORA", None)
+    assert peft_kind(method("road"), architecture("modernbert")) == ("ROAD", None)
+    kind, why = peft_kind(method("delora"), architecture("modernbert"))
+    assert kind is None and "Wqkv" in why and "\n" not in why
