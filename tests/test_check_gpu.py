@@ -47,3 +47,38 @@ def test_the_table_has_a_row_per_check_and_the_details_below():
     assert lines[2].split()[:4] == ["fused", "FAIL", "30.0", "0.40"] and "1.20 GiB / 1.50 GiB" in lines[2]
     assert lines[3].split() == ["benchmark", "skipped", "0.0", "not", "run"]
     assert lines[4] == "  fused: lora: best epoch 3 alone, 2 fused"
+
+
+def test_a_check_that_fails_is_a_fail_row_and_the_others_still_run(monkeypatch, tmp_path, capsys):
+    """The benchmark's exception once ended the script before its table: each check now stands alone."""
+    def broken(args, device):
+        raise RuntimeError("index_add_(): self (Float) and source (BFloat16) must have the same scalar type\n  more")
+
+    ran = []
+    monkeypatch.setattr(check_gpu, "check_tests", broken)
+    monkeypatch.setattr(check_gpu, "check_fused", lambda args, device: ran.append("fused") or check_gpu.Row("fused", True))
+    table = tmp_path / "table.txt"
+    status = check_gpu.main(["--device", "cpu", "--only", "tests", "fused", "--table", str(table)])
+    assert status == 1 and ran == ["fused"]
+    lines = table.read_text().splitlines()
+    assert lines[0].startswith("check-gpu on cpu (CPU: a dry run")
+    assert lines[2].split()[:2] == ["tests", "FAIL"]
+    assert lines[2].endswith("RuntimeError: index_add_(): self (Float) and source (BFloat16) must have the same scalar type")
+    assert lines[3].split()[:2] == ["fused", "ok"]
+    assert capsys.readouterr().out.count("RuntimeError: index_add_()") == 2  # as it came, then in the whole table
+
+
+def test_the_precision_check_fails_a_run_that_did_not_learn(monkeypatch, tmp_path):
+    """A run at the majority rate in both precisions (the first GPU run's 50.92 and 50.92) is a FAIL, not 'ok'."""
+    from types import SimpleNamespace
+
+    import peltbench.runner
+
+    def majority_rate_run(cfgs):
+        return [SimpleNamespace(status="ok", error=None, record={"test": {"main": 50.92}, "precision": "fp32"})]
+
+    monkeypatch.setattr(peltbench.runner, "run_group", majority_rate_run)
+    args = SimpleNamespace(out=tmp_path, k=500, epochs=5)
+    row = check_gpu.check_precision(args, torch.device("cpu"))
+    assert row.ok is False and "fp32 50.92" in row.note and "majority class 50.92" in row.note
+    assert row.details[-1] == "a run did not learn: every score must be at least 65.92"
