@@ -4,9 +4,10 @@
                             whole model) and the head, each tensor at the run's own size, under the plain Hugging Face model's
                             names (`bert.encoder.layer.3.output.LayerNorm.weight`, `...output.adapter.down.weight`,
                             `classifier.weight`); its metadata names the method, model and task. A plain LoRA, LoRA-FA,
-                            DoRA, VeRA, AdaLoRA, OFT, HRA, BOFT, (IA)³, prompt-tuning, RoAd or DeLoRA run (ungated, alone) also
-                            writes peft/, which `PeftModel.from_pretrained` loads, where PEFT has the method on that
-                            encoder (peft_kind); a run PEFT cannot express there (a prefix run ...) says why in one log line.
+                            DoRA, VeRA, AdaLoRA, OFT, HRA, BOFT, (IA)³, prompt-tuning, RoAd, DeLoRA, FourierFT or C3A run
+                            (ungated, alone) also writes peft/, which `PeftModel.from_pretrained` loads, where PEFT has
+                            the method on that encoder (peft_kind); a run PEFT cannot express there (a prefix run ...)
+                            says why in one log line.
     save.predictions=true   predictions.csv: one row per test example, in the official dev split's order: its label,
                             the prediction and (classification) the logits.
 
@@ -85,8 +86,11 @@ def peft_kind(method, arch) -> tuple[str | None, str | None]:
     if components == ["prefix"] and not gated:
         return None, NO_PEFT_SHIFTED if method.get("prefix_shift_positions", False) else NO_PEFT_PREFIX
     if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"], ["oft"], ["hra"], ["boft"], ["ia3"],
-                                                 ["prompt"], ["road"], ["delora"]):
+                                                 ["prompt"], ["road"], ["delora"], ["fourierft"], ["c3a"]):
         return None, None
+    if components == ["fourierft"] and any(arch.projections[t][1] is not None for t in method.fourierft_targets):
+        return None, (f"PEFT's FourierFT adapts {arch.name}'s whole fused Wqkv with one spectrum of 3H × H; FourierFT "
+                      "on its q and v blocks (an H × H spectrum each) has no PEFT form (docs/saving.md)")
     if components == ["delora"] and any(arch.projections[t][1] is not None for t in method.delora_targets):
         return None, (f"PEFT's DeLoRA adapts {arch.name}'s whole fused Wqkv with one λ and W's column norms over its "
                       "q, k and v rows; DeLoRA on its q and v blocks has no PEFT form (docs/saving.md)")
@@ -110,8 +114,9 @@ NO_PEFT_SHIFTED = ("peltbench writes no PEFT copy of a prefix run (a P-tuning v2
                    "PEFT's prefix tuning computes on BERT and RoBERTa, but its export is not implemented: docs/saving.md)")
 
 
-# Methods whose component module writes its own PEFT config and state dict (`peft_export`): RoAd, DeLoRA.
-OWN_EXPORTS = {"ROAD": "road", "DELORA": "delora"}
+# Methods whose component module writes its own PEFT config and state dict (`peft_export`): RoAd, DeLoRA, FourierFT,
+# C3A.
+OWN_EXPORTS = {"ROAD": "road", "DELORA": "delora", "FOURIERFT": "fourierft", "C3A": "c3a"}
 
 
 def export_own(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:

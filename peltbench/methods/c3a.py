@@ -14,7 +14,7 @@ trains and is stored: in · out / b per projection.
 In a fused group every member has its own w; members of different block sizes get one C3A delta per block size on the
 projection, each wrapping the previous (their kernels cannot share a shape), so each size is one batched FFT pass. On a
 fused projection (ModernBERT's Wqkv) each adapted row block has its own kernel; as b divides H that is PEFT's C3A on
-the whole Wqkv with the kernel's other rows zero, which is how it is exported (saving.export_fourier).
+the whole Wqkv with the kernel's other rows zero, which is how it is exported (`peft_export`).
 
 No gate: a gated method listing c3a is refused (GATE = None).
 """
@@ -110,9 +110,26 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
                 member_delta(model, layer, target, slot).init_member(slot, method)
 
 
-def peft_config(method: DictConfig) -> dict:
-    """PEFT's C3AConfig fields for a copy of a run (saving.export_fourier)."""
-    return {"peft_type": "C3A", "block_size": int(method.c3a_block_size), "init_weights": True}
+def peft_export(tensors: dict[str, torch.Tensor], method: DictConfig, arch) -> tuple[dict, dict[str, torch.Tensor]]:
+    """PEFT's C3AConfig and state dict for a run's tensors (saving.export_own adds the head, task and base model). On a
+    fused projection (ModernBERT's Wqkv) one C3A on the whole Linear: b divides H, so its block-circular weight change
+    has our q and v kernels in their rows, zero kernels in the rows the run leaves alone."""
+    targets = [t for t in lora.TARGETS if t in method.c3a_targets]
+    config = {"peft_type": "C3A", "block_size": int(method.c3a_block_size), "init_weights": True, "bias": "none",
+              "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in targets))}
+    renamed, blocks = {}, {}
+    for name, tensor in tensors.items():
+        module, _, kind = name.rpartition(".")
+        parent, _, target = module.rpartition(".")
+        if kind == "c3a_kernel" and arch.projections.get(target, (None, None))[1] is not None:
+            blocks.setdefault(parent, {})[arch.projections[target][1]] = tensor  # a block of a fused projection
+            continue
+        renamed[f"base_model.model.{name}"] = tensor
+    for module, parts in blocks.items():
+        zero = torch.zeros_like(next(iter(parts.values())))
+        renamed[f"base_model.model.{module}.c3a_kernel"] = torch.cat(
+            [parts.get(block, zero) for block in range(len(arch.projections))])
+    return config, renamed
 
 
 def check(method: DictConfig) -> None:

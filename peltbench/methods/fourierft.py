@@ -37,7 +37,8 @@ GATE = None  # not a UniPELT submodule: PEFT has no gated FourierFT, and no gate
 def _permutation(seed: int, size: int) -> torch.Tensor:
     """PEFT's `torch.randperm(out · in, generator=Generator().manual_seed(random_loc_seed))`: every projection of one
     shape uses it (cached: a model has dozens of projections of the same shape)."""
-    return torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed), device="cpu")  # never under a model's
+    # default device (count_method builds on "meta")
 
 
 def entries(seed: int, n: int, out_features: int, in_features: int) -> torch.Tensor:
@@ -60,18 +61,20 @@ class FourierFTLinear(lora.ProjectionDelta):
         self.register_buffer("entries", torch.zeros(members.count, n, dtype=torch.long), persistent=False)
         self.register_buffer("valid", torch.zeros(members.count, n), persistent=False)
         self.in_features, self.out_features = in_features, out_features
-        scales = [float(users[m].fourierft_scaling) if m in users else 1.0 for m in range(members.count)]
-        self.set_coefficient(users, submodule, layer, in_features, scales)  # α, as LoRA's s
+        scales = [float(users[m].fourierft_scaling) if m in users else 0.0 for m in range(members.count)]
+        self.register_buffer("scaling", torch.tensor(scales), persistent=False)
+        self.set_coefficient(users, submodule, layer, in_features, [1.0] * members.count)  # α is in ΔW, as PEFT's
 
     def weight_change(self, selection: Selection) -> torch.Tensor:
-        """Re(IDFT2(F)) for the selected members (members, out, in), in fp32 (α is the Coefficient's)."""
+        """ΔW = α · Re(IDFT2(F)) for the selected members (members, out, in), in fp32, in PEFT's order of operations."""
         slots = self.members.slots_of
         spectrum = slots(self.fourierft_spectrum, selection)
         with torch.autocast(spectrum.device.type, enabled=False):
             coefficients = spectrum.float() * slots(self.valid, selection)  # a member's padding adds nothing
             dense = torch.zeros(selection.count, self.out_features * self.in_features, device=spectrum.device)
             dense = dense.scatter_add(1, slots(self.entries, selection), coefficients)
-            return torch.fft.ifft2(dense.view(-1, self.out_features, self.in_features)).real
+            change = torch.fft.ifft2(dense.view(-1, self.out_features, self.in_features)).real
+            return change * slots(self.scaling, selection)[:, None, None]
 
     def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
         weight = self.weight_change(selection)
@@ -84,9 +87,9 @@ class FourierFTLinear(lora.ProjectionDelta):
         global stream, which build_pelt_model has seeded: PEFT's `torch.randn(n_frequency)`."""
         n = int(method.fourierft_n_frequency)
         with torch.no_grad():
-            self.entries[slot] = 0
-            self.entries[slot, :n] = entries(int(method.fourierft_entry_seed), n, self.out_features,
-                                             self.in_features).to(self.entries.device)
+            self.entries[slot] = 0  # a copy, wherever the model is (the permutation is made on the CPU)
+            self.entries[slot, :n].copy_(entries(int(method.fourierft_entry_seed), n, self.out_features,
+                                                 self.in_features))
             self.valid[slot] = 0
             self.valid[slot, :n] = 1
         draw(self.fourierft_spectrum[slot, :n], nn.init.normal_)
@@ -110,11 +113,16 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
                 lora.delta_module(model, layer, target, FourierFTLinear).init_member(slot, method)
 
 
-def peft_config(method: DictConfig) -> dict:
-    """PEFT's FourierFTConfig fields for a copy of a run (saving.export_fourier)."""
-    return {"peft_type": "FOURIERFT", "n_frequency": int(method.fourierft_n_frequency),
-            "scaling": float(method.fourierft_scaling), "random_loc_seed": int(method.fourierft_entry_seed),
-            "init_weights": True}
+def peft_export(tensors: dict[str, torch.Tensor], method: DictConfig, arch) -> tuple[dict, dict[str, torch.Tensor]]:
+    """PEFT's FourierFTConfig and state dict for a run's tensors (saving.export_own adds the head, task and base
+    model): each spectrum under PEFT's name, n, α and the entry seed as PEFT's n_frequency, scaling, random_loc_seed
+    (from which PEFT draws the same entries). Not on a fused projection (saving.peft_kind refuses it)."""
+    targets = [t for t in lora.TARGETS if t in method.fourierft_targets]
+    config = {"peft_type": "FOURIERFT", "n_frequency": int(method.fourierft_n_frequency),
+              "scaling": float(method.fourierft_scaling), "random_loc_seed": int(method.fourierft_entry_seed),
+              "init_weights": True, "fan_in_fan_out": False, "bias": "none",
+              "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in targets))}
+    return config, {f"base_model.model.{name}": tensor for name, tensor in tensors.items()}
 
 
 def check(method: DictConfig) -> None:

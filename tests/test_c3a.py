@@ -1,0 +1,260 @@
+"""C3A (methods/c3a.py) against PEFT 0.21's C3A on every encoder (ModernBERT: PEFT's C3A on the whole Wqkv, our q and v
+kernels in their rows), in fused groups (members of several block sizes), under bf16 autocast, through peltbench (alone =
+fused, successive halving), saved, reloaded and exported.
+
+Tiny random encoders with O(1) weights (initializer_range 0.2), block size 8 (the paper's 128 cannot tile hidden 32).
+Tolerances as tests/test_encoders.py: 1e-5 relative / 1e-6 absolute. The comparison with PEFT is one function of
+(encoder, our model) that builds PEFT's model with our kernels (`peft_c3a`), so it becomes a row of
+tests/test_peft_matrix.py as it is.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import ENCODERS, tiny_encoder
+from peltbench.methods import count_method, member_head, member_state, parameter_counts
+from peltbench.methods.c3a import C3ALinear, MemberCircularConvolution
+from test_encoders import (assert_members_equal_their_own_models, batch, build, method, model_inputs,
+                           same_logits_then_backward)
+
+O1 = {"initializer_range": 0.2}
+SEED = 42  # test_encoders.build's model seed
+B = 8      # block size on the tiny models (hidden 32)
+PEFT_TARGETS = {"bert": ["query", "value"], "roberta": ["query", "value"], "electra": ["query", "value"],
+                "deberta-v2": ["query_proj", "value_proj"], "modernbert": ["Wqkv"]}
+
+
+def scaled(model, scale: float = 2.0) -> None:
+    """Kernels of N(0, scale²): the xavier init's ΔW (entries ~0.006 at hidden 32, after PEFT's 1/in) would barely move
+    the logits; these make it ~0.06, a third of W's."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, C3ALinear):
+                module.c3a_kernel.copy_(scale * torch.randn(module.c3a_kernel.shape, generator=generator))
+
+
+def peft_c3a(model_type: str, ours, config):
+    """PEFT's C3A with our block size, built after the global generator is seeded with our model seed (PEFT then
+    draws each kernel where we draw ours), then our kernels loaded through our own export (methods/c3a.peft_export:
+    ModernBERT's q and v kernels as one Wqkv kernel, zero in the k rows)."""
+    from peft import C3AConfig, get_peft_model
+    from peft.utils import set_peft_model_state_dict
+
+    from peltbench.methods.c3a import peft_export
+
+    plain = tiny_encoder(model_type, dropout=0.0, **O1)
+    torch.manual_seed(SEED)
+    peft = get_peft_model(plain, C3AConfig(block_size=config.c3a_block_size, target_modules=PEFT_TARGETS[model_type],
+                                           task_type="SEQ_CLS"))
+    drawn = {name: module.c3a_kernel["default"].detach().clone() for name, module in peft_layers(peft).items()}
+    tensors = {**member_state(ours, 0), **member_head(ours, 0)}  # PEFT loads the head (modules_to_save) too
+    _, state = peft_export(tensors, config, ours.arch)
+    result = set_peft_model_state_dict(peft, state)
+    assert not result.unexpected_keys
+    return peft, drawn
+
+
+def peft_layers(peft) -> dict[str, object]:
+    """PEFT's C3A layers by the plain model's module name."""
+    return {name.removeprefix("base_model.model."): module for name, module in peft.named_modules()
+            if hasattr(module, "c3a_kernel") and "default" in module.c3a_kernel}
+
+
+@pytest.mark.parametrize("model_type", sorted(ENCODERS))
+def test_c3a_equals_peft(model_type):
+    """Drawn from the same seed, our kernels are PEFT's (ModernBERT: PEFT draws one Wqkv kernel of other bounds);
+    with kernels of N(0, 4) loaded into PEFT, logits, the kernels' gradients and the count equal PEFT's; on ModernBERT
+    PEFT's k rows hold zeros and are PEFT's own extra count."""
+    pytest.importorskip("peft")
+    config = method("c3a", c3a_block_size=B)
+    ours = build(model_type, config, **O1)
+    initial = member_state(ours, 0)
+    scaled(ours)
+    peft, drawn = peft_c3a(model_type, ours, config)
+    peft.train(), ours.train()
+    fused = model_type == "modernbert"
+    if not fused:
+        assert {f"{name}.c3a_kernel" for name in drawn} == {n for n in initial if n.endswith(".c3a_kernel")}
+        for name, kernel in drawn.items():
+            assert torch.equal(initial[f"{name}.c3a_kernel"], kernel), name
+    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
+    blocks = 32 // B
+    counted = 0
+    for name, layer in peft_layers(peft).items():
+        grad = layer.c3a_kernel["default"].grad
+        if fused:  # rows [q; k; v] of Wqkv: ours in q and v
+            torch.testing.assert_close(grads[f"{name}.query.c3a_kernel"], grad[:blocks], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(grads[f"{name}.value.c3a_kernel"], grad[2 * blocks:], rtol=1e-5, atol=1e-6)
+            assert grad[blocks : 2 * blocks].abs().sum() > 0  # PEFT trains the k rows too: not ours
+            counted += 2 * grad.numel() // 3
+        else:
+            torch.testing.assert_close(grads[f"{name}.c3a_kernel"], grad, rtol=1e-5, atol=1e-6, msg=name)
+            counted += grad.numel()
+    assert parameter_counts(ours)["trainable_params"] == counted == 2 * 2 * 32 * 32 // B
+
+
+def test_the_member_convolution_is_pefts_and_the_circulant_product():
+    """Per member, forward and gradients equal PEFT's BlockCircularConvolution and the block-circulant matrix PEFT's
+    get_circulant_fast builds (the merged weight change)."""
+    pytest.importorskip("peft")
+    from peft.tuners.c3a.utils import BlockCircularConvolution, get_circulant_fast
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 4, 8, generator=generator, requires_grad=True)  # members, rows, in/b, b
+    w = torch.randn(3, 2, 4, 8, generator=generator, requires_grad=True)  # members, out/b, in/b, b
+    out = MemberCircularConvolution.apply(x, w)
+    grad = torch.randn(out.shape, generator=generator)
+    out.backward(grad)
+    for m in range(3):
+        xm, wm = x[m].detach().clone().requires_grad_(), w[m].detach().clone().requires_grad_()
+        theirs = BlockCircularConvolution.apply(xm.reshape(5, 32), wm)
+        torch.testing.assert_close(out[m].reshape(5, 16), theirs, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(theirs, xm.reshape(5, 32) @ get_circulant_fast(wm).T, rtol=1e-5, atol=1e-5)
+        theirs.backward(grad[m].reshape(5, 16))
+        torch.testing.assert_close(x.grad[m], xm.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(w.grad[m], wm.grad, rtol=1e-5, atol=1e-5)
+
+
+MIXED = [("c3a", {"c3a_block_size": B}), ("lora", {}), ("c3a", {"c3a_block_size": 16, "c3a_targets": ["key"]}),
+         ("fourierft", {"fourierft_n_frequency": 60, "fourierft_scaling": 20.0}),
+         ("c3a", {"c3a_block_size": 4, "c3a_targets": ["query", "key", "value"]}), ("c3a", {"c3a_block_size": B}),
+         ("ia3", {})]
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_group_with_c3a_of_several_block_sizes_computes_each_members_logits_and_gradients(model_type):
+    """C3A members of block sizes 4, 8 and 16 (one delta per size on a projection) and other targets beside LoRA,
+    FourierFT and (IA)³ on one backbone: each member starts as its separate run draws it, and its logits and gradients
+    equal its own model's."""
+    methods = [method(name, **changes) for name, changes in MIXED]
+    seeds = [42 + i for i in range(len(methods))]
+    group = build(model_type, methods, seeds, **O1)
+    for slot, (config, seed) in enumerate(zip(methods, seeds)):
+        for name, tensor in member_state(build(model_type, config, seed, **O1), 0).items():
+            assert torch.equal(member_state(group, slot)[name], tensor), (slot, name)
+    scaled(group)
+    deltas = [m for m in group.modules() if isinstance(m, C3ALinear)]
+    assert sorted({m.block_size for m in deltas}) == [4, 8, 16]
+    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
+
+
+def test_bf16_autocast_on_a_cpu_convolves_in_fp32():
+    """Under torch.autocast("cpu", bfloat16) the FFTs run in fp32 (torch.fft has no bf16 on a CPU for every size) and
+    the delta joins the projection's bf16 output: the logits are the fp32 model's to bf16 rounding, and every kernel
+    gets a finite gradient."""
+    model = build("roberta", method("c3a", c3a_block_size=B), **O1).train()
+    scaled(model)
+    ids, mask, types = batch("roberta")
+    with torch.no_grad():
+        exact = model(ids, mask, types)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids, mask, types)
+    torch.testing.assert_close(logits, exact, rtol=0.1, atol=0.1)
+    F.cross_entropy(logits, torch.tensor([0, 1, 1])).backward()
+    grads = [m.c3a_kernel.grad for m in model.modules() if isinstance(m, C3ALinear)]
+    assert len(grads) == 4 and all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_counts_on_roberta_base_and_deberta_v3_base_equal_pefts():
+    """b = 128 on q and v of 12 layers: 24 · 768² / 128 = 110,592, the C3A paper's RoBERTa-base 0.111M (Table 2), and
+    PEFT's (its model built on the meta device)."""
+    pytest.importorskip("peft")
+    from peft import C3AConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    deberta = AutoConfig.for_model("deberta-v2", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                   intermediate_size=3072, relative_attention=True, share_att_key=True,
+                                   pos_att_type=["p2c", "c2p"], position_buckets=256, vocab_size=128100)
+    for config, targets in ((AutoConfig.for_model("roberta"), ["query", "value"]), (deberta, ["query_proj", "value_proj"])):
+        assert count_method(method("c3a", c3a_block_size=128), config)["trainable_params"] == 110_592
+        with torch.device("meta"):
+            peft = get_peft_model(AutoModelForSequenceClassification.from_config(config),
+                                  C3AConfig(block_size=128, target_modules=targets))
+        assert sum(p.numel() for n, p in peft.named_parameters() if "c3a_kernel" in n) == 110_592
+
+
+def test_a_block_size_that_does_not_tile_or_a_gate_is_one_line(tmp_path, glue_dir):
+    """b = 128 on hidden 32 is refused before torch for a local checkpoint (config.json) and when the model is built;
+    C3A has no gate."""
+    from omegaconf import OmegaConf
+
+    from peltbench import UserError
+    from peltbench.config import check_model_fit
+    from peltbench.methods import check_method
+
+    cfg = OmegaConf.create({"method": method("c3a", c3a_block_size=128), "task": {"name": "rte"}})
+    with pytest.raises(UserError, match=r"c3a_block_size=128 must divide .*\(bert hidden_size 32\)"):
+        check_model_fit(cfg, {"model_type": "bert", "hidden_size": 32})
+    with pytest.raises(ValueError, match=r"c3a_block_size=128 must divide the adapted projections' input and output"):
+        build("bert", method("c3a", c3a_block_size=128))
+    with pytest.raises(ValueError, match="c3a has no gate"):
+        check_method(method("c3a", gated=True))
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
+def test_c3a_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+    """Through peltbench: C3A fused with LoRA and a C3A of another block size writes its separate run's record;
+    save.weights=true keeps the kernels, load_run predicts what the run scored, and peft/ loads in PEFT with the same
+    logits (ModernBERT: one C3A on Wqkv)."""
+    pytest.importorskip("peft")
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    extra = ("method.lr=2e-1", "save.weights=true", "method.head=train")
+    [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["c3a"], False, *extra))
+    fused = run_group([*sweep(checkpoint, glue_dir, tmp_path / "fused", ["lora"], True),
+                       *sweep(checkpoint, glue_dir, tmp_path / "fused", ["c3a"], True, *extra),
+                       *sweep(checkpoint, glue_dir, tmp_path / "fused", ["c3a"], True, "method.c3a_block_size=16")])
+    assert [o.status for o in [alone, *fused]] == ["ok"] * 4 and fused[1].record["fused"]["size"] == 3
+    for key in ("train_loss", "dev_main"):
+        assert [h[key] for h in alone.record["history"]] == \
+            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
+    assert alone.record["test"] == pytest.approx(fused[1].record["test"], abs=1e-6)
+    assert alone.record["trainable_params"] == 2 * 2 * 32 * 32 // B
+    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        logits = loaded.model(ids, mask, types)
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits, logits,
+                                   rtol=1e-5, atol=1e-6)
+    start = build(model_type, method("c3a", c3a_block_size=B), **O1)
+    moved = [(a - b).abs().max() for (name, a), b in zip(member_state(loaded.model, 0).items(),
+                                                         member_state(start, 0).values()) if "c3a_kernel" in name]
+    assert moved and max(moved) > 1e-3  # the kernels trained
+
+
+def test_successive_halving_of_a_c3a_grid_keeps_the_full_grids_records(tmp_path):
+    """A C3A learning-rate grid under halving=2 (dropout on): the survivors' records are those of the same runs
+    without halving, and each pruned run's history is the full run's first epochs."""
+    from conftest import save_tiny_encoder, write_glue
+    from peltbench.runner import run_group
+    from test_halving import grid, same_record
+
+    tiny = save_tiny_encoder("bert", tmp_path / "ckpt", dropout=0.1), write_glue(tmp_path / "glue")
+    lrs = ("1e-3", "1e-1", "1")
+    common = dict(lrs=lrs, seeds=(111,), method="c3a")
+    halved = run_group(grid(tiny, tmp_path / "halving", f"method.c3a_block_size={B}", halving="2", **common))
+    full = run_group(grid(tiny, tmp_path / "full", f"method.c3a_block_size={B}", halving="null", **common))
+    assert sorted(o.status for o in halved) == ["ok", "pruned", "pruned"]
+    for a, b in zip(halved, full):
+        if a.status == "ok":
+            same_record(a.record, b.record, a.record["variant"])
+        else:
+            rung = a.record["pruned"]["rung"]
+            assert [h["dev_main"] for h in a.record["history"]] == \
+                pytest.approx([h["dev_main"] for h in b.record["history"][:rung]], abs=1e-6)

@@ -1,0 +1,287 @@
+"""FourierFT (methods/fourierft.py) against PEFT 0.21's FourierFT on every encoder PEFT adapts alike, against its formula
+on ModernBERT, in fused groups, under bf16 autocast, through peltbench (alone = fused, successive halving), saved,
+reloaded and exported.
+
+Tiny random encoders with O(1) weights (initializer_range 0.2). Tolerances as tests/test_encoders.py: 1e-5 relative /
+1e-6 absolute. The comparison with PEFT is written as one function of (encoder, our model) that builds PEFT's model
+(`peft_fourierft`), so it becomes a row of tests/test_peft_matrix.py as it is.
+"""
+
+from __future__ import annotations
+
+from types import MethodType
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_encoder
+from peltbench.methods import count_method, member_state, parameter_counts
+from peltbench.methods.fourierft import FourierFTLinear
+from test_encoders import (assert_members_equal_their_own_models, batch, build, method, model_inputs,
+                           same_logits_then_backward)
+
+O1 = {"initializer_range": 0.2}
+SEED = 42  # test_encoders.build's model seed
+N = 100    # coefficients per projection on the tiny models (of 32 · 32 entries)
+# α on the tiny models: IDFT2 divides by out · in, so the paper's 140 on a 32 × 32 spectrum makes ΔW's entries ~1, five
+# times W's, and the logits a function of rounding; at 20 they are ~0.14 and the method still moves the logits by 0.3-0.5.
+ALPHA = 20.0
+
+
+def tiny_fourierft(**changes):
+    return method("fourierft", **{"fourierft_n_frequency": N, "fourierft_scaling": ALPHA, **changes})
+PEFT_TARGETS = {"bert": ["query", "value"], "roberta": ["query", "value"], "electra": ["query", "value"],
+                "deberta-v2": ["query_proj", "value_proj"]}  # ModernBERT: see the formula test
+
+
+def peft_fourierft(model_type: str, config):
+    """PEFT's FourierFT with our n, α and entry seed, built after the global generator is seeded with our model seed:
+    PEFT then draws each spectrum (torch.randn) where we draw ours."""
+    from peft import FourierFTConfig, get_peft_model
+
+    plain = tiny_encoder(model_type, dropout=0.0, **O1)
+    torch.manual_seed(SEED)
+    return get_peft_model(plain, FourierFTConfig(
+        n_frequency=config.fourierft_n_frequency, scaling=config.fourierft_scaling,
+        random_loc_seed=config.fourierft_entry_seed, target_modules=PEFT_TARGETS[model_type], task_type="SEQ_CLS"))
+
+
+def peft_layers(peft) -> dict[str, object]:
+    """PEFT's FourierFT layers by our stored module name."""
+    return {name.removeprefix("base_model.model."): module for name, module in peft.named_modules()
+            if hasattr(module, "fourierft_spectrum") and "default" in module.fourierft_spectrum}
+
+
+@pytest.mark.parametrize("model_type", sorted(PEFT_TARGETS))
+def test_fourierft_equals_peft(model_type):
+    """Drawn from the same seeds, our entries and coefficients are PEFT's; logits, the coefficients' gradients and the
+    count equal PEFT's (n = 100, α = 20 on q and v)."""
+    pytest.importorskip("peft")
+    config = tiny_fourierft()
+    ours = build(model_type, config, **O1)
+    peft = peft_fourierft(model_type, config).train()
+    ours.train()
+    state = member_state(ours, 0)
+    layers = peft_layers(peft)
+    assert len(layers) == 4
+    for name, layer in layers.items():
+        ours_layer = next(m for n, m in ours.named_modules() if ours.stored_name(n) == name)
+        assert torch.equal(state[f"{name}.fourierft_spectrum"], layer.fourierft_spectrum["default"].detach())
+        rows, columns = layer.indices["default"]
+        assert torch.equal(ours_layer.entries[0], rows * layer.in_features + columns)
+    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
+    counted = 0
+    for name, layer in layers.items():
+        grad = layer.fourierft_spectrum["default"].grad
+        torch.testing.assert_close(grads[f"{name}.fourierft_spectrum"], grad, rtol=1e-5, atol=1e-6, msg=name)
+        counted += grad.numel()
+    assert parameter_counts(ours)["trainable_params"] == counted == 2 * 2 * N
+
+
+def test_fourierft_on_modernbert_is_the_formula_block_by_block():
+    """PEFT can adapt only the whole Wqkv (one 3H × H spectrum): not ours. Against the formula instead, on the plain
+    model: y = Wqkv x plus α Re(IDFT2(F_q)) x in the q rows and α Re(IDFT2(F_v)) x in the v rows, F_t zero but at the
+    n entries PEFT's generator picks (seed 777), where it holds the member's c_t; logits and c's gradients."""
+    config = tiny_fourierft()
+    ours = build("modernbert", config, **O1).train()
+    reference = tiny_encoder("modernbert", dropout=0.0, **O1).train()
+    entries = torch.randperm(32 * 32, generator=torch.Generator().manual_seed(777))[:N]
+    leaves = {}
+    for index, (ours_layer, layer) in enumerate(zip(ours.layers, reference.model.layers)):
+        fused = ours_layer.attn.Wqkv
+        c = {t: getattr(fused, t).fourierft_spectrum[0].detach().clone().requires_grad_() for t in ("query", "value")}
+        leaves[index] = c
+
+        def forward(self, x, c=c, linear=layer.attn.Wqkv):
+            def change(coefficients):
+                spectrum = torch.zeros(32 * 32).index_put((entries,), coefficients).view(32, 32)
+                return ALPHA * torch.fft.ifft2(spectrum).real
+
+            out = F.linear(x, linear.weight, linear.bias)
+            q, v = x @ change(c["query"]).T, x @ change(c["value"]).T
+            return out + torch.cat([q, torch.zeros_like(q), v], dim=-1)
+
+        layer.attn.Wqkv.forward = MethodType(forward, layer.attn.Wqkv)
+    ids, mask, types = batch("modernbert")
+    inputs = model_inputs("modernbert", ids, mask, types)
+    logits, expected = ours(ids, mask, types), reference(**inputs).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
+    plain = tiny_encoder("modernbert", dropout=0.0, **O1)(**inputs).logits
+    assert (logits - plain).abs().max() > 1e-2
+    labels = torch.tensor([0, 1, 1])
+    F.cross_entropy(logits, labels).backward()
+    F.cross_entropy(expected, labels).backward()
+    for index, ours_layer in enumerate(ours.layers):
+        for target in ("query", "value"):
+            torch.testing.assert_close(getattr(ours_layer.attn.Wqkv, target).fourierft_spectrum.grad[0],
+                                       leaves[index][target].grad, rtol=1e-5, atol=1e-6)
+    assert parameter_counts(ours)["trainable_params"] == 2 * 2 * N
+
+
+MIXED = [("fourierft", {"fourierft_n_frequency": N, "fourierft_scaling": ALPHA}),
+         ("fourierft", {"fourierft_n_frequency": 40, "fourierft_scaling": 30.0, "fourierft_targets": ["key"]}),
+         ("lora", {}),
+         ("fourierft", {"fourierft_n_frequency": N, "fourierft_scaling": ALPHA, "fourierft_entry_seed": 5,
+                        "fourierft_targets": ["query", "key", "value"]}),
+         ("vera", {"vera_rank": 16}), ("c3a", {"c3a_block_size": 16})]
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_group_with_fourierft_and_other_methods_computes_each_members_logits_and_gradients(model_type):
+    """FourierFT members of several n, scalings, entry seeds and targets beside LoRA, VeRA and C3A on one backbone:
+    each member starts as its separate run draws it, and its logits and gradients equal its own model's."""
+    methods = [method(name, **changes) for name, changes in MIXED]
+    seeds = [42 + i for i in range(len(methods))]
+    group = build(model_type, methods, seeds, **O1)
+    for slot, (config, seed) in enumerate(zip(methods, seeds)):
+        alone = build(model_type, config, seed, **O1)
+        initial = member_state(group, slot)
+        for name, tensor in member_state(alone, 0).items():
+            assert torch.equal(initial[name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
+        for name, module in alone.named_modules():  # the same spectral entries (a buffer, not saved)
+            if isinstance(module, FourierFTLinear):
+                grouped = next(m for n, m in group.named_modules() if group.stored_name(n) == alone.stored_name(name)
+                               and isinstance(m, FourierFTLinear) and slot in m.users)
+                n = int(config.fourierft_n_frequency)
+                assert torch.equal(grouped.entries[slot, :n], module.entries[0])
+    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
+
+
+def test_bf16_autocast_on_a_cpu_builds_the_weight_change_in_fp32():
+    """Under torch.autocast("cpu", bfloat16) the spectrum is transformed in fp32 (torch.fft has no bf16 on a CPU for
+    every size) and the delta enters the projection as autocast's bf16: the logits are the fp32 model's to bf16
+    rounding, and every coefficient gets a finite gradient."""
+    model = build("roberta", tiny_fourierft(), **O1).train()
+    ids, mask, types = batch("roberta")
+    with torch.no_grad():
+        exact = model(ids, mask, types)
+    delta = next(m for m in model.modules() if isinstance(m, FourierFTLinear))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert delta.weight_change(model.members.select(delta.users, ids.device)).dtype == torch.float32
+        logits = model(ids, mask, types)
+    torch.testing.assert_close(logits, exact, rtol=0.1, atol=0.1)
+    F.cross_entropy(logits, torch.tensor([0, 1, 1])).backward()
+    grads = [m.fourierft_spectrum.grad for m in model.modules() if isinstance(m, FourierFTLinear)]
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_counts_on_roberta_base_and_deberta_v3_base_equal_pefts():
+    """n = 1000 on q and v of 12 layers: 24,000, the FourierFT paper's RoBERTa-base count (Table 2), and PEFT's (its
+    model built on the meta device)."""
+    pytest.importorskip("peft")
+    from peft import FourierFTConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    deberta = AutoConfig.for_model("deberta-v2", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                   intermediate_size=3072, relative_attention=True, share_att_key=True,
+                                   pos_att_type=["p2c", "c2p"], position_buckets=256, vocab_size=128100)
+    for config, targets in ((AutoConfig.for_model("roberta"), ["query", "value"]), (deberta, ["query_proj", "value_proj"])):
+        assert count_method(method("fourierft"), config)["trainable_params"] == 24_000
+        with torch.device("meta"):
+            peft = get_peft_model(AutoModelForSequenceClassification.from_config(config),
+                                  FourierFTConfig(n_frequency=1000, target_modules=targets))
+        assert sum(p.numel() for n, p in peft.named_parameters() if "fourierft_spectrum" in n) == 24_000
+
+
+def test_a_count_on_the_meta_device_leaves_the_entries_of_later_models_real():
+    """count_method builds on the meta device; the entries it draws for a shape must not be what a real model of that
+    shape later gets (the permutation is cached per shape)."""
+    from conftest import tiny_encoder_config
+
+    config = tiny_fourierft()
+    assert count_method(config, tiny_encoder_config("bert"))["trainable_params"] == 2 * 2 * N
+    model = build("bert", config, **O1)
+    entries = next(m for m in model.modules() if isinstance(m, FourierFTLinear)).entries
+    assert entries.device.type == "cpu" and entries[0].unique().numel() == N
+    with torch.no_grad():
+        assert torch.isfinite(model(*batch("bert"))).all()
+
+
+def test_a_bad_n_or_gate_is_one_line():
+    """n beyond the projection's out · in entries is refused before torch for a local checkpoint (config.json), and
+    when the model is built; FourierFT has no gate."""
+    from omegaconf import OmegaConf
+
+    from peltbench import UserError
+    from peltbench.config import check_model_fit
+    from peltbench.methods import check_method
+
+    cfg = OmegaConf.create({"method": method("fourierft", fourierft_n_frequency=2000), "task": {"name": "rte"}})
+    with pytest.raises(UserError, match=r"fourierft_n_frequency=2000 exceeds the 32 × 32 entries .*hidden_size 32"):
+        check_model_fit(cfg, {"model_type": "bert", "hidden_size": 32})
+    with pytest.raises(ValueError, match="fourierft_n_frequency=2000 exceeds"):
+        build("bert", method("fourierft", fourierft_n_frequency=2000))
+    with pytest.raises(ValueError, match="fourierft has no gate"):
+        check_method(method("fourierft", gated=True))
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
+def test_fourierft_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir, caplog):
+    """Through peltbench: FourierFT fused with LoRA writes its separate run's record; save.weights=true keeps the
+    coefficients, load_run predicts what the run scored, and peft/ loads in PEFT with the same logits (RoBERTa); on
+    ModernBERT no peft/ is written and the log says why."""
+    pytest.importorskip("peft")
+    import logging
+
+    import peltbench
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import save_tiny_encoder
+    from peltbench.runner import run_group
+    from test_encoders import sweep
+
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    extra = ("method.lr=5e-2", "save.weights=true", f"method.fourierft_n_frequency={N}",
+             f"method.fourierft_scaling={ALPHA}", "method.head=train")
+    with caplog.at_level(logging.INFO, logger="peltbench"):
+        [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["fourierft"], False, *extra))
+    fused = run_group([*sweep(checkpoint, glue_dir, tmp_path / "fused", ["lora"], True),
+                       *sweep(checkpoint, glue_dir, tmp_path / "fused", ["fourierft"], True, *extra)])
+    assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
+    for key in ("train_loss", "dev_main"):
+        assert [h[key] for h in alone.record["history"]] == \
+            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
+    assert alone.record["test"] == pytest.approx(fused[1].record["test"], abs=1e-6)
+    assert alone.record["trainable_params"] == 2 * 2 * N
+    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    if model_type == "modernbert":
+        assert not (run_dir / "peft").exists()
+        assert "PEFT's FourierFT adapts ModernBERT's whole fused Wqkv" in caplog.text
+        return
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        logits = loaded.model(ids, mask, types)
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits, logits,
+                                   rtol=1e-5, atol=1e-6)
+    trained = loaded.model.layers[0].attention.self.query.fourierft_spectrum[0]
+    initial = build(model_type, tiny_fourierft(), **O1).layers[0].attention.self.query
+    assert (trained - initial.fourierft_spectrum[0]).abs().max() > 1e-3  # the coefficients trained
+
+
+def test_successive_halving_of_a_fourierft_grid_keeps_the_full_grids_records(tmp_path):
+    """A FourierFT learning-rate grid under halving=2 (dropout on): the survivors' records are those of the same runs
+    without halving, and each pruned run's history is the full run's first epochs."""
+    from conftest import save_tiny_encoder, write_glue
+    from peltbench.runner import run_group
+    from test_halving import grid, same_record
+
+    tiny = save_tiny_encoder("bert", tmp_path / "ckpt", dropout=0.1), write_glue(tmp_path / "glue")
+    extra = (f"method.fourierft_n_frequency={N}", f"method.fourierft_scaling={ALPHA}")
+    lrs = ("1e-3", "5e-2", "3e-1")
+    halved = run_group(grid(tiny, tmp_path / "halving", *extra, lrs=lrs, seeds=(111,), method="fourierft", halving="2"))
+    full = run_group(grid(tiny, tmp_path / "full", *extra, lrs=lrs, seeds=(111,), method="fourierft", halving="null"))
+    assert sorted(o.status for o in halved) == ["ok", "pruned", "pruned"]
+    for a, b in zip(halved, full):
+        if a.status == "ok":
+            same_record(a.record, b.record, a.record["variant"])
+        else:
+            rung = a.record["pruned"]["rung"]
+            assert [h["dev_main"] for h in a.record["history"]] == \
+                pytest.approx([h["dev_main"] for h in b.record["history"][:rung]], abs=1e-6)
