@@ -1,7 +1,6 @@
-"""The sweeps of conf/experiment/glue/: the published RoBERTa-base (VeRA / FourierFT) and DeBERTaV3-base (BOFT / HRA)
-GLUE tables, at each method's settings and with each method's learning-rate grid (issue 20 item 5).
-
-FourierFT, a row of the RoBERTa-base table, is not implemented in peltbench: its row is the paper's alone.
+"""The sweeps of conf/experiment/glue/: the published RoBERTa-base (VeRA / FourierFT, and C3A's) and DeBERTaV3-base
+(BOFT / HRA) GLUE tables, at each method's settings and with each method's learning-rate grid (issue 20 item 5, issue 34
+item 5).
 """
 import itertools
 
@@ -16,7 +15,8 @@ ROBERTA_TASKS = ["sst2", "mrpc", "cola", "qnli", "rte", "stsb"]  # ../shared/dat
 DEBERTA_TASKS = ["mnli", "sst2", "cola", "qqp", "qnli", "rte", "mrpc", "stsb"]  # deberta_v3_base_glue.csv
 ROBERTA_LR = {"ft": ["1e-05", "2e-05", "3e-05"], "bitfit": ["0.0001", "0.0004", "0.0007", "0.001"],
               "lora": ["0.0004", "0.0005"], "adalora": ["0.0005", "0.0008", "0.0022"],
-              "vera": ["0.001", "0.004", "0.01"]}
+              "vera": ["0.001", "0.004", "0.01"], "fourierft": ["0.01", "0.05", "0.09", "0.12"],
+              "c3a": ["0.07", "0.2", "0.3"]}
 DEBERTA_LR = {"ft": ["1e-05", "2e-05", "3e-05"], "bitfit": ["0.0001", "0.0004", "0.0007", "0.001"],
               "lora": ["0.0004", "0.0005", "0.0008"], "adalora": ["0.0005", "0.0008", "0.0022"],
               "oft": ["0.0001", "0.0003", "0.001"], "boft": ["0.0001", "0.0003", "0.001"], "hra": ["0.0001", "0.0003", "0.001"]}

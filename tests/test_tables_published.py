@@ -21,7 +21,7 @@ def header(text):
 
 def test_the_published_tables_are_copied_as_printed():
     tables = load_published(PAPER)
-    assert sorted(tables) == ["deberta_v3_base_glue", "roberta_base_glue"]
+    assert sorted(tables) == ["deberta_v3_base_glue", "roberta_base_glue", "roberta_base_glue_c3a"]
     roberta = tables["roberta_base_glue"].set_index("method")
     assert roberta.loc["vera", "rte"] == 78.7 and roberta.loc["fourierft", "params"] == 24000  # the CSV's own rows
     assert "hra" in set(tables["deberta_v3_base_glue"]["method"])  # hra_r8 as printed, hra in peltbench
@@ -54,6 +54,30 @@ def test_ours_beside_the_published_numbers(tmp_path):
                             "STS-B (Pearson)", "Avg."]
     assert "| vera " in text.lower() and "protocol full_median" in text  # a published row without runs shows too
     assert "Warning: these runs are of protocol unipelt, the published table's is full_median" in text
+
+
+def test_a_model_with_two_published_tables_gets_both_and_c3a_s_always_warns(tmp_path):
+    """RoBERTa-base has the FourierFT/VeRA table (full_median) and the C3A paper's (issue 34 item 5): a render writes
+    both; C3A's protocol is none of peltbench's, so its caption names it and warns under any protocol."""
+    from peltbench.tables.published import matching_tables
+
+    tables = load_published(PAPER)
+    assert matching_tables(tables, "roberta-base") == ["roberta_base_glue", "roberta_base_glue_c3a"]
+    c3a = tables["roberta_base_glue_c3a"].set_index("method")
+    assert c3a.loc["c3a", "params"] == 111_000 and c3a.loc["c3a", "rte"] == 77.18  # b = 768/6: our c3a.yaml
+    assert c3a.loc["c3a", "avg"] == 83.84 and c3a.loc["c3a_b768", "params"] == 18_000
+    for seed, rte in enumerate([76.0, 78.0, 79.0]):
+        write_record(tmp_path / "runs", "c3a", "rte", "all", seed, rte, model="roberta-base",
+                     test={"main": rte, "accuracy": rte})
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(PAPER),
+                 "--seeds", "3"]) == 0
+    text = (out / "published_roberta_base_glue_c3a.md").read_text()
+    [row] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| C3A ")]
+    assert row[5] == "77.67 (n = 3) [77.18]"  # the mean of 76, 78, 79, two decimals as the paper prints
+    assert "the published table's is the C3A paper's own (a validation split selects" in text
+    fourier = (out / "published_roberta_base_glue.md").read_text()
+    assert "| C3A " in fourier and "| FourierFT " in fourier  # ours beside the other table too; its published row
 
 
 def test_deberta_on_its_printed_metrics_with_two_decimals(tmp_path):

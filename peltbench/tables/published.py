@@ -19,9 +19,12 @@ from .markdown import frame_markdown
 from .names import method_label, task_label
 from .protocol import label_protocol, normalize_model
 
-# file stem -> (the model it is of, its ids, the protocol it used)
+# The C3A paper's protocol, which is none of peltbench's: its caption therefore always warns (the CSV's header says more)
+C3A_PROTOCOL = "the C3A paper's own (a validation split selects, a test split reports; mean of unstated seeds)"
+# file stem -> (the model it is of, its ids, the protocol it used); a model may have several
 TABLES = {
     "roberta_base_glue": ("roberta-base", ("roberta-base", "FacebookAI/roberta-base"), "full_median"),
+    "roberta_base_glue_c3a": ("roberta-base", ("roberta-base", "FacebookAI/roberta-base"), C3A_PROTOCOL),
     "deberta_v3_base_glue": ("microsoft/deberta-v3-base", ("microsoft/deberta-v3-base",), "full_mean"),
 }
 ROW_NAMES = {"lora_r8": "lora", "oft_b16": "oft", "boft_m2_b8": "boft", "hra_r8": "hra"}  # as printed -> config name
@@ -63,11 +66,14 @@ def _read(path):
 
 
 def matching_table(published, model):
-    """The stem of the published table of `model` (a render's pooled model), or None."""
-    for stem, (_, ids, _) in TABLES.items():
-        if stem in published and normalize_model(model) in {normalize_model(name) for name in ids}:
-            return stem
-    return None
+    """The stem of the (first) published table of `model` (a render's pooled model), or None."""
+    return next(iter(matching_tables(published, model)), None)
+
+
+def matching_tables(published, model):
+    """The stems of every published table of `model`, in TABLES' order."""
+    return [stem for stem, (_, ids, _) in TABLES.items()
+            if stem in published and normalize_model(model) in {normalize_model(name) for name in ids}]
 
 
 def ours(runs, metrics, statistic="mean"):
@@ -136,12 +142,15 @@ def _rounded(value, places):
 
 
 def write_published(out, runs, render, paper_dir, statistic="mean"):
-    """published_<stem>.md when the render pools a published table's model; returns index entries."""
+    """published_<stem>.md for each published table of the model the render pools; returns index entries."""
     published = load_published(paper_dir)
-    stem = matching_table(published, render.selection.model)
-    if stem is None:
-        return []
-    table = published[stem]
+    entries = []
+    for stem in matching_tables(published, render.selection.model):
+        entries += _write_one(out, runs, render, published[stem], stem, statistic)
+    return entries
+
+
+def _write_one(out, runs, render, table, stem, statistic):
     metrics = table.attrs["metrics"]
     places = sorted({decimals(text) for text in table.attrs["printed"].values() if text})
     what = "median" if statistic == "median" else "mean"
