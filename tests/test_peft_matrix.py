@@ -77,8 +77,9 @@ from peltbench.packaged import packaged_config
 from peltbench.saving import member_weights, save_weights
 
 pytest.importorskip("peft")
-from peft import (AdaLoraConfig, BOFTConfig, HRAConfig, IA3Config, LNTuningConfig, LoraConfig,  # noqa: E402
-                  OFTConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, VeraConfig, get_peft_model)
+from peft import (AdaLoraConfig, BOFTConfig, DeloraConfig, HRAConfig, IA3Config, LNTuningConfig,  # noqa: E402
+                  LoraConfig, OFTConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, RoadConfig, VeraConfig,
+                  get_peft_model)
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict  # noqa: E402
 
 MODEL_TYPES = sorted(ENCODERS)
@@ -156,6 +157,20 @@ def lora_config(t: str, m: DictConfig, **extra):
     rank = m.lora_rank * (2 if t == "modernbert" else 1)
     return LoraConfig(r=rank, lora_alpha=m.lora_scale * rank, target_modules=["Wqkv"] if t == "modernbert" else None,
                       lora_dropout=0.0, **extra)
+
+
+def converted_lora_config(t: str, m: DictConfig, **extra):
+    """A PiSSA / OLoRA run (lora_init) as PEFT converts one (save_pretrained's path_initial_model_for_weight_conversion)
+    and as peltbench exports it: a plain LoRA of rank 2r on the original W, A' = [A; A₀], B' = [B, −B₀], the scale kept
+    (lora_alpha = s·2r); on ModernBERT's Wqkv, 2·2r. Its A₀, B₀ halves are PEFT's to train, frozen ours (peft_extra)."""
+    rank = m.lora_rank * 2 * (2 if t == "modernbert" else 1)
+    return LoraConfig(r=rank, lora_alpha=m.lora_scale * rank, target_modules=["Wqkv"] if t == "modernbert" else None,
+                      lora_dropout=0.0, **extra)
+
+
+# Ours cancels s·B₀(A₀x) against s·B(Ax) where PEFT sums one rank-2r product, and OLoRA's A₀ = R_r has rows of W's
+# size: 2e-6 of the largest gradient entry, absolute (seen: 1.2e-6 on one of 256 entries, deberta-v2 OLoRA).
+PRINCIPAL_CLOSE = lambda grad: dict(rtol=1e-5, atol=2e-6 * max(1.0, grad.abs().max().item()))  # noqa: E731
 
 
 def freeze_lora_a(peft_model, model_type, method) -> None:
@@ -293,6 +308,17 @@ ROWS = [
     Row("dora", method="dora", peft=lambda t, m: lora_config(t, m, use_dora=True),
         count=2 * 2 * (32 * 8 + 8 * 32 + 32), peft_extra={"modernbert": 2 * (96 * 16 - 2 * 32 * 8 + 32)},
         base_counts={"roberta-base": 313_344, "deberta-v3-base": 313_344}),
+    # LoRA and DoRA started from PiSSA or OLoRA (method.lora_init), against PEFT's converted form of such a run, a LoRA
+    # (DoRA) of rank 2r on the original W (converted_lora_config): PEFT trains our A, B and the halves holding A₀, −B₀,
+    # 4 · (8·32 + 32·8) more (ModernBERT: rank 32 on Wqkv, 2 · (32·32 + 96·32) less ours; DoRA's m over its k rows too).
+    # That the start is PEFT's own pissa_init / olora_init, and the model PEFT's on W_res: tests/test_lora_init.py.
+    *[Row(f"{name}-{init}", method=name, overrides={"lora_init": init},
+          peft=lambda t, m, dora=(name == "dora"): converted_lora_config(t, m, use_dora=dora),
+          count=2 * 2 * (32 * 8 + 8 * 32 + (32 if name == "dora" else 0)),
+          peft_extra={t: 2 * 2 * (32 * 8 + 8 * 32) if t != "modernbert" else
+                      2 * (32 * 32 + 96 * 32 - 2 * (32 * 8 + 8 * 32) + (96 - 64 if name == "dora" else 0))
+                      for t in MODEL_TYPES}, grad_close=PRINCIPAL_CLOSE)
+      for name in ("lora", "dora") for init in ("pissa", "olora")],
     # VeRA: λ_b (32) and λ_d (r) per projection, r = 64 here; A and B drawn from our model seed are PEFT's from
     # projection_prng_key. r = 1,024 by default: 12 · 2 · (1,024 + 768) = 43,008 on roberta-base (ECOSYSTEM.md).
     Row("vera", method="vera", tiny={"vera_rank": 64},
@@ -355,6 +381,27 @@ ROWS = [
     # roberta-base. ModernBERT: PEFT's vector on Wqkv's 96 outputs holds our k and v; its q block (32) is not ours.
     Row("ia3", method="ia3", peft=ia3_config, count=2 * (32 + 32 + 64), peft_extra={"modernbert": 2 * 32},
         base_counts={"roberta-base": 55_296, "deberta-v3-base": 55_296}),
+    # RoAd: θ and α on the outputs of q and v, 32 · v/2 each per projection (road_v): 2 layers · 2 · 2 · 16v.
+    # ModernBERT: PEFT's RoAd on Wqkv rotates its k rows too (θ = 0, α = 1 in our copy): 2 layers · 2 · 16v more.
+    # road_1 on roberta-base q, v: 12 · 2 · 2 · 384 = 18,432 (PEFT's count), road_2 twice, road_4 four times that.
+    *[Row(f"road-{variant}-g{group}", method="road", overrides={"road_variant": variant, "road_group_size": group},
+          peft=lambda t, m: RoadConfig(variant=f"road_{m.road_variant}", group_size=m.road_group_size,
+                                       target_modules=QV[t], task_type="SEQ_CLS"),
+          count=2 * 2 * 2 * 16 * variant, peft_extra={"modernbert": 2 * 2 * 16 * variant},
+          base_counts={"roberta-base": 18_432 * variant, "deberta-v3-base": 18_432 * variant})
+      for variant, group in ((1, 2), (2, 8), (4, 16))],
+    # DeLoRA: A (r × 32), B (32 × r) and λ per projection, 2 layers · 2; r = 8, λ = 4 (conf/method/delora.yaml) and
+    # r = 3, λ = 12. 12 · 2 · (8·768 + 768·8 + 1) = 294,936 on roberta-base (PEFT's count).
+    *[Row(f"delora-r{rank}", method="delora", overrides={"delora_rank": rank, "delora_lambda": lam},
+          peft=lambda t, m: DeloraConfig(r=m.delora_rank, delora_lambda=m.delora_lambda, target_modules=QV[t],
+                                         task_type="SEQ_CLS"),
+          count=2 * 2 * (rank * 32 + 32 * rank + 1),
+          skip={"modernbert": "PEFT's DeLoRA adapts the whole fused Wqkv with one λ and W's column norms over its 96 "
+                              "rows, not DeLoRA on its q and v blocks (tests/test_delora.py checks each block against "
+                              "PEFT's DeloraLinear on a Linear of that block)"},
+          no_export={"modernbert": "DeLoRA on its q and v blocks has no PEFT form"},
+          base_counts={"roberta-base": 294_936, "deberta-v3-base": 294_936} if rank == 8 else {})
+      for rank, lam in ((8, 4.0), (3, 12.0))],
     # Prompt tuning: 20 prompts of the word embeddings' width (ELECTRA's is 16, below its hidden 32: PEFT's
     # token_dim); 20 · 768 = 15,360 on roberta-base.
     Row("prompt", method="prompt",
@@ -538,20 +585,23 @@ OFFSET = 2.0**22  # entry numbers OFFSET + i: exact in float32 (below 2**24) and
 
 
 def placement(row, model_type, peft_model, ours, method, cfg, folder, weights) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """For each tensor PEFT trains: (which of its entries hold one of ours, and which: the index in our trained tensors
-    flattened in order), found by loading `weights` (member_weights) numbered entry by entry the way the real ones
-    are loaded."""
-    numbered, start = dict(weights), 0
+    """Our `weights` (member_weights) into PEFT's model, and for each PEFT tensor: (which of its entries hold one of
+    ours, and which: the index into our trained tensors flattened in order). Our trained tensors are loaded numbered
+    entry by entry (the rest as they are) the way any would be, so the map is the export's own; then each numbered
+    entry takes our value."""
+    numbered, values, start = dict(weights), [], 0
     for name in trained_names(ours):
         size = weights[name].numel()
         numbered[name] = OFFSET + torch.arange(start, start + size, dtype=torch.float32).view(weights[name].shape)
+        values.append(weights[name].reshape(-1))
         start += size
     load_into_peft(row, model_type, peft_model, ours, method, cfg, folder, numbered)
-    where = {}
-    for name, parameter in peft_model.named_parameters():
-        if parameter.requires_grad:
-            held = parameter.detach() >= OFFSET - 0.5
-            where[name] = (held, (parameter.detach()[held] - OFFSET).round().long())
+    values, where = torch.cat(values), {}
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            held = parameter >= OFFSET - 0.5
+            where[name] = (held, (parameter[held] - OFFSET).round().long())
+            parameter[held] = values[where[name][1]]
     return where
 
 
@@ -580,8 +630,7 @@ def test_matches_peft(row, model_type, encoder, inputs, run_config, tmp_path, mo
             assert torch.equal(peft_state[name], ours_state[name]), name
     move_off_init(ours, row.scale)
     weights = member_weights(ours, 0, method, ours.config)
-    where = placement(row, model_type, peft_model, ours, method, run_config, tmp_path / "numbered", weights)
-    load_into_peft(row, model_type, peft_model, ours, method, run_config, tmp_path / "copy", weights)
+    where = placement(row, model_type, peft_model, ours, method, run_config, tmp_path / "copy", weights)
     ours.train(), peft_model.train()  # as in training (dropout is off)
 
     logits = logits_of(ours, batch)
