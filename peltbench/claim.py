@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import UserError
-from .files import folder_lock, remove_leftovers, write_file
+from .files import LOCK_NAME, folder_lock, remove_leftovers, write_file
 
 log = logging.getLogger("peltbench")
 
@@ -80,24 +80,29 @@ def claim_run(record_path: Path) -> Claim | None:
     """
     folder = record_path.parent
     path = folder / CLAIM_NAME
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with folder_lock(folder) as locked:
-            if locked:
-                remove_leftovers(folder)
-            current, heartbeat = _read(path)
-            if heartbeat is not None and _live(current, heartbeat, path):
-                return None
-            if heartbeat is not None:
-                log.info("taking over the stale claim on %s (%s)", folder, describe(current) or "unreadable")
-            holder = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": _slurm_job(),
-                      "started": _now(), "heartbeat": _now(), "token": secrets.token_hex(8)}
-            # exclusive when there was none: link(2) refuses if a process that could not lock made one meanwhile
-            write_file(path, json.dumps(holder, indent=2) + "\n", ".claim.", exclusive=heartbeat is None)
-    except FileExistsError:
-        return None
-    except OSError as error:
-        raise UserError(f"cannot claim the run in {folder}: {error.strerror}") from None
+    for attempt in range(3):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with folder_lock(folder) as locked:
+                if locked:
+                    remove_leftovers(folder)
+                current, heartbeat = _read(path)
+                if heartbeat is not None and _live(current, heartbeat, path):
+                    return None
+                if heartbeat is not None:
+                    log.info("taking over the stale claim on %s (%s)", folder, describe(current) or "unreadable")
+                holder = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": _slurm_job(),
+                          "started": _now(), "heartbeat": _now(), "token": secrets.token_hex(8)}
+                # exclusive when there was none: link(2) refuses if a process that could not lock made one meanwhile
+                write_file(path, json.dumps(holder, indent=2) + "\n", ".claim.", exclusive=heartbeat is None)
+            break
+        except FileExistsError:
+            return None
+        except FileNotFoundError:  # the folder went while we waited for its lock (a stopped run's, tidied): again
+            if attempt == 2:
+                raise UserError(f"cannot claim the run in {folder}: it keeps being removed") from None
+        except OSError as error:
+            raise UserError(f"cannot claim the run in {folder}: {error.strerror}") from None
     claim = Claim(path, holder)
     _beats.add(claim)
     return claim
@@ -117,6 +122,27 @@ def drop_dead_claim(record_path: Path) -> None:
                 path.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def remove_empty_run_folder(record_path: Path) -> None:
+    """Remove the folder of a run that left it holding nothing but its lock: a run stopped (Ctrl-C, SIGTERM) or refused
+    once it had started, which wrote no record and released its claim. Its parents up to the results directory go too
+    where that leaves them empty, so that no folder suggests a run is there. Under the folder's lock (a process
+    waiting on it then finds the folder gone and makes it again: claim_run); best effort."""
+    folder = record_path.parent
+    try:
+        with folder_lock(folder) as locked:
+            if not locked or any(entry.name != LOCK_NAME for entry in folder.iterdir()):
+                return
+            (folder / LOCK_NAME).unlink()
+            folder.rmdir()
+    except OSError:
+        return
+    for parent in list(folder.parents)[:3]:  # <results_dir>/<variant>/<task>/k<k>/: the run folder's own parents
+        try:
+            parent.rmdir()
+        except OSError:  # not empty: other runs are there
+            return
 
 
 def live_claim(record_path: Path) -> dict | None:

@@ -4,7 +4,7 @@ Before Hydra starts anything, `preflight` composes the config of every run the c
 and checks it (peltbench.config), whether its loggers can start (peltbench.loggers) and whether a local data.dir has
 each task's files (peltbench.data): bad input is one line and exit status 2 within a second, before torch loads.
 Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not done), 2 bad input, 130 interrupted
-(Ctrl-C).
+(Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from . import UserError, __version__
 from .config import METHOD_SETTINGS, check_config
 from .data import check_task_data
-from .interrupts import catch_ctrl_c, interrupted, interruption
+from .interrupts import catch_ctrl_c, exit_status, interrupted, interruption, stopped_by
 from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
@@ -71,7 +71,7 @@ logger settings (with that logger chosen):
 {logger_settings}
 
 Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not done; 2 bad input, nothing ran;
-130 interrupted (Ctrl-C: rerun the same command to go on).
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun the same command to go on.
 """
 
 GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config groups a user chooses from (conf/)
@@ -156,15 +156,16 @@ def _run(cfg: DictConfig) -> str:
 
 
 def main() -> None:
-    """The `peltbench` command: Ctrl-C ends it with one line (how far it got) and exit status 130; the records
-    written stay valid, a run it stopped wrote none, and the same command goes on from there."""
+    """The `peltbench` command: Ctrl-C ends it with one line (how far it got) and exit status 130, SIGTERM the same
+    way with 143; the records written stay valid, a run it stopped wrote none (its folder left as before it started),
+    and the same command goes on from there."""
     catch_ctrl_c()
     try:
         _main()
     except KeyboardInterrupt as interrupt:
-        print(f"peltbench: {str(interrupt) or 'interrupted; rerun the same command to go on (done runs are skipped)'}",
+        print(f"peltbench: {str(interrupt) or f'{stopped_by()}; rerun the same command to go on (done runs are skipped)'}",
               file=sys.stderr)
-        sys.exit(130)
+        sys.exit(exit_status())
 
 
 def _main() -> None:

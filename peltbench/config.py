@@ -57,6 +57,16 @@ COMPONENT_SETTINGS = {
     "ia3": (),
     "prompt": ("prompt_length", "prompt_init"),
 }
+# Components that cannot share one method, and why: the methods refuse the same pairs when a model is built
+# (methods.check_method and the components' own `check`; tests/test_isolation.py holds the two together), this refuses
+# them before torch loads.
+EXCLUSIVE = {
+    ("adapter", "parallel_adapter"): "two FFN adapters; no method uses both",
+    ("boft", "bitfit"): "boft_s scales W x around the frozen bias, which bitfit would train",
+    ("dora", "lora"): "dora rescales the whole projection W, which lora changes too",
+    ("dora", "vera"): "dora rescales the whole projection W, which vera changes too",
+    ("dora", "bitfit"): "dora rescales the whole projection W, whose bias bitfit would train",
+}
 OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a", "prefix_projection", "prefix_shift_positions", "lora_init")  # a method
 # file may leave them out: masked, false, true (the MLP), false, kaiming
 
@@ -204,6 +214,13 @@ METHOD_SETTINGS: dict[str, Rule] = {
 }
 
 _ABSENT = object()
+SHORTEST_ROW = 3  # positions the shortest row takes: [CLS], one word, [SEP]
+
+
+class ModelMisfit(UserError):
+    """A run that its model cannot take (check_model_fit): refused before torch where the model's config.json can be
+    read then; found once the run has started (a Hub model's config loaded, the rows tokenised), its failed record
+    says why (peltbench.runner)."""
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -228,19 +245,37 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def local_model_config(name: str) -> dict | None:
-    """A local checkpoint's config.json, read without torch; None for a Hub id or a folder without one (then
-    check_model_fit runs when the run has loaded the config, before any weights)."""
+    """The model's config.json, read without torch and without the network: a local checkpoint's, or a Hub model's
+    where the Hugging Face cache holds it; None otherwise (then check_model_fit runs when the run has loaded the
+    config, before any weights)."""
     import json
     import os
 
+    if not name:
+        return None
     path = os.path.join(os.path.expanduser(name), "config.json")
-    if not name or not os.path.isfile(path):
+    if not os.path.isfile(path):
+        path = _cached_hub_config(name)
+    if path is None:
         return None
     try:
         with open(path) as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return None  # the model's own loading says what is wrong with it
+
+
+def _cached_hub_config(name: str) -> str | None:
+    """Where the Hugging Face cache holds the config.json of Hub model `name` (its main revision), or None."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        return None  # a local path that is not there: not a Hub id
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # an id the cache cannot hold, an unreadable cache: the run loads the config itself
+        return None
+    return found if isinstance(found, str) else None
 
 
 def rotation_misfit(kind: str, block: int, factors: int, features: int) -> str | None:
@@ -288,11 +323,12 @@ def spectral_misfit(method: DictConfig, components: list, hidden: int) -> str | 
 
 
 def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | None = None) -> None:
-    """What the method needs of the model, from its config (config.json) alone: rotation block sizes that divide its
-    width (before torch for a local checkpoint; for a Hub model once its config is loaded); and, given the run's
-    `longest` tokenised row, every row's positions (+ prompts, + a P-tuning v2 prefix's shift) within its position
-    table (the runner, once the run's data is tokenised: a position table a test model makes short is no reason to
-    refuse a run whose rows fit)."""
+    """What the method needs of the model, from its config (config.json) alone. Before torch where config.json can be
+    read then (local_model_config), else once the run has loaded it: rotation block sizes that divide its width, and
+    room for a row's tokens after whatever comes before them (a prompt, a P-tuning v2 prefix's shift, RoBERTa's offset).
+    Given the run's `longest` tokenised row (the runner, once the run's data is tokenised: a position table a test
+    model makes short is no reason to refuse a run whose rows fit), every row's positions within its position table.
+    Raises ModelMisfit (a UserError)."""
     if model_config is None:
         return
     method, run = cfg.method, f"method={cfg.method.get('name')} task={cfg.task.get('name')}"
@@ -303,33 +339,43 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
             if kind in components:
                 why = rotation_misfit(kind, int(method[block]), int(method[factors]) if factors else 1, int(hidden))
                 if why:
-                    raise UserError(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
+                    raise ModelMisfit(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
         why = spectral_misfit(method, components, int(hidden))
         if not why and "road" in components:  # q, k, v: hidden outputs (a row block of ModernBERT's Wqkv too)
             why = road_misfit(int(method.road_group_size), int(hidden))
         if why:
-            raise UserError(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
+            raise ModelMisfit(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
     from .architectures import ARCHITECTURES
 
     arch = ARCHITECTURES.get(model_config.get("model_type"))
     table = model_config.get("max_position_embeddings")
-    if longest is None or arch is None or arch.positions is None or not table:
+    if arch is None or arch.positions is None or not table:
         return
     if arch.positions_if and not model_config.get(arch.positions_if, True):
         return
-    length = int(longest)
+    table = int(table)
     extra = []
     if "prompt" in components:
         extra.append(("prompt_length", int(method.prompt_length)))
     if "prefix" in components and method.get("prefix_shift_positions", False):
         extra.append(("prefix_length (its positions come first)", int(method.prefix_length)))
     offset = int(model_config.get("pad_token_id") or 0) + 1 if arch.positions == "after_padding_idx" else 0
-    needed = length + sum(n for _, n in extra) + offset
-    if needed > int(table):
-        parts = " + ".join([f"the longest row's {length} tokens", *(f"{key} {n}" for key, n in extra),
-                            *([f"RoBERTa's offset {offset}"] if offset else [])])
-        raise UserError(f"{run}: {parts} = {needed} positions, but the model has {table} "
-                        f"(max_position_embeddings): set train.max_length={length - (needed - int(table))} or lower")
+    before_text = [*(f"{key} {n}" for key, n in extra), *([f"RoBERTa's offset {offset}"] if offset else [])]
+    room = table - sum(n for _, n in extra) - offset  # positions left for a row's own tokens
+    if extra and room < SHORTEST_ROW:  # the config alone decides it: no row fits, however short
+        used = table - room
+        keys = " or ".join(f"method.{key.split()[0]}" for key, _ in extra)
+        raise ModelMisfit(f"{run}: {' + '.join(before_text)}{f' = {used}' if len(before_text) > 1 else ''} positions "
+                          f"come before the text, but the model has {table} (max_position_embeddings): "
+                          f"{'none' if room <= 0 else f'only {room}'} left for the text (a row takes at least "
+                          f"{SHORTEST_ROW}); lower {keys}")
+    if longest is None:
+        return
+    length = int(longest)
+    if length > room:
+        parts = " + ".join([f"the longest row's {length} tokens", *before_text])
+        raise ModelMisfit(f"{run}: {parts} = {length + table - room} positions, but the model has {table} "
+                          f"(max_position_embeddings): set train.max_length={room} or lower")
 
 
 def check_method(method: DictConfig) -> None:
@@ -338,6 +384,9 @@ def check_method(method: DictConfig) -> None:
     if not (_distinct_list(components) and components and set(components) <= set(COMPONENT_SETTINGS)):
         raise UserError(f"method.components={_show(components)}: must be a list of distinct components from "
                         f"{', '.join(COMPONENT_SETTINGS)}")
+    for (first, second), why in EXCLUSIVE.items():
+        if first in components and second in components:
+            raise UserError(f"method.components={_show(components)}: {first} with {second}: {why}")
     read = set(COMMON_SETTINGS).union(*(COMPONENT_SETTINGS[c] for c in components))
     if method.get("prefix_projection", True) is False:  # P-tuning v2: no MLP, so no MLP width
         read.discard("prefix_hidden")

@@ -1,4 +1,5 @@
-"""Ctrl-C: the `peltbench` command stops with one line and exit status 130 (peltbench.cli), never a failed record.
+"""Ctrl-C and SIGTERM: the `peltbench` command stops with one line and exit status 130 (Ctrl-C) or 143 (SIGTERM, what
+`kill`, SLURM's `scancel` and a job's time limit send), releasing its claims, never a failed record (peltbench.cli).
 
 Python raises KeyboardInterrupt wherever the main thread is when SIGINT comes. Inside a library that cleans up in a
 `finally` (OmegaConf restoring a node's flags), the cleanup can fail and raise another exception in its place
@@ -14,23 +15,38 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 _received = False
+_signal = signal.SIGINT  # the last stop signal received: what the command's line and exit status say
 
 
 def catch_ctrl_c() -> None:
-    """Ctrl-C raises KeyboardInterrupt, as Python's own handler does, and is remembered. Left alone when SIGINT is
-    ignored (a background job of a shell script) or handled by someone else."""
+    """Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt, as Python's own handler does for SIGINT, and are
+    remembered: so SIGTERM ends the command as Ctrl-C does, its `finally` blocks run (claims released), instead of
+    killing it where it stands. Each is left alone when it is ignored (SIGINT in a background job of a shell script)
+    or handled by someone else."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _handler)
 
 
 def interrupted() -> bool:
-    """Whether Ctrl-C came: an exception raised since is the interruption, not a failure."""
+    """Whether Ctrl-C (or SIGTERM) came: an exception raised since is the interruption, not a failure."""
     return _received
 
 
+def stopped_by() -> str:
+    """How the command was stopped, the first word of its last line: `interrupted` (Ctrl-C) or `terminated (SIGTERM)`."""
+    return "terminated (SIGTERM)" if _signal == signal.SIGTERM else "interrupted"
+
+
+def exit_status() -> int:
+    """The conventional status of a command a signal stopped: 128 + its number (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + int(_signal)
+
+
 def _handler(signum, frame) -> None:
-    global _received
-    _received = True
+    global _received, _signal
+    _received, _signal = True, signum
     raise KeyboardInterrupt
 
 

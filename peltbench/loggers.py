@@ -6,7 +6,8 @@ The training loop opens one RunLogger per run (in fused training, one per member
         logger.log_epoch(epoch, {"train_loss": ..., "dev_accuracy": ..., "lr": ..., "epoch_seconds": ...,
                                  "gate_adapter": ...})
         logger.log_test({"test_accuracy": ..., "dev_best_accuracy": ..., "best_epoch": 7}, epoch=7)
-    # leaving the `with` closes it; an exception closes it as failed (MLflow and W&B mark the run so)
+    # leaving the `with` closes it; an exception closes it as failed (MLflow and W&B mark the run so); a run stopped
+    # by Ctrl-C or SIGTERM, which writes no record, removes what its loggers wrote beside it (logger.discard())
 
 A None metric is left out (an empty cell in CSV). Each logger imports its library when it is opened, so importing
 this module costs nothing. A logger fails before the model loads, or not at all: a missing library is reported when
@@ -66,6 +67,15 @@ class RunLogger:
             self.closed = True
             for name, backend in list(self.backends.items()):
                 self._call(name, backend.close, failed)
+
+    def discard(self) -> None:
+        """The run was stopped (Ctrl-C, SIGTERM) and writes no record: remove what the loggers wrote beside it (a
+        partial metrics.csv would pass for a run's), closing them first. A service's run (MLflow, W&B) stays, marked
+        failed."""
+        self.close(failed=True)
+        for name, backend in list(self.backends.items()):
+            if hasattr(backend, "discard"):
+                self._call(name, backend.discard)
 
     def _call(self, name: str, method, *args) -> None:
         try:
@@ -174,6 +184,9 @@ class CsvLogger:
     def close(self, failed: bool) -> None:
         pass  # every call already wrote the whole file
 
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
     def _write(self) -> None:
         columns = list(dict.fromkeys(key for row in self.rows for key in row))
         temporary = self.path.with_name(f".{self.path.name}.tmp")
@@ -193,6 +206,7 @@ class TensorBoardLogger:
         folder = run_dir / "tensorboard" if settings.save_dir is None else Path(settings.save_dir).expanduser() / run_name
         for stale in folder.glob("events.out.tfevents.*"):  # a rerun of a failed run replaces its curves
             stale.unlink()
+        self.folder = folder
         self.writer = SummaryWriter(log_dir=str(folder))
         self.writer.add_text("config", "    " + OmegaConf.to_yaml(_without_hydra(cfg)).replace("\n", "\n    "))
 
@@ -206,6 +220,14 @@ class TensorBoardLogger:
 
     def close(self, failed: bool) -> None:
         self.writer.close()
+
+    def discard(self) -> None:
+        for events in self.folder.glob("events.out.tfevents.*"):
+            events.unlink()
+        try:
+            self.folder.rmdir()  # made for this run, now empty
+        except OSError:
+            pass
 
 
 class MlflowLogger:

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from . import UserError
 from .claim import describe, live_claim
 from .config import check_config
+from .interrupts import stopped_by
 from .overrides import as_given, pin_group_settings
 from .record import config_differences, read_record, record_path, unsaved
 
@@ -126,14 +127,15 @@ def record_states(cfgs: Sequence[DictConfig]) -> list[str]:
 
 
 def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
-    """The line Ctrl-C ends a run or sweep with (exit status 130): how many of its runs are done, read from their
-    records. A run stopped while training wrote no record (the members of its fused group that finished first did),
-    and its claim dies with the process (peltbench.claim): the same command runs what is not done."""
+    """The line Ctrl-C (or SIGTERM) ends a run or sweep with (exit status 130, 143): how many of its runs are done,
+    read from their records. A run stopped while training wrote no record (the members of its fused group that
+    finished first did), and released its claim (peltbench.claim): the same command runs what is not done."""
     done = sum(state == "done" for state in record_states(cfgs))
+    how = stopped_by()
     if not sweep:
-        return ("interrupted after the run finished (its record is written)" if done else
-                "interrupted: the run did not finish and wrote no record; rerun the same command to run it")
-    return (f"interrupted: {done} of {len(cfgs)} runs done, {len(cfgs) - done} not done; rerun the same command to "
+        return (f"{how} after the run finished (its record is written)" if done else
+                f"{how}: the run did not finish and wrote no record; rerun the same command to run it")
+    return (f"{how}: {done} of {len(cfgs)} runs done, {len(cfgs) - done} not done; rerun the same command to "
             f"run them (done runs are skipped)")
 
 

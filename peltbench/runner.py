@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
-from .config import CPU_BF16, check_config, check_model_fit
+from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
 from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
                       member_state)
@@ -29,7 +29,7 @@ from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
                      save_weights)
-from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim
+from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim, remove_empty_run_folder
 from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
                      peak_memory, probe_writable, record_path, reset_peak_memory, semantic_config, unsaved, utc_now,
                      variant_name, versions, write_record)
@@ -68,8 +68,9 @@ def sweep_status(outcome: Outcome) -> str:
 def run_experiment(cfg: DictConfig, results_dir: Path | None = None) -> dict:
     """Run one config and write its record, or return the finished record of an identical earlier run.
 
-    A UserError (bad config or input) writes no record. Any other failure writes a `failed` record,
-    which a later identical run retries, and is raised again. A run that another live process is training
+    A UserError (bad config or input) writes no record. Any other failure, and a run its model cannot take
+    (config.ModelMisfit, found once it started), writes a `failed` record, which a later identical run retries, and
+    is raised again. A run that another live process is training
     (peltbench.claim) is not run: the result is {"status": "running"}.
     """
     [outcome] = run_group([cfg], results_dir)
@@ -103,7 +104,14 @@ def run_group(cfgs: list[DictConfig], results_dir: Path | None = None) -> list[O
                 run.index = index
                 runs.append(run)
         if runs:
-            for run, outcome in zip(runs, _train(runs)):
+            try:
+                trained = _train(runs)
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the runs it stopped leave their folders as they found them
+                for run in runs:
+                    if run.held is not None:
+                        _abandon(run)
+                raise
+            for run, outcome in zip(runs, trained):
                 outcomes[run.index] = outcome
     return outcomes  # type: ignore[return-value]
 
@@ -179,8 +187,8 @@ class _Run:
 def _train(runs: list[_Run]) -> list[Outcome]:
     """Load the data of every run, build the group's model, train it; write each run's record as it finishes.
 
-    A bad input (UserError) leaves its run out with no record; any other failure writes `failed` records for the
-    runs not finished yet.
+    A bad input (UserError) leaves its run out with no record; a run that does not fit its model (ModelMisfit) and
+    any other failure write `failed` records for the runs not finished yet.
     """
     first = runs[0].cfg
     use_allocated_cpus()
@@ -202,16 +210,20 @@ def _train(runs: list[_Run]) -> list[Outcome]:
                 check_model_fit(run.cfg, model_config, longest)  # its rows (+ prompts) within the position table
                 run.record.update(data)
                 ready.append(run)
-            except UserError as error:
+            except ModelMisfit as error:  # the run does not fit its model, found once it started: its record says so
+                outcomes[id(run)] = _failed(run, error, None)
+            except UserError as error:  # bad input (a data file, k beyond the rows): no record, as before a run
                 outcomes[id(run)] = Outcome("error", error=error)
-                _release(run)
+                _abandon(run)
         longest = max((len(ids) for run in ready for ids in run.member.train.input_ids), default=0)
         cap = memory_cap([run.cfg for run in ready], task, device, bf16, longest) if ready else 1
         for start in range(0, len(ready), cap):
             _train_group(ready[start : start + cap], task, device, bf16, tokenizer.pad_token_id, outcomes)
     except UserError as error:
         for run in runs:
-            outcomes.setdefault(id(run), Outcome("error", error=error))
+            if id(run) not in outcomes:
+                outcomes[id(run)] = Outcome("error", error=error)
+                _abandon(run)
     except Exception as error:  # a crash: every run not finished gets a `failed` record, which a rerun retries
         if interrupted():  # Ctrl-C, which the code it hit turned into another exception: no run failed
             raise KeyboardInterrupt from error
@@ -482,9 +494,10 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
     scores = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} n/a" for k, v in result.test.items() if k != "main")
     best = (f"best dev epoch {result.best_epoch} of {result.epochs_run}" if result.best_step is None
             else f"best dev step {result.best_step} of {result.train_steps}")
-    # What always answering the most frequent test label scores, beside the score: a run that learnt nothing shows
+    # What always answering the most frequent test label scores, beside the score: a run that learnt nothing shows.
+    # Named a baseline, so that it cannot read as what this run did (issue 32, 6)
     majority = majority_score(task.main_metric, run.member.test.labels)
-    baseline = f" (always the majority class: {task.main_metric} {majority:.2f})" if majority is not None else ""
+    baseline = f" (majority-class baseline: {task.main_metric} {majority:.2f})" if majority is not None else ""
     # (the label names the protocol where it is not unipelt: its folder's `,protocol=lmbff`)
     log.info("done: %s: test %s%s, %s, record %s", run.label, scores, baseline, best, run.path)
     return Outcome("ok", record)
@@ -501,7 +514,10 @@ def _fails_alone(run: _Run, task: TaskSpec, device: torch.device) -> BaseExcepti
 
 def _failed(run: _Run, error: BaseException, trace: str | None, result: MemberResult | None = None) -> Outcome:
     record = run.record
-    message = f"{type(error).__name__}: {error}".splitlines()[0] if result is None else str(error)
+    if result is not None:
+        message = str(error)
+    else:  # a UserError's message is its own line (config.ModelMisfit); anything else is named by its type
+        message = (str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}").splitlines()[0]
     record.update(status="failed", error=message, traceback=trace, test=None, dev_best=None)
     if result is not None:
         record.update(history=result.history, epochs_run=result.epochs_run, train_steps=result.train_steps)
@@ -521,6 +537,15 @@ def _release(run: _Run) -> None:
     if run.held is not None:
         run.held.release()
         run.held = None
+
+
+def _abandon(run: _Run) -> None:
+    """A run that leaves without a record (stopped by Ctrl-C or SIGTERM; bad input found once it had started): its
+    claim released, what its loggers wrote removed, and its folder, if that leaves only its lock, removed."""
+    _release(run)
+    if run.logger is not None:
+        run.logger.discard()
+    remove_empty_run_folder(run.path)
 
 
 def layout_key(method: DictConfig) -> tuple:

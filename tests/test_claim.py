@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from peltbench import claim as claims
-from peltbench.claim import CLAIM_NAME, claim_run, describe, live_claim
+from peltbench.claim import CLAIM_NAME, claim_run, describe, live_claim, remove_empty_run_folder
 
 HOLD = """
 import sys, time
@@ -172,3 +172,25 @@ def test_claiming_removes_what_a_killed_writer_left(tmp_path):
     (tmp_path / ".claim.0a1b2c.tmp").write_text("{")
     with claim_run(tmp_path / "result.json"):
         assert sorted(os.listdir(tmp_path)) == [".lock", CLAIM_NAME]
+
+
+def test_a_run_folder_left_holding_only_its_lock_is_removed_with_its_empty_parents(tmp_path):
+    """A run stopped (Ctrl-C, SIGTERM) or refused once started writes no record: its folder is not left holding only
+    `.lock` (issue 32, 6); a folder holding anything else, or beside other runs, stays."""
+    results = tmp_path / "results"
+    record = results / "lora" / "rte" / "k16" / "seed111" / "result.json"
+    beside = results / "lora" / "rte" / "k16" / "seed222" / "result.json"
+    for path in (record, beside):
+        claim_run(path).release()
+        assert sorted(p.name for p in path.parent.iterdir()) == [".lock"]
+    remove_empty_run_folder(record)
+    assert not record.parent.exists() and beside.parent.is_dir()  # k16 holds another run
+    remove_empty_run_folder(beside)
+    assert list(results.iterdir()) == []  # the results directory itself stays
+    with claim_run(record):  # the next run of it makes the folder again
+        assert (record.parent / CLAIM_NAME).is_file()
+        remove_empty_run_folder(record)  # a live claim: the folder stays
+        assert (record.parent / CLAIM_NAME).is_file()
+    record.write_text("{}")
+    remove_empty_run_folder(record)
+    assert record.is_file()

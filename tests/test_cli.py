@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,10 @@ def test_run_skip_and_a_different_config(workdir):
     run = peltbench("method=unipelt_apl", "task=mrpc", "seed=222", *common(workdir), cwd=workdir)
     assert run.returncode == 0, run.stderr
     assert "epoch 1/2" in run.stderr + run.stdout and "dev f1" in run.stderr + run.stdout
+    # the last line: the score beside a baseline named as one, not `(always the majority class: ...)`, which read as
+    # what this run had done (issue 32, 6)
+    assert re.search(r"- done: \S+/mrpc/k16/seed222: test f1 [\d.]+, accuracy [\d.]+ \(majority-class baseline: f1 "
+                     r"[\d.]+\), best dev epoch \d of 2, record \S+/result\.json$", (run.stderr + run.stdout).strip())
     [path] = records(workdir)
     assert path.relative_to(workdir) == Path(  # a local model's folder name: the last two parts of its real path
         f"results/runs/unipelt_apl,dev_size=20,model.name={workdir.name}_tiny-bert,train.epochs=2/mrpc/k16/seed222/result.json"
@@ -288,11 +293,12 @@ def test_ctrl_c_ends_a_run_with_one_line_and_status_130_and_no_record(workdir):
     assert status == 130, out + err
     assert err == "peltbench: interrupted: the run did not finish and wrote no record; rerun the same command to run it\n"
     assert "Traceback" not in out
-    [folder] = [path.parent for path in (workdir / "results").rglob("metrics.csv")]
-    assert sorted(path.name for path in folder.iterdir()) == [".lock", "metrics.csv"]  # no record, no claim
+    # no record, no claim, and (issue 32, 6) neither its partial metrics.csv nor a folder holding only `.lock`
+    assert list((workdir / "results").iterdir()) == []
     rerun = peltbench(*arguments, cwd=workdir)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert json.loads((folder / "result.json").read_text())["status"] == "ok"
+    [record] = records(workdir)
+    assert json.loads(record.read_text())["status"] == "ok"
 
 
 def test_missing_task_data_is_one_line_before_the_sweep_starts(tmp_path):

@@ -49,3 +49,31 @@ def test_interruption_says_how_far_the_command_got(monkeypatch):
     with pytest.raises(KeyboardInterrupt, match="^interrupted$"):
         with interrupts.interruption(lambda: "interrupted"):
             raise IN_ITS_PLACE
+
+
+def test_sigterm_stops_the_command_as_ctrl_c_does_with_status_143(monkeypatch):
+    """Issue 32, 6: SIGTERM (kill, scancel, a time limit) killed the process where it stood, leaving every claim of a
+    fused group; it now raises KeyboardInterrupt as Ctrl-C does, so claims are released, and says so."""
+    import os
+    import signal
+
+    # as a command starts: Python's own SIGINT handler, SIGTERM's default (the test runner's restored after)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL)}
+    monkeypatch.setattr(interrupts, "_received", False)
+    monkeypatch.setattr(interrupts, "_signal", signal.SIGINT)
+    try:
+        interrupts.catch_ctrl_c()
+        assert signal.getsignal(signal.SIGTERM) is interrupts._handler  # else SIGTERM below would end the test run
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()  # the handler runs here at the latest
+        assert interrupts.interrupted() and interrupts.exit_status() == 143
+        assert interrupts.stopped_by() == "terminated (SIGTERM)"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.pause()
+        assert interrupts.exit_status() == 130 and interrupts.stopped_by() == "interrupted"
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -68,6 +68,18 @@ def test_a_rerun_starts_a_new_csv(tmp_path):
     assert (tmp_path / "metrics.csv").read_text().splitlines() == ["epoch,train_loss", "1,0.5"]
 
 
+@pytest.mark.parametrize("loggers", ["csv", pytest.param("[csv,tensorboard]", marks=needs("tensorboard"))])
+def test_a_stopped_run_removes_what_its_loggers_wrote(loggers, tmp_path):
+    """Ctrl-C or SIGTERM: the run writes no record, so a partial metrics.csv (and TensorBoard's events) would pass for
+    a run's (issue 32, 6); the runner discards them."""
+    cfg = compose_config("method=lora", "task=rte", f"logger={loggers}")
+    logger = open_logger(cfg, tmp_path, RUN)
+    logger.log_epoch(1, {"train_loss": 0.5, "dev_accuracy": 50.0})
+    assert (tmp_path / "metrics.csv").is_file()
+    logger.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_no_logger_writes_nothing(tmp_path):
     cfg = compose_config("method=lora", "task=rte", "logger=[]")
     assert cfg.get("logger") is None

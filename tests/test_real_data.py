@@ -69,7 +69,7 @@ def test_short_real_runs_on_rte(tmp_path):
 # by this many points (measured: README, "Try it").
 DEMO_MARGIN = 15.0
 DEMO_LINE = re.compile(r"\] - (epoch \d+/\d+  loss [\d.]+  dev accuracy [\d.]+  \(best [\d.]+ at epoch \d+\))  [\d.]+s$")
-DONE_LINE = re.compile(r"\] - done: (?P<label>\S+): test accuracy (?P<test>[\d.]+) \(always the majority class: accuracy "
+DONE_LINE = re.compile(r"\] - done: (?P<label>\S+): test accuracy (?P<test>[\d.]+) \(majority-class baseline: accuracy "
                        r"(?P<majority>[\d.]+)\), best dev epoch (?P<best>\d+) of (?P<epochs>\d+), record \S+result\.json$")
 
 

@@ -96,10 +96,21 @@ def test_a_fused_member_releases_its_claim_when_its_record_is_written(workdir):
     [training] = [path for path in (workdir / "results").glob("*/rte/k16/seed111") if path != finished.parent]
     assert (training / "claim.json").exists()  # its run had not finished: the next sweep takes the dead claim over
 
+    # Issue 32, 6: the same command takes over what kill -9 left and trains the run; `kill -TERM` (what SLURM sends)
+    # then ends it as Ctrl-C does: one line, status 143, the claims released, the stopped run's folder gone
+    status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/again"],
+                                 lambda: "epoch 1/100000" in (workdir / "stdout.txt").read_text(), signal.SIGTERM)
+    assert status == 143, out + err
+    assert "2 runs: 1 already done (skipped), 1 to train\n" in out and f"taking over the stale claim on {training}" in out
+    assert err == ("peltbench: terminated (SIGTERM): 1 of 2 runs done, 1 not done; rerun the same command to run them "
+                   "(done runs are skipped)\n")
+    assert list((workdir / "results").rglob("claim.json")) == []
+    assert list((workdir / "results").glob("*/rte/k16/seed111")) == [finished.parent]
+
 
 def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
-    # 4 runs: max_length 256 cannot hold a long test row (the tiny model has 128 positions: refused in one line once
-    # its rows are tokenised, no record); k=50 + dev_size=20 > 60 rows is a config error (no record).
+    # 4 runs: max_length 256 cannot hold a long test row (the tiny model has 128 positions: found once its rows are
+    # tokenised, a failed record says why); k=50 + dev_size=20 > 60 rows is a config error (no record).
     test_file = workdir / "glue" / "RTE" / "dev.tsv"
     lines = test_file.read_text().splitlines()
     lines[1] = "\t".join([lines[1].split("\t")[0], " ".join(["the dog sat on the mat"] * 40), "a cat", "entailment"])
@@ -112,10 +123,10 @@ def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
     assert "Traceback" not in output
     summary = output[output.index("peltbench sweep:"):].splitlines()
     variant = f"adapter,dev_size=20,model.name={workdir.name}_tiny-bert,train.epochs=2,train.patience=50,train.max_length={{}}"
-    assert summary[0] == "peltbench sweep: 4 runs: 1 done (0 of them skipped as already done), 0 failed, 3 missing"
-    assert summary[1].startswith(f"  missing  {variant.format(256)}/rte/k16/seed111: method=adapter task=rte: the "
-                                 "longest row's 245 tokens = 245 positions, but the model has 128 "
-                                 "(max_position_embeddings): set train.max_length=128 or lower (no record")
+    assert summary[0] == "peltbench sweep: 4 runs: 1 done (0 of them skipped as already done), 1 failed, 2 missing"
+    assert summary[1] == (f"  failed   {variant.format(256)}/rte/k16/seed111: method=adapter task=rte: the "
+                          "longest row's 245 tokens = 245 positions, but the model has 128 "
+                          "(max_position_embeddings): set train.max_length=128 or lower")
     too_large = "k=50 is too large: the train split has 60 rows and k + dev_size (50 + 20) must not exceed it"
     assert summary[2] == (f"  missing  {variant.format(256)}/rte/k50/seed111: {too_large} (no record; its log: "
                           f"sweeps/failing/2_adapter_rte_k50_s111)")  # the reason, from the job's outcome.json
@@ -329,8 +340,9 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a shell's background job ignores SIGINT; a terminal's Ctrl-C reaches it
 
 
-def interrupt(workdir: Path, arguments: list[str], ready) -> tuple[int, str, str]:
-    """Run `peltbench ARGUMENTS`, press Ctrl-C (SIGINT) once `ready()` holds; its exit status, stdout and stderr."""
+def interrupt(workdir: Path, arguments: list[str], ready, signum: int = signal.SIGINT) -> tuple[int, str, str]:
+    """Run `peltbench ARGUMENTS`, press Ctrl-C (SIGINT; or send `signum`) once `ready()` holds; its exit status,
+    stdout and stderr."""
     out, err = workdir / "stdout.txt", workdir / "stderr.txt"
     with open(out, "w") as stdout, open(err, "w") as stderr:
         process = subprocess.Popen([PELTBENCH, *arguments], cwd=workdir, env=ENV, stdout=stdout, stderr=stderr,
@@ -339,7 +351,7 @@ def interrupt(workdir: Path, arguments: list[str], ready) -> tuple[int, str, str
         while process.poll() is None and not ready() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert process.poll() is None, "it ended before Ctrl-C: " + out.read_text() + err.read_text()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         status = process.wait(timeout=60)
     return status, out.read_text(), err.read_text()
 
@@ -382,6 +394,8 @@ def test_ctrl_c_in_a_fused_group_keeps_its_finished_members_and_leaves_no_claim(
     [finished] = records(workdir)
     assert json.loads(finished.read_text())["fused"]["size"] == 2
     assert list((workdir / "results").rglob("claim.json")) == []
+    # the stopped member's folder is gone (issue 32, 6: it was left with `.lock` and a partial metrics.csv)
+    assert list((workdir / "results").glob("*/rte/k16/seed111")) == [finished.parent]
     # the same command skips the finished member and trains the other at once: nothing of the first process blocks it
     status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/b"], lambda: training(workdir) and
                                  "epoch 1/100000" in (workdir / "stdout.txt").read_text())
