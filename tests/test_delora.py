@@ -185,7 +185,7 @@ def test_delora_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type,
     from peltbench.runner import run_group
     from test_encoders import sweep
 
-    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.1, **O1)  # alone = fused with dropout on
     extra = ("method.lr=5e-3", "save.weights=true")
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["delora"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["road", "delora", "lora"], True, *extra))
@@ -218,3 +218,9 @@ def test_no_peft_copy_of_delora_on_modernbert():
     assert peft_kind(method("road"), architecture("modernbert")) == ("ROAD", None)
     kind, why = peft_kind(method("delora"), architecture("modernbert"))
     assert kind is None and "Wqkv" in why and "\n" not in why
+
+
+def test_successive_halving_of_a_delora_grid_keeps_the_full_grids_records(tmp_path):
+    from test_road import assert_halving_keeps_the_full_grids_records
+
+    assert_halving_keeps_the_full_grids_records(tmp_path, "delora", ("1e-4", "1e-2", "1e-1"))

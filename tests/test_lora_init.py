@@ -17,6 +17,7 @@ import torch
 from conftest import compose_config, tiny_encoder
 from peltbench.methods import check_method, member_frozen, member_state, parameter_counts
 from peltbench.record import config_hash, record_path
+from test_devices import as_on_a_gpu  # noqa: F401 (a fixture: the GPU's path on this CPU)
 from test_encoders import (assert_members_equal_their_own_models, batch, build, method, model_inputs,
                            same_logits_then_backward)
 
@@ -232,7 +233,7 @@ def test_a_pissa_run_alone_and_fused_saves_reloads_and_its_peft_copy_loads_on_th
     from peltbench.runner import run_group
     from test_encoders import sweep
 
-    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0, **O1)
+    checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.1, **O1)  # alone = fused with dropout on
     extra = ("method.lr=5e-3", "save.weights=true", "method.lora_init=pissa")
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["lora"], False, *extra))
     cfgs = [*sweep(checkpoint, glue_dir, tmp_path / "fused", ["lora"], True, "method.lr=5e-3"),
@@ -260,3 +261,35 @@ def test_a_pissa_run_alone_and_fused_saves_reloads_and_its_peft_copy_loads_on_th
         with torch.no_grad():
             torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
                                        loaded.model(ids, mask, types), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["lora", "dora"])
+def test_successive_halving_of_a_pissa_grid_keeps_the_full_grids_records(tmp_path, name):
+    from test_road import assert_halving_keeps_the_full_grids_records
+
+    assert_halving_keeps_the_full_grids_records(tmp_path, name, ("1e-5", "1e-3", "1e-1"), "method.lora_init=pissa")
+
+
+def test_pissa_and_olora_members_train_fused_save_and_reload_in_bf16(glue_dir, tmp_path, as_on_a_gpu):
+    """Under bf16 autocast with a GPU's batch shapes and DeviceCheck (tests/test_devices.py: lora_init is a setting, so
+    that file's every-method tests do not reach it): a PiSSA LoRA, an OLoRA DoRA and a kaiming LoRA train as one group,
+    and the PiSSA run reloads and rescores as it scored."""
+    import math
+
+    import peltbench
+    import peltbench.runner as runner
+    from conftest import save_tiny_encoder, tiny_run_overrides
+
+    checkpoint = save_tiny_encoder("bert", tmp_path / "ckpt")
+    common = ("task=rte", *tiny_run_overrides(checkpoint, glue_dir, tmp_path / "runs"), "precision=auto", "fuse=true")
+    cfgs = [compose_config("method=lora", "method.lora_init=pissa", "save.weights=true", *common),
+            compose_config("method=dora", "method.lora_init=olora", *common),
+            compose_config("method=lora", *common)]
+    outcomes = runner.run_group(cfgs)
+    for outcome in outcomes:
+        assert outcome.status == "ok", outcome.record.get("error")
+        assert outcome.record["precision"] == "bf16" and outcome.record["fused"]["size"] == 3
+        assert math.isfinite(outcome.record["test"]["main"])
+    run_dir = next((tmp_path / "runs").glob("lora,lora_init=pissa*/rte/k16/seed111"))
+    loaded = peltbench.load_run(run_dir)
+    assert loaded.bf16 and loaded.predict()[0] == pytest.approx(outcomes[0].record["test"], abs=1e-6)
