@@ -111,7 +111,7 @@ def config_hash(cfg: DictConfig) -> str:
     return identity_hash(semantic_config(cfg))
 
 
-def stored_identity(record: dict) -> dict:
+def stored_identity(record: dict, from_config: dict | None = None) -> dict:
     """The identity of the run that wrote `record`, as that run had it (what its `config_hash` hashes), its model as
     this machine resolves the record's `config` (as a run's own, so the path's spelling never differs).
 
@@ -119,9 +119,11 @@ def stored_identity(record: dict) -> dict:
     DERIVED_KEYS, and its hash, which decides those: the identity with today's derived parts or with each at its value
     from before it existed, whichever hashes to the record's `config_hash` (with the model the record names: the real
     path it had then). Where neither does (a record from before model paths were normalised) its config speaks,
-    without derived parts. Raises (KeyError, ValueError, ...) for a record without a readable config.
+    without derived parts. `from_config`: semantic_config of the record's config, where the caller has it. Raises
+    (KeyError, ValueError, ...) for a record without a readable config.
     """
-    from_config = semantic_config(OmegaConf.create(record["config"]))
+    if from_config is None:
+        from_config = semantic_config(OmegaConf.create(record["config"]))
     here = {"model.name": from_config["model.name"]}
     if isinstance(record.get("identity"), dict):
         return {**copy.deepcopy(record["identity"]), **here}
@@ -153,8 +155,8 @@ def changed_meaning(record: dict) -> list[str]:
     this version's run of its config (a rerun of the config stops at it), so no table may show it as that run.
     [] for every record whose meaning did not change; also for one without a readable config (tables name those)."""
     try:
-        stored = stored_identity(record)
         today = semantic_config(OmegaConf.create(record["config"]))
+        stored = stored_identity(record, today)
     except Exception:
         return []
     return _differences(_flat(stored), _flat(today))
