@@ -20,7 +20,7 @@ METHODS = (
     "ln", "prefix_ln", "mam", "mam_he",
     # the later methods (issue 19 on), in the order their papers first appeared (arXiv)
     "prompt", "ptuning_v2", "ia3", "adalora", "oft", "lora_fa", "vera", "boft", "dora", "fourierft", "hra",
-    "c3a",
+    "c3a", "road", "delora",
 )
 # The rows each paper table has. Other methods are set apart below them and take no bold / underline,
 # so a method the paper did not run never displaces the paper's best (issue 8).
@@ -37,7 +37,7 @@ METHOD_LABELS = {
     "dora": "DoRA", "lora_fa": "LoRA-FA", "vera": "VeRA",  # issue 19
     "ia3": "(IA)³", "ptuning_v2": "P-tuning v2", "prompt": "Prompt tuning",
     "adalora": "AdaLoRA", "oft": "OFT", "boft": "BOFT", "hra": "HRA",
-    "fourierft": "FourierFT", "c3a": "C3A",  # issue 34
+    "fourierft": "FourierFT", "c3a": "C3A", "road": "RoAd", "delora": "DeLoRA",  # issue 34
 }
 # Table 4's row order.
 EFFICIENCY_METHODS = ("ft", "bitfit", "prefix", "lora", "adapter", "unipelt_ap", "unipelt_apl")
