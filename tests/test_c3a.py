@@ -1,11 +1,10 @@
-"""C3A (methods/c3a.py) against PEFT 0.21's C3A on every encoder (ModernBERT: PEFT's C3A on the whole Wqkv, our q and v
-kernels in their rows), in fused groups (members of several block sizes), under bf16 autocast, through peltbench (alone =
-fused, successive halving), saved, reloaded and exported.
+"""C3A (methods/c3a.py): drawn as PEFT 0.21 draws it, its member-batched convolution PEFT's, in fused groups (members
+of several block sizes), under bf16 autocast, through peltbench (alone = fused, successive halving), saved, reloaded and
+exported. Its logits, gradients, counts and export against PEFT's on every encoder (ModernBERT: PEFT's C3A on the whole
+Wqkv) are a row of tests/test_peft_matrix.py.
 
 Tiny random encoders with O(1) weights (initializer_range 0.2), block size 8 (the paper's 128 cannot tile hidden 32).
-Tolerances as tests/test_encoders.py: 1e-5 relative / 1e-6 absolute. The comparison with PEFT is one function of
-(encoder, our model) that builds PEFT's model with our kernels (`peft_c3a`), so it becomes a row of
-tests/test_peft_matrix.py as it is.
+Tolerances as tests/test_encoders.py: 1e-5 relative / 1e-6 absolute.
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import ENCODERS, tiny_encoder
-from peltbench.methods import count_method, member_head, member_state, parameter_counts
+from peltbench.methods import member_state
 from peltbench.methods.c3a import C3ALinear, MemberCircularConvolution
-from test_encoders import (assert_members_equal_their_own_models, batch, build, method, model_inputs,
-                           same_logits_then_backward)
+from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
 
 O1 = {"initializer_range": 0.2}
 SEED = 42  # test_encoders.build's model seed
@@ -37,64 +35,27 @@ def scaled(model, scale: float = 2.0) -> None:
                 module.c3a_kernel.copy_(scale * torch.randn(module.c3a_kernel.shape, generator=generator))
 
 
-def peft_c3a(model_type: str, ours, config):
-    """PEFT's C3A with our block size, built after the global generator is seeded with our model seed (PEFT then
-    draws each kernel where we draw ours), then our kernels loaded through our own export (methods/c3a.peft_export:
-    ModernBERT's q and v kernels as one Wqkv kernel, zero in the k rows)."""
+@pytest.mark.parametrize("model_type", [t for t in sorted(ENCODERS) if t != "modernbert"])
+def test_c3a_draws_its_kernels_as_peft(model_type):
+    """From the same model seed our kernels are PEFT's xavier-uniform draws, layer by layer, and so are the logits
+    without anything copied across (ModernBERT: PEFT draws one Wqkv kernel, over other bounds)."""
+    pytest.importorskip("peft")
     from peft import C3AConfig, get_peft_model
-    from peft.utils import set_peft_model_state_dict
 
-    from peltbench.methods.c3a import peft_export
-
+    ours = build(model_type, method("c3a", c3a_block_size=B), **O1)
     plain = tiny_encoder(model_type, dropout=0.0, **O1)
     torch.manual_seed(SEED)
-    peft = get_peft_model(plain, C3AConfig(block_size=config.c3a_block_size, target_modules=PEFT_TARGETS[model_type],
-                                           task_type="SEQ_CLS"))
-    drawn = {name: module.c3a_kernel["default"].detach().clone() for name, module in peft_layers(peft).items()}
-    tensors = {**member_state(ours, 0), **member_head(ours, 0)}  # PEFT loads the head (modules_to_save) too
-    _, state = peft_export(tensors, config, ours.arch)
-    result = set_peft_model_state_dict(peft, state)
-    assert not result.unexpected_keys
-    return peft, drawn
-
-
-def peft_layers(peft) -> dict[str, object]:
-    """PEFT's C3A layers by the plain model's module name."""
-    return {name.removeprefix("base_model.model."): module for name, module in peft.named_modules()
-            if hasattr(module, "c3a_kernel") and "default" in module.c3a_kernel}
-
-
-@pytest.mark.parametrize("model_type", sorted(ENCODERS))
-def test_c3a_equals_peft(model_type):
-    """Drawn from the same seed, our kernels are PEFT's (ModernBERT: PEFT draws one Wqkv kernel of other bounds);
-    with kernels of N(0, 4) loaded into PEFT, logits, the kernels' gradients and the count equal PEFT's; on ModernBERT
-    PEFT's k rows hold zeros and are PEFT's own extra count."""
-    pytest.importorskip("peft")
-    config = method("c3a", c3a_block_size=B)
-    ours = build(model_type, config, **O1)
-    initial = member_state(ours, 0)
-    scaled(ours)
-    peft, drawn = peft_c3a(model_type, ours, config)
-    peft.train(), ours.train()
-    fused = model_type == "modernbert"
-    if not fused:
-        assert {f"{name}.c3a_kernel" for name in drawn} == {n for n in initial if n.endswith(".c3a_kernel")}
-        for name, kernel in drawn.items():
-            assert torch.equal(initial[f"{name}.c3a_kernel"], kernel), name
-    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
-    blocks = 32 // B
-    counted = 0
-    for name, layer in peft_layers(peft).items():
-        grad = layer.c3a_kernel["default"].grad
-        if fused:  # rows [q; k; v] of Wqkv: ours in q and v
-            torch.testing.assert_close(grads[f"{name}.query.c3a_kernel"], grad[:blocks], rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(grads[f"{name}.value.c3a_kernel"], grad[2 * blocks:], rtol=1e-5, atol=1e-6)
-            assert grad[blocks : 2 * blocks].abs().sum() > 0  # PEFT trains the k rows too: not ours
-            counted += 2 * grad.numel() // 3
-        else:
-            torch.testing.assert_close(grads[f"{name}.c3a_kernel"], grad, rtol=1e-5, atol=1e-6, msg=name)
-            counted += grad.numel()
-    assert parameter_counts(ours)["trainable_params"] == counted == 2 * 2 * 32 * 32 // B
+    peft = get_peft_model(plain, C3AConfig(block_size=B, target_modules=PEFT_TARGETS[model_type], task_type="SEQ_CLS"))
+    state = member_state(ours, 0)
+    drawn = {name.removeprefix("base_model.model.").replace(".default", ""): parameter.detach()
+             for name, parameter in peft.named_parameters() if ".c3a_kernel." in name}
+    assert sorted(drawn) == sorted(name for name in state if name.endswith(".c3a_kernel")) and len(drawn) == 4
+    for name, kernel in drawn.items():
+        assert torch.equal(state[name], kernel), name
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask, types), peft(**model_inputs(model_type, ids, mask, types)).logits,
+                                   rtol=1e-5, atol=1e-6)
 
 
 def test_the_member_convolution_is_pefts_and_the_circulant_product():
@@ -159,25 +120,7 @@ def test_bf16_autocast_on_a_cpu_convolves_in_fp32():
     assert len(grads) == 4 and all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
-def test_counts_on_roberta_base_and_deberta_v3_base_equal_pefts():
-    """b = 128 on q and v of 12 layers: 24 · 768² / 128 = 110,592, the C3A paper's RoBERTa-base 0.111M (Table 2), and
-    PEFT's (its model built on the meta device)."""
-    pytest.importorskip("peft")
-    from peft import C3AConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    deberta = AutoConfig.for_model("deberta-v2", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                   intermediate_size=3072, relative_attention=True, share_att_key=True,
-                                   pos_att_type=["p2c", "c2p"], position_buckets=256, vocab_size=128100)
-    for config, targets in ((AutoConfig.for_model("roberta"), ["query", "value"]), (deberta, ["query_proj", "value_proj"])):
-        assert count_method(method("c3a", c3a_block_size=128), config)["trainable_params"] == 110_592
-        with torch.device("meta"):
-            peft = get_peft_model(AutoModelForSequenceClassification.from_config(config),
-                                  C3AConfig(block_size=128, target_modules=targets))
-        assert sum(p.numel() for n, p in peft.named_parameters() if "c3a_kernel" in n) == 110_592
-
-
-def test_a_block_size_that_does_not_tile_or_a_gate_is_one_line(tmp_path, glue_dir):
+def test_a_block_size_that_does_not_tile_or_a_gate_is_one_line():
     """b = 128 on hidden 32 is refused before torch for a local checkpoint (config.json) and when the model is built;
     C3A has no gate."""
     from omegaconf import OmegaConf

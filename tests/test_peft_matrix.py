@@ -77,9 +77,9 @@ from peltbench.packaged import packaged_config
 from peltbench.saving import member_weights, save_weights
 
 pytest.importorskip("peft")
-from peft import (AdaLoraConfig, BOFTConfig, DeloraConfig, HRAConfig, IA3Config, LNTuningConfig,  # noqa: E402
-                  LoraConfig, OFTConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, RoadConfig, VeraConfig,
-                  get_peft_model)
+from peft import (AdaLoraConfig, BOFTConfig, C3AConfig, DeloraConfig, FourierFTConfig, HRAConfig,  # noqa: E402
+                  IA3Config, LNTuningConfig, LoraConfig, OFTConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig,
+                  RoadConfig, VeraConfig, get_peft_model)
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict  # noqa: E402
 
 MODEL_TYPES = sorted(ENCODERS)
@@ -402,6 +402,27 @@ ROWS = [
           no_export={"modernbert": "DeLoRA on its q and v blocks has no PEFT form"},
           base_counts={"roberta-base": 294_936, "deberta-v3-base": 294_936} if rank == 8 else {})
       for rank, lam in ((8, 4.0), (3, 12.0))],
+    # FourierFT: n coefficients per projection, 2 layers · 2 · 100 here; 12 · 2 · 1,000 = 24,000 on roberta-base (the
+    # paper's count). α = 20 on the tiny models: IDFT2 divides by out · in, and the paper's 140 on a 32 × 32 spectrum
+    # makes ΔW's entries ~1, five times W's (tests/test_fourierft.py, which also checks PEFT draws the same c and
+    # entries from the same seeds).
+    Row("fourierft", method="fourierft", tiny={"fourierft_n_frequency": 100, "fourierft_scaling": 20.0},
+        peft=lambda t, m: FourierFTConfig(n_frequency=m.fourierft_n_frequency, scaling=m.fourierft_scaling,
+                                          random_loc_seed=m.fourierft_entry_seed, target_modules=QV[t],
+                                          task_type="SEQ_CLS"),
+        count=2 * 2 * 100,
+        skip={"modernbert": "PEFT's FourierFT adapts the whole fused Wqkv with one 3H × H spectrum, not FourierFT on its "
+                            "q and v blocks (tests/test_fourierft.py checks ours against the formula)"},
+        no_export={"modernbert": "FourierFT on its q and v blocks (an H × H spectrum each) has no PEFT form"},
+        base_counts={"roberta-base": 24_000, "deberta-v3-base": 24_000}),
+    # C3A: (32 / b)² kernels of length b per projection, b = 8 here (the paper's 128 cannot tile 32): 2 · 2 · 128.
+    # ModernBERT: PEFT's C3A on Wqkv has kernels for its k rows too (zero in our copy): 2 layers · 128 more. Kernels
+    # moved by N(0, 2²): the xavier init's ΔW (~0.006 after PEFT's 1/in at hidden 32) barely moves the logits.
+    # 12 · 2 · 768² / 128 = 110,592 on roberta-base (the paper's 0.111M).
+    Row("c3a", method="c3a", tiny={"c3a_block_size": 8},
+        peft=lambda t, m: C3AConfig(block_size=m.c3a_block_size, target_modules=QV[t], task_type="SEQ_CLS"),
+        count=2 * 2 * 32 * 32 // 8, peft_extra={"modernbert": 2 * 32 * 32 // 8}, scale=2.0,
+        base_counts={"roberta-base": 110_592, "deberta-v3-base": 110_592}),
     # Prompt tuning: 20 prompts of the word embeddings' width (ELECTRA's is 16, below its hidden 32: PEFT's
     # token_dim); 20 · 768 = 15,360 on roberta-base.
     Row("prompt", method="prompt",
