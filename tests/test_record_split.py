@@ -124,3 +124,16 @@ def test_records_without_a_stored_identity_keep_their_meaning(overrides):
               "model": model_identity(cfg.model.name)}
     assert stored_identity(record) == semantic_config(cfg) and changed_meaning(record) == []
     assert config_differences(record, cfg) == []
+
+
+def test_the_tables_leave_a_record_of_the_old_split_out_and_say_why(tmp_path):
+    """Not the LM-BFF CoLA cell: listed among the records the tables cannot use, with its reason; today's record is read."""
+    from peltbench.tables.records import read_records
+
+    placed("before_chained", tmp_path / "old")
+    placed("chained", tmp_path / "new")
+    old, unusable = read_records(tmp_path / "old")
+    assert len(old) == 0 and len(unusable) == 1
+    assert unusable[0][1] == (f"made when its config meant another run ({OLD}): rerun it (move this record away first)")
+    new, unusable = read_records(tmp_path / "new")
+    assert len(new) == 1 and unusable == []

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
-from ..record import LATER_METHOD_KEYS
+from ..record import LATER_METHOD_KEYS, changed_meaning
 from .names import METHODS, TASKS
 from .protocol import architecture_name, canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
@@ -173,6 +173,10 @@ def _read(path):
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object")
     _check(record)
+    changed = changed_meaning(record)
+    if changed:  # e.g. an LM-BFF CoLA record of the old split: not this version's run of its config (docs/record.md)
+        raise BadRecord(f"made when its config meant another run ({'; '.join(changed)}): rerun it (move this record "
+                        "away first)")
     return record
 
 
