@@ -1,37 +1,17 @@
-"""BOFT (methods/boft.py, on methods/rotation.py) against PEFT 0.21's BOFT, in groups, through peltbench, exported.
+"""BOFT (methods/boft.py, on methods/rotation.py): its refusals, in groups, through peltbench, saved. Against PEFT
+0.21's BOFT with m = 2 and m = 1 (logits, gradients, counts, the PEFT copy; PEFT's m > 1 needs its CUDA extension,
+which the matrix stands in for): tests/test_peft_matrix.py.
 
-PEFT computes m > 1 butterfly factors only with its CUDA block-diagonal extension; without it (this machine) it
-silently sets m = 1. `cuda_block_diag` stands in for the extension with what it computes (torch.block_diag of each
-factor's blocks), so PEFT's m = 2 path runs on a CPU. Tiny encoders with O(1) weights, tolerances as test_encoders.
+Tiny encoders with O(1) weights, tolerances as test_encoders.
 """
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from conftest import tiny_encoder
-from peltbench.methods import build_pelt_model, member_state, parameter_counts
-from test_encoders import (assert_members_equal_their_own_models, batch, build, method,
-                           model_inputs, same_logits_then_backward)
-from test_oft import ARCHITECTURES, O1, PEFT_TARGETS
-
-
-@pytest.fixture
-def cuda_block_diag(monkeypatch):
-    """PEFT's FastBlockDiag without CUDA: (N, D, b, b) → (N, D·b, D·b), the blocks on the diagonal."""
-    pytest.importorskip("peft")
-    import peft.tuners.boft.layer as layer
-
-    class BlockDiag:
-        @staticmethod
-        def apply(blocks):
-            return torch.stack([torch.block_diag(*factor) for factor in blocks])
-
-    monkeypatch.setattr(layer, "get_fbd_cuda", lambda: True)
-    monkeypatch.setattr(layer, "FastBlockDiag", BlockDiag)
+from test_encoders import assert_members_equal_their_own_models, build, method
+from test_oft import O1
 
 
 def randomised(model, scale: float = 0.3) -> None:
@@ -43,68 +23,6 @@ def randomised(model, scale: float = 0.3) -> None:
                 parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
             elif name.endswith("boft_R.scale"):
                 parameter.copy_(1 + 0.2 * torch.randn(parameter.shape, generator=generator))
-
-
-def biased(model_type: str):
-    """A tiny encoder whose biases are not zero (HF starts them at 0): s scales W x around the bias, not the bias."""
-    model = tiny_encoder(model_type, dropout=0.0, **O1)
-    generator = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
-    return model
-
-
-def peft_boft(model_type: str, ours, factors: int, base):
-    from peft import BOFTConfig, get_peft_model
-
-    config = BOFTConfig(boft_block_size=4, boft_n_butterfly_factor=factors, target_modules=PEFT_TARGETS[model_type],
-                        task_type="SEQ_CLS")
-    peft = get_peft_model(copy.deepcopy(base), config)
-    state = member_state(ours, 0)
-    with torch.no_grad():
-        for name, parameter in peft.named_parameters():
-            for theirs, mine in ((".boft_R.default", ".boft_R.weight"), (".boft_s.default", ".boft_R.scale")):
-                if name.endswith(theirs):
-                    parameter.copy_(state[name.removeprefix("base_model.model.").replace(theirs, mine)])
-    return peft
-
-
-@pytest.mark.parametrize("factors", [2, 1])
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_boft_equals_peft(model_type, factors, cuda_block_diag):
-    """Logits, gradients of every trained tensor (R, s, head) and the count equal PEFT's BOFT (b = 4)."""
-    base = biased(model_type)
-    ours = build_pelt_model(copy.deepcopy(base), method("boft", boft_block_size=4, boft_factors=factors), 42, [base])
-    randomised(ours)
-    peft = peft_boft(model_type, ours, factors, base).train()
-    assert next(p for n, p in peft.named_parameters() if ".boft_R." in n).shape[0] == factors  # PEFT's m, not 1
-    ours.train()
-    grads = same_logits_then_backward(model_type, ours, peft, base)
-    peft_grads = {n.removeprefix("base_model.model.").replace(".boft_R.default", ".boft_R.weight")
-                  .replace(".boft_s.default", ".boft_R.scale").replace(".default", "").replace(".modules_to_save", ""):
-                  p.grad for n, p in peft.named_parameters() if p.requires_grad}
-    extra = {"pooler.dense.weight", "pooler.dense.bias"} if model_type == "deberta-v2" else set()  # see test_oft
-    assert set(grads) - set(peft_grads) == extra and set(peft_grads) <= set(grads)
-    for name, grad in peft_grads.items():
-        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
-    stored = sum(p.numel() for n, p in peft.named_parameters() if ".boft_" in n)
-    linears, outputs = (2, 96) if model_type == "modernbert" else (4, 32)
-    assert parameter_counts(ours)["trainable_params"] == stored == \
-        linears * (factors * 8 * 4 * 4) + (2 if model_type == "modernbert" else 4) * outputs
-
-
-def test_roberta_base_count():
-    """BOFT(m = 2, b = 8) on q, v of roberta-base: 24 · (2 · 96 · 8 · 8 + 768) = 313,344. PEFT reports 165,888 on a
-    machine without its CUDA extension: m = 1 there, 24 · (96 · 64 + 768) (ECOSYSTEM.md's number)."""
-    from transformers import AutoConfig
-
-    from peltbench.methods import count_method
-
-    config = AutoConfig.for_model("roberta")
-    assert count_method(method("boft"), config)["trainable_params"] == 313_344
-    assert count_method(method("boft", boft_factors=1), config)["trainable_params"] == 165_888
 
 
 def test_a_block_size_that_does_not_fit_and_bitfit_inside_are_refused():
@@ -130,12 +48,10 @@ def test_a_group_with_boft_and_other_methods_computes_each_members_logits_and_gr
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
-def test_boft_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir, cuda_block_diag):
-    """Through peltbench: BOFT fused with HRA gives its separate run's record; save.weights=true keeps R and s,
-    load_run predicts what the run scored, and peft/ loads in PEFT (with its CUDA path) with the same logits."""
+def test_boft_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_dir):
+    """Through peltbench: BOFT fused with HRA gives its separate run's record; save.weights=true keeps R and s, and
+    load_run predicts what the run scored."""
     import peltbench
-    from peft import PeftModel
-    from transformers import AutoModelForSequenceClassification
 
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
@@ -155,9 +71,3 @@ def test_boft_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, t
     assert scores == pytest.approx(alone.record["test"], abs=1e-9)
     trained = [p for n, p in loaded.model.named_parameters() if n.endswith("boft_R.scale")]
     assert trained and all((p - 1).abs().max() > 0 for p in trained)
-    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
-    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
-    ids, mask, types = batch(model_type)
-    with torch.no_grad():
-        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
-                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
-"""OFT (methods/oft.py, on methods/rotation.py) against PEFT 0.21's OFT, in groups, through peltbench, saved, exported.
+"""OFT (methods/oft.py, on methods/rotation.py): its Cayley forms, its refusals, in groups, through peltbench, saved.
+Against PEFT 0.21's OFT (logits, gradients, counts, the PEFT copy): tests/test_peft_matrix.py.
 
 Tiny random encoders with O(1) weights (initializer_range 0.2: with 0.02 the attention scores are so small that a
 missing path hides in the tolerance). Tolerances as tests/test_encoders.py: 1e-5 relative / 1e-6 absolute.
@@ -9,16 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_encoder
-from peltbench.methods import member_state, parameter_counts
 from peltbench.methods.oft import cayley, skew
-from test_encoders import (assert_members_equal_their_own_models, batch, build, method,
-                           model_inputs, same_logits_then_backward)
+from test_encoders import assert_members_equal_their_own_models, build, method
 
-ARCHITECTURES = ["bert", "roberta", "deberta-v2", "modernbert"]
 O1 = {"initializer_range": 0.2}
-PEFT_TARGETS = {"bert": ["query", "value"], "roberta": ["query", "value"], "deberta-v2": ["query_proj", "value_proj"],
-                "modernbert": ["Wqkv"]}  # ModernBERT: q, k, v share Wqkv's input, so one rotation of it
 
 
 def skewed(model, scale: float = 0.3) -> None:
@@ -30,45 +25,6 @@ def skewed(model, scale: float = 0.3) -> None:
                 parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
 
 
-def peft_oft(model_type: str, ours, terms: int):
-    """PEFT's OFT on the plain model, block size 8 (r = 4 on hidden 32), our skew parameters copied in."""
-    from peft import OFTConfig, get_peft_model
-
-    config = OFTConfig(oft_block_size=8, target_modules=PEFT_TARGETS[model_type], use_cayley_neumann=terms > 0,
-                       num_cayley_neumann_terms=max(terms, 1), task_type="SEQ_CLS")
-    peft = get_peft_model(tiny_encoder(model_type, dropout=0.0, **O1), config)
-    state = member_state(ours, 0)
-    with torch.no_grad():
-        for name, parameter in peft.named_parameters():
-            if ".oft_R.default." in name:
-                plain = name.removeprefix("base_model.model.").replace(".default", "")
-                parameter.copy_(state[plain])
-    return peft
-
-
-@pytest.mark.parametrize("terms", [5, 0], ids=["neumann", "exact"])
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_oft_equals_peft(model_type, terms):
-    """Logits, gradients of every trained tensor (rotations and head) and the count equal PEFT's OFT."""
-    pytest.importorskip("peft")
-    ours = build(model_type, method("oft", oft_block_size=8, oft_neumann_terms=terms), **O1)
-    skewed(ours)
-    peft = peft_oft(model_type, ours, terms).train()
-    ours.train()
-    grads = same_logits_then_backward(model_type, ours, peft, tiny_encoder(model_type, dropout=0.0, **O1))
-    peft_grads = {n.removeprefix("base_model.model.").replace(".default", "").replace(".modules_to_save", ""): p.grad
-                  for n, p in peft.named_parameters() if p.requires_grad}
-    # PEFT's SEQ_CLS trains `classifier` only: DeBERTa's new pooler.dense, which our head trains, stays frozen there
-    extra = {"pooler.dense.weight", "pooler.dense.bias"} if model_type == "deberta-v2" else set()
-    assert set(grads) - set(peft_grads) == extra and set(peft_grads) <= set(grads)
-    for name, grad in peft_grads.items():
-        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
-    rotations = sum(p.numel() for n, p in peft.named_parameters() if ".oft_R." in n)
-    per_linear = 4 * 8 * 7 // 2  # r = 32 / 8 blocks of 8 · 7 / 2 skew entries
-    assert parameter_counts(ours)["trainable_params"] == rotations == \
-        2 * per_linear * (1 if model_type == "modernbert" else 2)
-
-
 def test_cayley_neumann_is_peft_series_and_exact_is_orthogonal():
     """5 terms: I + 2Q + 2Q² + 2Q³ + Q⁴ (PEFT 0.21's `_cayley_batch`); 0: orthogonal (I − Q)(I + Q)⁻¹."""
     q = skew(0.1 * torch.randn(3, 6, generator=torch.Generator().manual_seed(0)), 4)
@@ -77,16 +33,6 @@ def test_cayley_neumann_is_peft_series_and_exact_is_orthogonal():
     exact = cayley(q, 0)
     torch.testing.assert_close(exact @ exact.transpose(-1, -2), eye, rtol=0, atol=1e-6)
     torch.testing.assert_close(exact @ (eye + q), eye - q, rtol=0, atol=1e-6)
-
-
-def test_roberta_base_counts_match_peft():
-    """OFT b = 32 on q, v of roberta-base: 24 linears · 24 blocks · 496 = 285,696 (ECOSYSTEM.md: PEFT's count)."""
-    from transformers import AutoConfig
-
-    from peltbench.methods import count_method
-
-    counts = count_method(method("oft"), AutoConfig.for_model("roberta"))
-    assert counts["trainable_params"] == 285_696
 
 
 def test_block_size_must_divide_the_input_and_a_rotation_has_no_gate():
@@ -113,13 +59,10 @@ def test_a_group_with_oft_and_other_methods_computes_each_members_logits_and_gra
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "modernbert"])  # every encoder: test_encoders.py's run test
-def test_oft_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_path, glue_dir):
+def test_oft_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_dir):
     """Through peltbench: OFT fused with LoRA gives its separate run's record; save.weights=true keeps the rotations,
-    load_run predicts what the run scored, and peft/ loads in PEFT with the same logits."""
-    pytest.importorskip("peft")
+    and load_run predicts what the run scored."""
     import peltbench
-    from peft import PeftModel
-    from transformers import AutoModelForSequenceClassification
 
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
@@ -141,9 +84,3 @@ def test_oft_runs_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tm
     assert scores == pytest.approx(alone.record["test"], abs=1e-9)
     trained = [p for n, p in loaded.model.named_parameters() if n.endswith("oft_R.weight")]
     assert trained and all(p.abs().max() > 0 for p in trained)  # the rotations trained away from R = I, and came back
-    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
-    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
-    ids, mask, types = batch(model_type)
-    with torch.no_grad():
-        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
-                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)

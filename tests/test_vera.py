@@ -1,4 +1,6 @@
-"""VeRA against PEFT 0.21 (`VeraConfig`) on every encoder PEFT can adapt alike, and against its formula on ModernBERT.
+"""VeRA on ModernBERT's fused Wqkv against its formula, its shared matrices in groups, a gated mixture. Against PEFT
+0.21 (`VeraConfig`: the same A and B from the model seed, logits, λ gradients, counts, the PEFT copy) on every encoder
+PEFT can adapt alike: tests/test_peft_matrix.py.
 
 Tiny random models with O(1) weights (initializer_range=0.2), dropout off; λ_b and λ_d are moved off their initial
 values (λ_b = 0 would hide the delta). Tolerances as tests/test_encoders.py.
@@ -8,19 +10,14 @@ from __future__ import annotations
 
 from types import MethodType
 
-import pytest
 import torch
-import torch.nn.functional as F
-from transformers import AutoConfig
 
 from conftest import tiny_encoder
-from peltbench.methods import count_method, member_state, parameter_counts
 from peltbench.methods.vera import VeRALinear
 from test_encoders import batch, build, method, model_inputs
 
 O1 = {"initializer_range": 0.2}
 CLOSE = dict(rtol=1e-5, atol=1e-6)
-SEED = 42  # test_encoders.build's model seed: PEFT's projection_prng_key
 
 
 def moved(model) -> None:
@@ -30,55 +27,6 @@ def moved(model) -> None:
             if isinstance(module, VeRALinear):
                 module.vera_lambda_b.copy_(0.5 * torch.randn(module.vera_lambda_b.shape, generator=generator))
                 module.vera_lambda_d.mul_(1 + torch.randn(module.vera_lambda_d.shape, generator=generator))
-
-
-def peft_vera(model_type: str, ours, rank: int):
-    from peft import VeraConfig, get_peft_model
-
-    config = VeraConfig(r=rank, projection_prng_key=SEED, vera_dropout=0.0, d_initial=0.1)
-    peft = get_peft_model(tiny_encoder(model_type, dropout=0.0, **O1), config)
-    state = member_state(ours, 0)
-    with torch.no_grad():
-        for name, module in peft.named_modules():
-            if hasattr(module, "vera_lambda_d") and "default" in module.vera_lambda_d:
-                plain = name.removeprefix("base_model.model.")
-                module.vera_lambda_d["default"].copy_(state[f"{plain}.vera_lambda_d"])
-                module.vera_lambda_b["default"].copy_(state[f"{plain}.vera_lambda_b"])
-    return peft
-
-
-@pytest.mark.parametrize("model_type", ["bert", "deberta-v2", "electra", "roberta"])
-def test_vera_equals_peft(model_type):
-    """The shared A and B are PEFT's for key = the model seed; logits, λ gradients and the count equal PEFT's."""
-    pytest.importorskip("peft")
-    rank = 64
-    ours = build(model_type, method("vera", vera_rank=rank), **O1)
-    shared = next(module for module in ours.modules() if isinstance(module, VeRALinear)).shared
-    peft = peft_vera(model_type, ours, rank)
-    assert torch.equal(shared.a[0], peft.base_model.vera_A["default"])
-    assert torch.equal(shared.b[0], peft.base_model.vera_B["default"])
-    moved(ours)
-    peft = peft_vera(model_type, ours, rank).train()
-    ours.train()
-    ids, mask, types = batch(model_type)
-    labels = torch.tensor([0, 1, 1])
-    logits = ours(ids, mask, types)
-    peft_logits = peft(**model_inputs(model_type, ids, mask, types)).logits
-    torch.testing.assert_close(logits, peft_logits, **CLOSE)
-    plain = tiny_encoder(model_type, dropout=0.0, **O1)(**model_inputs(model_type, ids, mask, types)).logits
-    assert (logits - plain).abs().max() > 1e-2  # the delta matters
-    F.cross_entropy(logits, labels).backward()
-    F.cross_entropy(peft_logits, labels).backward()
-    grads = {ours.stored_name(n): p.grad[0] for n, p, _, _ in ours.member_parameters() if not n.startswith("head.")}
-    counted = 0
-    for name, module in peft.named_modules():
-        if hasattr(module, "vera_lambda_d") and "default" in module.vera_lambda_d:
-            plain_name = name.removeprefix("base_model.model.")
-            for vector in ("vera_lambda_d", "vera_lambda_b"):
-                grad = getattr(module, vector)["default"].grad
-                torch.testing.assert_close(grads[f"{plain_name}.{vector}"], grad, **CLOSE)
-                counted += grad.numel()
-    assert parameter_counts(ours)["trainable_params"] == counted == 2 * 2 * (rank + 32)
 
 
 def test_vera_on_modernbert_fused_wqkv_is_the_formula_block_by_block():
@@ -117,15 +65,6 @@ def test_members_with_other_seeds_have_other_shared_matrices_and_gates_draw_as_a
     assert not shared.a[1, 8:].any() and not shared.b[1, :, 8:].any()  # the rank-8 member's padding
     assert torch.equal(one.layers[1].attention.self.value.coefficient.gate.linear.weight[1],
                        alone.layers[1].attention.self.value.coefficient.gate.linear.weight[0])
-
-
-def test_count_on_roberta_base_and_deberta_v3_base_shapes():
-    """ECOSYSTEM.md (PEFT on roberta-base, r = 1024 on query and value): 43,008 = 12 · 2 · (1024 + 768)."""
-    assert count_method(method("vera"), AutoConfig.for_model("roberta"))["trainable_params"] == 43_008
-    deberta = AutoConfig.for_model("deberta-v2", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                   intermediate_size=3072, relative_attention=True, share_att_key=True,
-                                   pos_att_type=["p2c", "c2p"], position_buckets=256, vocab_size=128100)
-    assert count_method(method("vera"), deberta)["trainable_params"] == 43_008
 
 
 def test_a_gated_vera_prefix_adapter_mixture_trains_and_records_its_gates(tiny_checkpoint, glue_dir, tmp_path):
