@@ -40,6 +40,8 @@ MEMBERS = [
     ("unipelt_ap", {"components": ["vera", "prefix", "adapter"], "vera_rank": 8, "vera_targets": ["query", "value"],
                     "vera_d_initial": 0.1}),  # a gated mixture beyond UniPELT
     ("ia3", {}), ("ptuning_v2", {}), ("ptuning_v2", {"prefix_length": 3, "gated": True}),
+    ("fourierft", {"fourierft_n_frequency": 100, "fourierft_scaling": 20.0}),
+    ("c3a", {"c3a_block_size": 8}), ("c3a", {"c3a_block_size": 16, "c3a_targets": ["key", "value"]}),  # two deltas
 ]
 
 
