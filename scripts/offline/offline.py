@@ -211,6 +211,8 @@ def requirement_problems(carried: list[str]) -> list[str]:
         return inside(dist.locate_file(""), Path(sys.prefix))
 
     walk(ROOTS + [(name, ()) for name in carried], default_environment(), metadata.requires, visit)
+    if problems:   # what fixes it, where it can be fixed
+        problems["hint"] = f'carry them: make pack-offline EXTRA="{" ".join(sorted(problems))}" (with PY= and the rest as before)'
     return list(problems.values())
 
 

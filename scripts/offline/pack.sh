@@ -62,4 +62,4 @@ echo "$pins" > "$OUT/carried.txt"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 printf 'PY=%s\nARCH=%s\nGLIBC=%s\nMINILM=%s\nCOMMIT=%s\n' "$PY" "$ARCH" "$GLIBC" "$MINILM" "$commit" > "$OUT/packed.txt"
 echo "pack.sh: $OUT ($(du -sh "$OUT" | cut -f1)) for Python $PY on $ARCH: $(echo $pins | tr '\n' ' ')"
-echo "pack.sh: copy the checkout with $OUT to the node; there, in its root: bash $OUT/install.sh"
+echo "pack.sh: copy the checkout to the node with this folder in its root; there: bash $(basename "$OUT")/install.sh"
