@@ -43,7 +43,8 @@ step="installing pip into $VENV"
 pip_wheel=$(ls "$here"/tools/pip-*.whl)
 "$py" "$pip_wheel/pip" install -q --no-index --ignore-installed --no-warn-script-location --no-compile "$pip_wheel"
 step="installing the carried wheels"
-"$py" -m pip install -q --no-index --no-deps --ignore-installed --no-warn-conflicts "$here"/wheels/*.whl
+shopt -s nullglob; wheels=("$here"/wheels/*.whl); shopt -u nullglob   # none where the node lacked nothing (NODE=)
+[[ ${#wheels[@]} == 0 ]] || "$py" -m pip install -q --no-index --no-deps --ignore-installed --no-warn-conflicts "${wheels[@]}"
 step="installing peltbench (editable; setuptools and wheel from $here/tools)"
 # -qq: setuptools' warnings on the build's own output would bury the rest; its errors still show
 "$py" -m pip install -qq --no-index --find-links "$here/tools" --no-deps --ignore-installed --no-warn-conflicts -e "$root"

@@ -37,7 +37,7 @@ platforms+=(--platform "manylinux2014_$ARCH")
 [[ $ARCH != x86_64 ]] || platforms+=(--platform manylinux2010_x86_64 --platform manylinux1_x86_64)
 target=(--python-version "$PY" --implementation cp "${platforms[@]}")
 # shellcheck disable=SC2086  # $pins: one name==version a word
-$py -m pip download -q --no-deps "${target[@]}" -d "$OUT/wheels" $pins \
+[[ -z $pins ]] || $py -m pip download -q --no-deps "${target[@]}" -d "$OUT/wheels" $pins \
   || fail "pip download failed (above): a pinned version with no wheel for Python $PY on $ARCH (glibc $GLIBC)?"
 for sdist in "$OUT"/wheels/*.tar.gz "$OUT"/wheels/*.zip; do
   [[ -e $sdist ]] || continue
