@@ -170,11 +170,13 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISAB
 
 def test_a_killed_fused_sweep_resumed_gives_the_records_of_an_uninterrupted_one(dropout_on, tmp_path):
     """kill -9 once the short runs of a fused sweep have their records: the rerun trains the others as a new, smaller
-    group, and every record equals the uninterrupted sweep's."""
+    group, and every record equals the uninterrupted sweep's (the same 6 runs in one group, trained in this process)."""
+    from peltbench.runner import run_group
+
     checkpoint, glue = dropout_on
-    grid = ["-m", "method=adapter,lora,unipelt_apl", "train.epochs=1,6", "fuse=true", "task=rte", "k=24",
-            "dev_size=20", "train.batch_size=8", "train.patience=50", f"model.name={checkpoint}",
-            f"data.dir={glue}", "logger=[]"]
+    methods, settings = ("adapter", "lora", "unipelt_apl"), ("fuse=true", "k=24", "train.patience=50", "device=auto")
+    grid = ["-m", f"method={','.join(methods)}", "train.epochs=1,6", "task=rte", "dev_size=20", "train.batch_size=8",
+            *settings, f"model.name={checkpoint}", f"data.dir={glue}", "logger=[]"]
 
     def sweep(results: str, name: str) -> subprocess.Popen:
         return subprocess.Popen([PELTBENCH, *grid, f"results_dir={results}", f"hydra.sweep.dir={name}"],
@@ -193,9 +195,11 @@ def test_a_killed_fused_sweep_resumed_gives_the_records_of_an_uninterrupted_one(
     assert len(finished) == 3 and {r["config"]["train"]["epochs"] for r in finished} == {1}
     assert {r["fused"]["size"] for r in finished} == {6}
     assert sweep("resumed", "sweeps/rerun").wait(timeout=300) == 0
-    assert sweep("uninterrupted", "sweeps/whole").wait(timeout=300) == 0
+    run_group([cfg for name in methods for epochs in (1, 6)  # the sweep's order: Hydra's product of its lists
+               for cfg in runs(dropout_on, tmp_path / "uninterrupted", [name], *settings, f"train.epochs={epochs}")])
     resumed, whole = records("resumed"), records("uninterrupted")
-    assert len(resumed) == len(whole) == 6
+    assert len(resumed) == len(whole) == 6 and [r["variant"] for r in resumed] == [r["variant"] for r in whole]
+    assert {r["fused"]["size"] for r in whole} == {6}
     assert sorted(r["fused"]["size"] for r in resumed) == [3, 3, 3, 6, 6, 6]  # re-formed as a group of 3
     for a, b in zip(resumed, whole):
         same_record(a, b, a["variant"])
