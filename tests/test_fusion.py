@@ -42,6 +42,9 @@ MEMBERS = [
     ("ia3", {}), ("ptuning_v2", {}), ("ptuning_v2", {"prefix_length": 3, "gated": True}),
     ("fourierft", {"fourierft_n_frequency": 100, "fourierft_scaling": 20.0}),
     ("c3a", {"c3a_block_size": 8}), ("c3a", {"c3a_block_size": 16, "c3a_targets": ["key", "value"]}),  # two deltas
+    ("road", {}), ("road", {"road_variant": 4, "road_group_size": 8, "road_targets": ["key", "value"]}),
+    ("delora", {}), ("delora", {"delora_rank": 3, "delora_targets": ["key", "value"]}),
+    ("lora", {"lora_init": "pissa"}), ("dora", {"lora_init": "olora", "lora_rank": 4}),  # frozen A₀, B₀ per member
 ]
 
 
