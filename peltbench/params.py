@@ -56,21 +56,37 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as error:
         sys.exit(f"peltbench-params: error: {error}")
     methods = sorted(options("method"), key=lambda m: (PAPER_ORDER.index(m) if m in PAPER_ORDER else len(PAPER_ORDER), m))
-    rows = [(method, count_packaged(method, config)) for method in methods]
-    if args.csv:
+    rows = [(method, *counted(method, config)) for method in methods]
+    backbone = next(c["backbone_params"] for _, c, _ in rows if c is not None)
+    if args.csv:  # a method the model cannot take: its counts empty
         print("method,trainable_params,percent_of_backbone,head_params,optimizer_params,backbone_params")
-        for method, c in rows:
+        for method, c, _ in rows:
+            if c is None:
+                print(f"{method},,,,,{backbone}")
+                continue
             share = 100 * c["trainable_params"] / c["backbone_params"]
             print(f"{method},{c['trainable_params']},{share:.4f},{c['head_params']},{c['optimizer_params']},{c['backbone_params']}")
         return
     print(f"Trainable parameters stored per task — model: {label}, {args.num_labels}-way head")
     print("(docs/protocol.md §4: head excluded; prefix counted as its L x 2 x layers x H tensor)\n")
     print(f"{'method':<20}{'stored':>14}{'Table 4':>9}{'% backbone':>12}{'head':>8}{'optimiser':>14}")
-    for method, c in rows:
+    for method, c, why in rows:
+        if c is None:
+            print(f"{method:<20}{'–':>14}  not on this model: {why}")
+            continue
         share = 100 * c["trainable_params"] / c["backbone_params"]
         print(f"{method:<20}{c['trainable_params']:>14,}{paper_rounding(c['trainable_params']):>9}"
               f"{share:>11.2f}%{c['head_params']:>8,}{c['optimizer_params']:>14,}")
-    print(f"\nbackbone (the pretrained model without the new head layers): {rows[0][1]['backbone_params']:,} parameters")
+    print(f"\nbackbone (the pretrained model without the new head layers): {backbone:,} parameters")
+
+
+def counted(method: str, config) -> tuple[dict[str, int] | None, str | None]:
+    """(counts, None), or (None, why) for a packaged method the model cannot take as configured (C3A's block size 128
+    on a model whose width it does not divide)."""
+    try:
+        return count_packaged(method, config), None
+    except ValueError as error:
+        return None, str(error)
 
 
 if __name__ == "__main__":

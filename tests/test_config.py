@@ -45,7 +45,8 @@ def test_learning_rates_are_app_b(method, lr):
 def test_heads_follow_the_official_code():
     """METHODS.md: head frozen for prefix and LoRA, bias only for BitFit, trained otherwise."""
     heads = {m: compose_config(f"method={m}", "task=rte").method.head for m in METHODS}
-    assert {m for m, h in heads.items() if h == "frozen"} == {"prefix", "prefix_l50", "lora", "lora_fa", "dora", "vera"}
+    assert {m for m, h in heads.items() if h == "frozen"} == {"prefix", "prefix_l50", "lora", "lora_fa", "dora", "vera",
+                                                                   "fourierft", "c3a"}
     assert heads["bitfit"] == "bias"
 
 

@@ -30,6 +30,11 @@ def test_local_model_config(tiny_checkpoint, capsys):
     main(["--model", str(tiny_checkpoint)])
     out = capsys.readouterr().out
     assert "6,304" in out  # adapter on the tiny config (tests/test_methods.py)
+    # C3A's block size 128 cannot tile hidden 32: its row says so, the others are counted
+    [c3a] = [line for line in out.splitlines() if line.startswith("c3a ")]
+    assert "not on this model: c3a_block_size=128 must divide" in c3a
+    main(["--model", str(tiny_checkpoint), "--csv"])
+    assert "\nc3a,,,,," in capsys.readouterr().out
 
 
 def test_paper_rounding():
