@@ -23,15 +23,16 @@ PEFT's set_peft_model_state_dict), else by name (`renames`): no copying code per
 holds which of ours is found the same way, by loading tensors of entry numbers (`placement`), so ModernBERT's fused
 Wqkv (PEFT's one LoRA of rank 2r with zero blocks, IA3's query block of ones, DoRA's k rows) needs no code here.
 
-ADDING A METHOD (or an initialisation, or a setting) is adding a Row to ROWS, e.g.
+ADDING A METHOD (or an initialisation, or a setting) is adding a Row to ROWS, e.g. (the FourierFT row, shortened)
 
-    # FourierFT, n = 16 frequencies per q and v (1,000 by default: 24,000 on roberta-base, ECOSYSTEM.md)
+    # FourierFT: n coefficients per projection, 2 layers · 2 · 100 here; 12 · 2 · 1,000 = 24,000 on roberta-base
     Row("fourierft", method="fourierft",                    # test id; conf/method/fourierft.yaml
-        tiny={"fourierft_n_frequency": 16},                 # settings for the tiny models only (hidden 32)
+        tiny={"fourierft_n_frequency": 100},                # settings for the tiny models only (hidden 32)
         peft=lambda t, m: FourierFTConfig(n_frequency=m.fourierft_n_frequency, target_modules=QV[t],
                                           task_type="SEQ_CLS"),
-        count=2 * 2 * 16,                                   # our trainable count on every tiny encoder, or a dict
-        base_counts={"roberta-base": 24_000}),              # by encoder; by hand, the sum in a comment
+        count=2 * 2 * 100,                                  # our trainable count on every tiny encoder (or a dict
+                                                            # by encoder), by hand: the sum in the comment
+        base_counts={"roberta-base": 24_000}),              # ours = PEFT's on the base model's shape = this
 
 `peft(model_type, method)` turns our method config into PEFT's config (one factory for the tiny models and the base
 shapes); QV, ATTENTION and LAYERS name each encoder's modules as PEFT targets them. `overrides` are settings that make
@@ -52,6 +53,7 @@ applied everywhere. Every known difference is a field with a comment saying why:
     scale           how far the trained tensors are moved off their init (N(0, scale²) added)
     grad_close      a looser gradient tolerance (a function of PEFT's gradient), with the reason
     regularised     the loss has a regulariser, which must change it by over 0.1
+    encoders        where a row is a setting that only one encoder has (adalora-wqkv: ModernBERT's fused q, k, v)
 
 Tolerances (as tests/test_encoders.py): 1e-5 relative / 1e-6 absolute on logits, losses and gradients (float rounding
 of differently ordered sums) unless a row says otherwise. Dropout is off. Each tiny encoder is built and each batch
