@@ -26,8 +26,8 @@ PEFT_TARGETS = {"bert": ["query", "value"], "roberta": ["query", "value"], "elec
 
 
 def scaled(model, scale: float = 2.0) -> None:
-    """Kernels of N(0, scale²): the xavier init's ΔW (entries ~0.006 at hidden 32, after PEFT's 1/in) would barely move
-    the logits; these make it ~0.06, a third of W's."""
+    """Kernels of N(0, scale²): the xavier init's ΔW (entries ~0.006 at hidden 32, after PEFT's 1/in) would barely
+    move the logits; these make it ~0.06, a third of W's."""
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for module in model.modules():

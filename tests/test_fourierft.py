@@ -22,8 +22,8 @@ from test_encoders import assert_members_equal_their_own_models, batch, build, m
 O1 = {"initializer_range": 0.2}
 SEED = 42  # test_encoders.build's model seed
 N = 100    # coefficients per projection on the tiny models (of 32 · 32 entries)
-# α on the tiny models: IDFT2 divides by out · in, so the paper's 140 on a 32 × 32 spectrum makes ΔW's entries ~1, five
-# times W's, and the logits a function of rounding; at 20 they are ~0.14 and the method still moves the logits by 0.3-0.5.
+# α on the tiny models: IDFT2 divides by out · in, so the paper's 140 on a 32 × 32 spectrum makes ΔW's entries ~1,
+# five times W's, and the logits a function of rounding; at 20 they are ~0.14 and still move the logits by 0.3-0.5.
 ALPHA = 20.0
 
 

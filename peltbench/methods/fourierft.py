@@ -11,9 +11,9 @@ model does not start as the pretrained one; α = `fourierft_scaling`. Only c tra
 
 ΔW is built in fp32 with autocast off, as PEFT builds it (torch.fft has no bf16 on a CPU), then multiplies the
 projection's input as a Linear would (in bf16 under bf16 autocast, as PEFT's F.linear). In a fused group each member
-has its own c and E (a member with a smaller n holds zeros past it, masked out of its spectrum), and α is its
-Coefficient's constant. On a fused projection (ModernBERT's Wqkv) each adapted row block has its own H × H spectrum,
-which PEFT cannot express (it adapts the whole Wqkv): no PEFT copy there (saving.peft_kind).
+has its own c, E and α (a member with a smaller n holds zeros past it, masked out of its spectrum; α multiplies its
+ΔW before the product, in PEFT's order). On a fused projection (ModernBERT's Wqkv) each adapted row block has its own
+H × H spectrum, which PEFT cannot express (it adapts the whole Wqkv): no PEFT copy there (saving.peft_kind).
 
 No gate: a gated method listing fourierft is refused (GATE = None).
 """
@@ -66,7 +66,7 @@ class FourierFTLinear(lora.ProjectionDelta):
         self.set_coefficient(users, submodule, layer, in_features, [1.0] * members.count)  # α is in ΔW, as PEFT's
 
     def weight_change(self, selection: Selection) -> torch.Tensor:
-        """ΔW = α · Re(IDFT2(F)) for the selected members (members, out, in), in fp32, in PEFT's order of operations."""
+        """ΔW = α · Re(IDFT2(F)) for the selected members (members, out, in), in fp32, in PEFT's order."""
         slots = self.members.slots_of
         spectrum = slots(self.fourierft_spectrum, selection)
         with torch.autocast(spectrum.device.type, enabled=False):
