@@ -38,7 +38,10 @@ RUNS = {"table1": 840, "table1_prefix_l50": 40, "table2": 600, "table3": 56, "ta
 
 @pytest.fixture(scope="module")
 def hydra():
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    from peltbench.launchers import register_launchers
+
+    register_launchers()  # conf/config.yaml's launcher, as the peltbench command registers it (not only when another
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # test ran the command first)
         yield
 
 
