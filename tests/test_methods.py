@@ -47,6 +47,8 @@ TINY_STORED = {
     "prompt": 20 * 32,       # prompt tuning: P = 20 embeddings of width 32
     "fourierft": 4 * 1000,   # n = 1000 coefficients (of the 32 · 32 = 1,024 entries) on q, v of 2 layers
     "c3a": 4 * 32 * 32 // 8,  # q, v of 2 layers: (32 / b)² kernels of b = 8 (TINY_METHOD_SETTINGS: 128 cannot tile 32)
+    "road": 4 * 32,           # road_1 on q, v of 2 layers: one (θ, α) per output pair, 32 per projection
+    "delora": 4 * (8 * 32 + 32 * 8 + 1),  # r = 8 A, B and one λ per adapted projection (q, v of 2 layers)
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
 BERT_BASE_STORED = {
@@ -62,6 +64,8 @@ BERT_BASE_STORED = {
     "prompt": 20 * 768,  # 15,360
     "fourierft": 24 * 1000,  # n = 1000 on q, v of 12 layers: 24,000 (the FourierFT paper's and PEFT's count)
     "c3a": 24 * 768 * 768 // 128,  # b = 128 on q, v of 12 layers: 110,592 (the C3A paper's 0.111M)
+    "road": 24 * 768,  # road_1 on q, v of 12 layers: 18,432 (PEFT's count on roberta-base, test_peft_matrix.py)
+    "delora": 294_912 + 24,  # LoRA r = 8 on q, v + one λ per projection: 294,936 (PEFT's count)
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}
 
@@ -122,7 +126,8 @@ def test_trainable_set(name):
         "parallel_adapter": ".parallel_adapter.", "prefix": "prefix", "lora": "lora_b" if config.get("lora_freeze_a")
         else "lora_", "dora": ("lora_", ".magnitude"), "vera": "vera_lambda_", "adalora": ".lora_",
         "oft": ".oft_R.", "hra": ".hra_u.", "boft": ".boft_R.", "ia3": "ia3_l", "prompt": "prompt.",
-        "fourierft": ".fourierft_spectrum", "c3a": ".c3a_kernel",
+        "fourierft": ".fourierft_spectrum", "c3a": ".c3a_kernel", "road": (".road_theta", ".road_alpha"),
+        "delora": ".delora_",
     }
     allowed = [f for c in config.components for f in (expected_fragment[c] if isinstance(expected_fragment[c], tuple)
                                                       else [expected_fragment[c]])]
