@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from . import UserError
 from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
-from .methods import (build_pelt_model, count_method, load_member_head, load_member_state, member_frozen, member_head,
-                      member_state)
+from .methods import (added_tokens, build_pelt_model, count_method, layout_key, load_member_head, load_member_state,
+                      member_frozen, member_head, member_state)
 from .metrics import majority_score
 from .loggers import RunLogger, check_can_start, open_logger
 from .model import initial_head, load_backbone, load_config, load_tokenizer
@@ -303,7 +303,7 @@ def memory_cap(cfgs: list[DictConfig], task: TaskSpec, device: torch.device, bf1
             return len(cfgs)
     config = load_config(first.model.name, task.num_labels)
     width = 2 if bf16 else 4
-    length = rows + (first.method.prompt_length if "prompt" in first.method.components else 0)
+    length = rows + added_tokens(first.method)
     tokens = first.train.batch_size * length  # a group's runs share one prompt length (peltbench.fusion)
     activations = config.num_hidden_layers * tokens * (
         34 * config.hidden_size * width / 2 + 5 * config.num_attention_heads * length * width / 2)
@@ -546,13 +546,6 @@ def _abandon(run: _Run) -> None:
     if run.logger is not None:
         run.logger.discard()
     remove_empty_run_folder(run.path)
-
-
-def layout_key(method: DictConfig) -> tuple:
-    """Where a run sits in its group: members with the same prefix length and components side by side, so a
-    component's rows are mostly one slice of the batch (a view) rather than gathered (a copy)."""
-    length = method.prefix_length if "prefix" in method.components else 0
-    return length, tuple(sorted(method.components)), bool(method.get("gated", False))
 
 
 def _fused(runs: list[_Run]) -> dict | None:

@@ -384,7 +384,7 @@ class MemberAdamW:
     A member that does not train a slot, or has left the group, gets learning rate 0 there.
 
     A parameter is updated over its span of member slots only, from the first member that trains it to the last (a
-    view: the runner seats members with the same components side by side, runner.layout_key): in a mixed group each
+    view: the runner seats members with the same components side by side, methods.layout_key): in a mixed group each
     component's tensors have a slot for every member, and the optimiser's work stays what the members that train
     them would do apart, not the group's size times each component's.
     """

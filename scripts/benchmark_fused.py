@@ -48,7 +48,8 @@ from torch.utils.flop_counter import flop_registry
 from peltbench.model import load_tokenizer
 from peltbench.allocator import kept_memory
 from peltbench.record import peak_memory, reset_peak_memory
-from peltbench.runner import group_model, group_settings, layout_key, prepare_member, resolve_device
+from peltbench.methods import layout_key
+from peltbench.runner import group_model, group_settings, prepare_member, resolve_device
 from peltbench.tasks import TaskSpec
 from peltbench.train import _train_steps, fit, start_training
 

@@ -38,7 +38,7 @@ def test_the_position_shift_changes_the_logits_not_the_prefix(model_type):
 def test_ptuning_v2_equals_an_eager_reference_that_concatenates_the_prefix(model_type):
     """On every encoder (PEFT's prefix runs on BERT and RoBERTa only): DeBERTa with zero relative bias over the prefix,
     ModernBERT without rotating it; with the tokens' positions shifted by L where the encoder has absolute ones."""
-    from peltbench.methods.base import shifted_positions
+    from peltbench.methods.prefix import shifted_positions
 
     for shift in (False, True):
         ours = build(model_type, method("ptuning_v2", prefix_shift_positions=shift))

@@ -285,7 +285,7 @@ def _record(root: Path, protocol: str | None, seed: int, main: float) -> None:
 
 def test_tables_never_pool_two_protocols_and_report_each_ones_statistic(tmp_path):
     from peltbench.protocols import statistic
-    from peltbench.tables.protocol import label_protocol, pooled, select
+    from peltbench.tables.comparability import label_protocol, pooled, select
     from peltbench.tables.records import default_runs, load_records
     from peltbench.tables.scores import score_table
 

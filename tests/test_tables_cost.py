@@ -199,7 +199,7 @@ def test_the_csv_index_names_the_protocols_statistic(tmp_path):
     """Issue 32 item 6: fig_cost.csv's index entry said 'mean test score' under a median protocol."""
     from peltbench.tables.cost import write_cost
     from peltbench.tables.outputs import Output, Render
-    from peltbench.tables.protocol import Selection
+    from peltbench.tables.comparability import Selection
 
     runs = load_records(write_costs(tmp_path / "runs"))
     selection = Selection("bert-base-uncased", "", "protocol=full_median,precision=fp32", "")

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from conftest import compose_config
 from peltbench.cli import preflight
 from peltbench.tables.command import main
-from peltbench.tables.protocol import protocol_label, run_protocol
+from peltbench.tables.comparability import protocol_label, run_protocol
 
 MODEL = "/ckpt/mini"
 

@@ -152,7 +152,7 @@ def test_hints_name_the_model_and_protocol_they_render(tmp_path, capsys):
 def test_figure_titles_name_the_runs_and_points_with_fewer_seeds_say_so(tmp_path):
     from peltbench.tables.figures import bottleneck_figure
     from peltbench.tables.outputs import _name_the_runs
-    from peltbench.tables.protocol import Selection
+    from peltbench.tables.comparability import Selection
 
     for seed in (111, 222):
         write_record(tmp_path, "adapter", "rte", 100, seed, 60.0 + seed / 111)

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from peltbench.tables.command import main
-from peltbench.tables.examples import paired_bootstrap, replicate_scores, stratified_mcnemar
+from peltbench.tables.example_tests import paired_bootstrap, replicate_scores, stratified_mcnemar
 from peltbench.tables.paired import bootstrap_p, paired_table, seed_test, sign_flip_floor, sign_flip_p
 from peltbench.tables.records import load_records
 from test_tables import write_record

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from peltbench.tables import load_records, main
-from peltbench.tables.protocol import select
+from peltbench.tables.comparability import select
 from peltbench.tables.records import known_runs, one_record_per_seed, read_records
 from test_tables import write_record
 

@@ -160,12 +160,13 @@ def after_step(model: PeltModel, step: int) -> None:
 def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
     """Counts as docs/protocol.md defines them, for the member in `slot` of a model built for it alone.
 
-    `trainable_params`: what must be stored per task, head excluded; the prefix encoder counts its final
-    L × 2 × layers × H tensor instead of its parameters (the MLP is discarded after training; P-tuning v2 trains
-    that tensor itself).
+    `trainable_params`: what must be stored per task, head excluded; a module that stores something other than its
+    parameters says what with `stored_numel(slot)` (the prefix encoder: its final L × 2 × layers × H tensor, not its
+    MLP), counted instead of them for its `users`.
     `head_params`: trainable head parameters. `optimizer_params`: everything the optimiser updates.
     """
     counts = {"trainable_params": 0, "head_params": 0, "optimizer_params": 0, "backbone_params": model.backbone_params}
+    stored_otherwise = {f"{name}.": module for name, module in model.named_modules() if hasattr(module, "stored_numel")}
     for name, parameter, flags, stacked in model.member_parameters():
         if not flags[slot]:
             continue
@@ -173,11 +174,26 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
         counts["optimizer_params"] += size
         if name.startswith("head."):
             counts["head_params"] += size
-        elif not name.startswith("prefix_encoder."):
+        elif not name.startswith(tuple(stored_otherwise)):
             counts["trainable_params"] += size
-    if model.prefix_encoder is not None and slot in model.prefix_encoder.users:
-        counts["trainable_params"] += model.prefix_encoder.stored_numel(slot)
+    for module in stored_otherwise.values():
+        if slot in module.users:
+            counts["trainable_params"] += module.stored_numel(slot)
     return counts
+
+
+def layout_key(method: DictConfig) -> tuple:
+    """Where a run sits in its group: members with the same layout (a component's `layout(method)`: the prefix
+    length) and components side by side, so a component's rows are mostly one slice of the batch (a view) rather
+    than gathered (a copy)."""
+    length = sum(COMPONENTS[name].layout(method) for name in method.components if hasattr(COMPONENTS[name], "layout"))
+    return length, tuple(sorted(method.components)), bool(method.get("gated", False))
+
+
+def added_tokens(method: DictConfig) -> int:
+    """Positions a method adds to every row (a component's `added_tokens(method)`: prompt tuning's prompts)."""
+    return sum(COMPONENTS[name].added_tokens(method) for name in method.components
+               if hasattr(COMPONENTS[name], "added_tokens"))
 
 
 def _alone(method: DictConfig, config) -> PeltModel:
@@ -243,6 +259,6 @@ def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]
         parameter[slot].copy_(state[model.stored_name(f"head.{name}")])
 
 
-__all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "after_step", "build_pelt_model", "check_method", "count_method",
-           "load_member_head", "load_member_state", "member_frozen", "member_head", "member_shapes", "member_state",
-           "parameter_counts", "plan_training", "regulariser"]
+__all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "added_tokens", "after_step", "build_pelt_model", "check_method",
+           "count_method", "layout_key", "load_member_head", "load_member_state", "member_frozen", "member_head",
+           "member_shapes", "member_state", "parameter_counts", "plan_training", "regulariser"]

@@ -363,20 +363,6 @@ def head_layers(arch: Architecture, model: nn.Module) -> dict[str, nn.Linear]:
     return layers
 
 
-def shifted_positions(arch, config, input_ids: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor | None:
-    """Each row's position ids with its member's tokens numbered from its shift (`shifts`: one per active member, rows
-    member after member), as the model would number them after that many cached positions; None where the model has
-    no absolute positions for a uniform shift to move (arch.positions)."""
-    if arch.positions is None or (arch.positions_if and not getattr(config, arch.positions_if, False)):
-        return None
-    rows, length = input_ids.shape
-    shift = shifts.to(input_ids.device).repeat_interleave(rows // shifts.shape[0])[:, None]
-    if arch.positions == "after_padding_idx":  # RoBERTa: padding_idx + 1, 2, ... over the real tokens, pads at padding_idx
-        real = input_ids.ne(config.pad_token_id).long()
-        return (torch.cumsum(real, dim=1) + shift) * real + config.pad_token_id
-    return torch.arange(length, device=input_ids.device)[None] + shift
-
-
 class PeltModel(nn.Module):
     """An encoder with the PELT modules of a group of members attached; forward returns the logits.
 
@@ -401,12 +387,10 @@ class PeltModel(nn.Module):
         self.backbone_params = sum(p.numel() for p in backbone.parameters())
         config = backbone.config
         self.token_types = self.arch.token_types and getattr(config, "type_vocab_size", 0) > 0
-        self.prefix_encoder: nn.Module | None = None
         self.components: list[str] = []  # the components installed (training hooks: methods.plan_training ...)
-        self.prompt: nn.Module | None = None  # prompt tuning: turns the inputs into embeddings with prompts in front
-        # Per member: how far its tokens' positions are shifted (P-tuning v2 numbers them after its prefix, as the
-        # authors' code and PEFT do); None when no member shifts. Set by a component (methods/prefix.py).
-        self.position_shift: torch.Tensor | None = None
+        # What components do to a batch's inputs before the encoder, in the order they were installed: stage(model,
+        # inputs) → inputs (prefix.py: the batch's prefixes and shifted positions; prompt.py: prompts in front).
+        self.input_stages: list = []
         self.trains: dict[str, list[bool]] = {}  # parameter name → does member m train it
         self.unstacked: set[str] = set()  # trained parameters without a member dimension (fine-tuning's backbone)
         self._marked: dict[int, list[bool]] = {}
@@ -437,18 +421,12 @@ class PeltModel(nn.Module):
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         self.members.token_mask, self.members.rows = attention_mask, input_ids.shape[0]
         try:
-            if self.prefix_encoder is not None:
-                self.members.prefixes = self.prefix_encoder()
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
             if self.token_types and token_type_ids is not None:
                 inputs["token_type_ids"] = token_type_ids
-            if self.position_shift is not None:
-                positions = shifted_positions(self.arch, self.config, input_ids, self.members.pick(self.position_shift))
-                if positions is not None:
-                    inputs["position_ids"] = positions
-            if self.prompt is not None:  # every row then has P more positions, the mask included
-                inputs = self.prompt(self.encoder, inputs)
-                attention_mask = self.members.token_mask = inputs["attention_mask"]
+            for stage in self.input_stages:
+                inputs = stage(self, inputs)
+            attention_mask = self.members.token_mask = inputs["attention_mask"]  # a stage may widen it (prompts)
             output = self.encoder(**inputs)
             return self.head(pool(self.arch, self.backbone, output, attention_mask))
         finally:

@@ -59,6 +59,9 @@ class PrefixEncoder(nn.Module):
         lengths = [users[m].prefix_length if m in users else 0 for m in range(members.count)]
         self.member_lengths = lengths
         self._class_cache: dict = {}
+        # Per member, how far its tokens' positions are shifted (P-tuning v2 numbers them after its prefix, as the
+        # authors' code and PEFT do); None when no member shifts. Moves with the model.
+        self.register_buffer("shifts", None, persistent=False)
 
     def forward(self) -> Prefixes | None:
         """The active members' prefixes, computed once per batch for every layer (None: no active member has one)."""
@@ -125,7 +128,9 @@ class PrefixEncoder(nn.Module):
         self.up.init_bert(slot, 2 * self.layers * self.attention_size, width)
 
     def stored_numel(self, slot: int) -> int:
-        """What must be stored per task: the member's L × 2 × layers × H prefix tensor (the MLP is discarded)."""
+        """What must be stored per task (methods.parameter_counts asks every module that has this method instead of
+        counting its parameters): the member's L × 2 × layers × H prefix tensor (the MLP is discarded after
+        training; P-tuning v2 trains that tensor itself)."""
         return self.member_lengths[slot] * 2 * self.layers * self.attention_size
 
 
@@ -167,20 +172,52 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
         config.hidden_size // heads
     encoder = PrefixEncoder(model.members, users, config.hidden_size, config.num_hidden_layers, heads, head_size)
     model.prefix_encoder = encoder
+    model.input_stages.append(_before_encoder)
     if encoder.projected:
         mark(model, [encoder.embedding, *encoder.down.parameters(), *encoder.up.parameters()], encoder.projected)
     if encoder.direct:
         mark(model, [encoder.key_values], encoder.direct)
     shifts = [users[m].prefix_length if m in users and users[m].get("prefix_shift_positions", False) else 0
               for m in range(model.members.count)]
-    if any(shifts):  # P-tuning v2: the tokens' positions follow the prefix (PeltModel.forward)
-        model.position_shift = torch.tensor(shifts, dtype=torch.long, device=encoder.device)
+    if any(shifts):  # P-tuning v2: the tokens' positions follow the prefix (_before_encoder)
+        encoder.shifts = torch.tensor(shifts, dtype=torch.long, device=encoder.device)
     gated = [bool(users[m].gated) if m in users else False for m in range(model.members.count)]
     path = model.arch.attention
     for index, layer in enumerate(model.layers):
         coefficient = Coefficient(model.members, config.hidden_size, "prefix", index, gated, [1.0] * model.members.count)
         put(layer, path, PrefixSelfAttention(get(layer, path), model.members, coefficient, index))
         mark(model, coefficient.gate_parameters(), [m for m, g in enumerate(gated) if g])
+
+
+def _before_encoder(model: PeltModel, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch's prefixes for every layer (computed once per forward pass), and where P-tuning v2 members number
+    their tokens after the prefix, their shifted position ids."""
+    encoder = model.prefix_encoder
+    model.members.prefixes = encoder()
+    if encoder.shifts is not None:
+        positions = shifted_positions(model.arch, model.config, inputs["input_ids"], model.members.pick(encoder.shifts))
+        if positions is not None:
+            inputs["position_ids"] = positions
+    return inputs
+
+
+def shifted_positions(arch, config, input_ids: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor | None:
+    """Each row's position ids with its member's tokens numbered from its shift (`shifts`: one per active member, rows
+    member after member), as the model would number them after that many cached positions; None where the model has
+    no absolute positions for a uniform shift to move (arch.positions)."""
+    if arch.positions is None or (arch.positions_if and not getattr(config, arch.positions_if, False)):
+        return None
+    rows, length = input_ids.shape
+    shift = shifts.to(input_ids.device).repeat_interleave(rows // shifts.shape[0])[:, None]
+    if arch.positions == "after_padding_idx":  # RoBERTa: padding_idx + 1, 2, ... over the real tokens, pads at padding_idx
+        real = input_ids.ne(config.pad_token_id).long()
+        return (torch.cumsum(real, dim=1) + shift) * real + config.pad_token_id
+    return torch.arange(length, device=input_ids.device)[None] + shift
+
+
+def layout(method: DictConfig) -> int:
+    """Members with one prefix length sit side by side in a group (methods.layout_key): their prefixes are one slice."""
+    return int(method.prefix_length)
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

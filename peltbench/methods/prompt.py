@@ -68,7 +68,18 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
                          "token's position); peltbench.fusion groups prompt runs by their length")
     words = model.encoder.get_input_embeddings()
     model.prompt = Prompt(model.members, lengths.pop(), words.embedding_dim, words.weight.device)
+    model.input_stages.append(_prompts_in_front)
     mark(model, model.prompt, users)
+
+
+def _prompts_in_front(model: PeltModel, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every row then has P more positions, the mask included (PeltModel.forward reads the widened mask)."""
+    return model.prompt(model.encoder, inputs)
+
+
+def added_tokens(method: DictConfig) -> int:
+    """Positions each row gains (runner.memory_cap: the activations grow with them)."""
+    return int(method.prompt_length)
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT, protocol_file, protocol_settings, run_defaults, sweep_seeds
 from .names import TASK_LABELS, TASKS, order_of
-from .protocol import PAPER_MODEL, label_protocol, parse_protocol
+from .comparability import PAPER_MODEL, label_protocol, parse_protocol
 
 # The experiment files that sweep few-shot K only (K = 100, 500, 1000): no full-data protocol runs them; and the one
 # that sweeps K = all only, which a protocol of K rows per class (lmbff) cannot run.

@@ -1,9 +1,9 @@
 """`peltbench-tables` (what `make tables` runs): the paper's Tables 1-4 and Figures 2-3 from result records.
 
-A render pools the runs of one model and one protocol (protocol.py): by default the paper's protocol and
+A render pools the runs of one model and one protocol (comparability.py): by default the paper's protocol and
 the paper's model (or, without it, the model with the most runs); `--model` and `--protocol` choose
 another. The paper's numbers stand beside ours only when that model is the paper's, bert-base-uncased
-(`Selection.compares_with_paper`). Every other record is accounted for in other_runs.md (others.py).
+(`Selection.compares_with_paper`). Every other record is accounted for in other_runs.md (ledger.py).
 """
 import argparse
 import shlex
@@ -17,12 +17,12 @@ from .models import NAME as MODELS
 from .models import caption, models_markdown, side_by_side
 from .names import TASKS, order_of
 from .outputs import Output, Render, write_figures, write_table1, write_table3, write_table4
-from .others import Ledger, other_runs_markdown, other_settings_groups
+from .ledger import Ledger, other_runs_markdown, other_settings_groups
 from .paired import check_baseline, write_paired
 from .paper import default_paper_dir, load_paper
 from .published import write_published
 from ..protocols import statistic
-from .protocol import label_protocol, pooled, render_options, select
+from .comparability import label_protocol, pooled, render_options, select
 from .records import (architecture_conflicts, default_runs, known_names, known_runs, one_record_per_seed,
                       read_records)
 from .selection import candidate_runs, parse_keys, select_settings, selected_runs, table_caption
@@ -181,7 +181,7 @@ def render_models(args, known):
 
 
 def account(chosen, duplicates, pooled, other_settings, unknown, unreadable, in_tables=None, keys=()):
-    """The Ledger of one render (see others.py): each readable record in exactly one place. `in_tables`: the runs
+    """The Ledger of one render (see ledger.py): each readable record in exactly one place. `in_tables`: the runs
     the tables use (default settings, or the settings --select chose); `keys`: the settings --select chose among,
     whose other candidates (every run that differs from its method's defaults in those keys only) are in
     selection.csv only, whichever value dev chose (the default too)."""

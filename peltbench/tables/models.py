@@ -13,7 +13,7 @@ import pandas as pd
 from .. import UserError
 from .markdown import frame_markdown, score_cell
 from .names import AVG, TASKS, k_label, k_order, method_label, order_of, task_label
-from .protocol import describe_protocol, pooled, select
+from .comparability import describe_protocol, pooled, select
 from .records import default_runs, one_record_per_seed
 from .scores import score_table
 

@@ -18,9 +18,9 @@ from .efficiency import efficiency_table, is_fused, machines, without_units
 from .figures import bottleneck_figure, gate_figure, gate_runs, lora_scale_figure, most_runs_k
 from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_ln_runs
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
-from .others import other_settings_markdown
+from .ledger import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .protocol import Selection, label_protocol
+from .comparability import Selection, label_protocol
 from .scores import score_table, statistic, upper_bounds
 from .significance import significance
 

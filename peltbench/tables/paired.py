@@ -7,7 +7,7 @@ scipy's infinite t would read p = 0) and the exact sign-flip permutation test (a
 pairs cannot give a p-value below 2 / 2^n: 0.0625 for 5 seeds, so no sign-flip result over 5 seeds can reach 0.05 and
 the table says so instead of marking one. With fewer than 2 shared seeds (grids that ran different seeds) the
 comparison falls back to Welch's unpaired t-test and says so. When both methods saved predictions, the
-example-level tests of examples.py join the row: the paired bootstrap on the task's metric and, for accuracy only,
+example-level tests of example_tests.py join the row: the paired bootstrap on the task's metric and, for accuracy only,
 McNemar's test stratified by seed (the discordant examples of each seed). paired.md's header (ASSUMPTIONS) says what each test assumes.
 
 The reference: the paper's comparison (§4.3), each UniPELT variant against the single method of highest mean in the
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import ttest_ind, ttest_rel
 
-from .examples import example_tests
+from .example_tests import example_tests
 from .names import SINGLE_METHODS, UNIPELT_SUBMODULES
 from .scores import paper_order
 

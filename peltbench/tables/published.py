@@ -17,7 +17,7 @@ from .. import UserError
 from .formatting import MISSING
 from .markdown import frame_markdown
 from .names import method_label, task_label
-from .protocol import label_protocol, normalize_model
+from .comparability import label_protocol, normalize_model
 
 # The C3A paper's protocol, which is none of peltbench's: its caption therefore always warns (the CSV's header says more)
 C3A_PROTOCOL = "the C3A paper's own (a validation split selects, a test split reports; mean of unstated seeds)"

@@ -4,7 +4,7 @@ Settings are read from each record's `config`, never from folder names (docs/rec
 comparison needs is its own column: each test and dev metric (`test_f1`, `dev_accuracy`, ...), the
 `train.*` settings (`train_epochs`, ...), `dev_size`, `model_seed`, `precision`, `model`, its
 `architecture` (the model's `model_type`; "bert" for a record that predates the field), and `protocol`, one
-string for all of them (protocol.py), so a plain `groupby(["model", "protocol", ...])` cannot pool different
+string for all of them (comparability.py), so a plain `groupby(["model", "protocol", ...])` cannot pool different
 protocols by accident.
 
 A record's method settings (`method_settings`) are its `config.method` with any setting the record predates
@@ -28,7 +28,7 @@ from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
 from ..record import LATER_METHOD_KEYS, changed_meaning
 from .names import METHODS, TASKS
-from .protocol import architecture_name, canonical, config_defaults, normalize_model, protocol_label, run_protocol
+from .comparability import architecture_name, canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
 # A record written before records named their architecture is BERT's: the only one peltbench ran then.
 ARCHITECTURE_BEFORE_RECORDED = "bert"

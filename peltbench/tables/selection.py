@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .. import UserError
-from .protocol import canonical
+from .comparability import canonical
 from .scores import paper_order
 
 # The statistic a table reports over data seeds: the protocol decides it (UniPELT: mean ± std; the full-data

@@ -1,10 +1,10 @@
-"""Tables count only comparable runs: one model, one protocol per render (peltbench.tables.protocol, issue 8 item 1)."""
+"""Tables count only comparable runs: one model, one protocol per render (peltbench.tables.comparability, issue 8 item 1)."""
 import shlex
 
 import pytest
 
 from peltbench.tables import load_records, main
-from peltbench.tables.protocol import select
+from peltbench.tables.comparability import select
 from test_tables import write_record
 from test_tables_output import markdown_rows
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from .markdown import frame_markdown
 from .names import METHODS, TASKS, k_order, method_label, order_of
-from .protocol import canonical, model_label, most_common, parse_protocol, render_options
+from .comparability import canonical, model_label, most_common, parse_protocol, render_options
 
 
 @dataclass
