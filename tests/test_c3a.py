@@ -179,25 +179,3 @@ def test_c3a_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_pat
     moved = [(a - b).abs().max() for (name, a), b in zip(member_state(loaded.model, 0).items(),
                                                          member_state(start, 0).values()) if "c3a_kernel" in name]
     assert moved and max(moved) > 1e-3  # the kernels trained
-
-
-def test_successive_halving_of_a_c3a_grid_keeps_the_full_grids_records(tmp_path):
-    """A C3A learning-rate grid under halving=2 (dropout on): the survivors' records are those of the same runs
-    without halving, and each pruned run's history is the full run's first epochs."""
-    from conftest import save_tiny_encoder, write_glue
-    from peltbench.runner import run_group
-    from test_halving import grid, same_record
-
-    tiny = save_tiny_encoder("bert", tmp_path / "ckpt", dropout=0.1), write_glue(tmp_path / "glue")
-    lrs = ("1e-3", "1e-1", "1")
-    common = dict(lrs=lrs, seeds=(111,), method="c3a")
-    halved = run_group(grid(tiny, tmp_path / "halving", f"method.c3a_block_size={B}", halving="2", **common))
-    full = run_group(grid(tiny, tmp_path / "full", f"method.c3a_block_size={B}", halving="null", **common))
-    assert sorted(o.status for o in halved) == ["ok", "pruned", "pruned"]
-    for a, b in zip(halved, full):
-        if a.status == "ok":
-            same_record(a.record, b.record, a.record["variant"])
-        else:
-            rung = a.record["pruned"]["rung"]
-            assert [h["dev_main"] for h in a.record["history"]] == \
-                pytest.approx([h["dev_main"] for h in b.record["history"][:rung]], abs=1e-6)

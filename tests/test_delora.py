@@ -151,9 +151,3 @@ def test_no_peft_copy_of_delora_on_modernbert():
     assert peft_kind(method("road"), architecture("modernbert")) == ("ROAD", None)
     kind, why = peft_kind(method("delora"), architecture("modernbert"))
     assert kind is None and "Wqkv" in why and "\n" not in why
-
-
-def test_successive_halving_of_a_delora_grid_keeps_the_full_grids_records(tmp_path):
-    from test_road import assert_halving_keeps_the_full_grids_records
-
-    assert_halving_keeps_the_full_grids_records(tmp_path, "delora", ("1e-4", "1e-2", "1e-1"))

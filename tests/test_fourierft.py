@@ -239,25 +239,3 @@ def test_fourierft_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, t
     trained = loaded.model.layers[0].attention.self.query.fourierft_spectrum[0]
     initial = build(model_type, tiny_fourierft(), **O1).layers[0].attention.self.query
     assert (trained - initial.fourierft_spectrum[0]).abs().max() > 1e-3  # the coefficients trained
-
-
-def test_successive_halving_of_a_fourierft_grid_keeps_the_full_grids_records(tmp_path):
-    """A FourierFT learning-rate grid under halving=2 (dropout on): the survivors' records are those of the same runs
-    without halving, and each pruned run's history is the full run's first epochs."""
-    from conftest import save_tiny_encoder, write_glue
-    from peltbench.runner import run_group
-    from test_halving import grid, same_record
-
-    tiny = save_tiny_encoder("bert", tmp_path / "ckpt", dropout=0.1), write_glue(tmp_path / "glue")
-    extra = (f"method.fourierft_n_frequency={N}", f"method.fourierft_scaling={ALPHA}")
-    lrs = ("1e-3", "5e-2", "3e-1")
-    halved = run_group(grid(tiny, tmp_path / "halving", *extra, lrs=lrs, seeds=(111,), method="fourierft", halving="2"))
-    full = run_group(grid(tiny, tmp_path / "full", *extra, lrs=lrs, seeds=(111,), method="fourierft", halving="null"))
-    assert sorted(o.status for o in halved) == ["ok", "pruned", "pruned"]
-    for a, b in zip(halved, full):
-        if a.status == "ok":
-            same_record(a.record, b.record, a.record["variant"])
-        else:
-            rung = a.record["pruned"]["rung"]
-            assert [h["dev_main"] for h in a.record["history"]] == \
-                pytest.approx([h["dev_main"] for h in b.record["history"][:rung]], abs=1e-6)

@@ -350,3 +350,42 @@ def test_a_halving_sweep_killed_mid_rung_and_rerun_reaches_the_same_decisions_an
     decisions = lambda path: {rung: [(c["kept"], c["pruned"]) for c in cs]
                               for rung, cs in json.loads(path.read_text())["rungs"].items()}
     assert decisions(ledger_a) == decisions(ledger_b)
+
+
+# The methods since 2024 under successive halving: a row per method or setting (its settings on the tiny model; a
+# learning-rate grid whose candidates part by the first rung; whether the tiny model has O(1) weights; the statuses the
+# halving grid must end with, where they are fixed). Adding a method adds a row.
+HALVING_ROWS = {
+    "fourierft": ("fourierft", ("1e-3", "5e-2", "3e-1"), ("method.fourierft_n_frequency=100",
+                                                          "method.fourierft_scaling=20.0"), False, ["ok", "pruned", "pruned"]),
+    "c3a": ("c3a", ("1e-3", "1e-1", "1"), ("method.c3a_block_size=8",), False, ["ok", "pruned", "pruned"]),
+    "road": ("road", ("1e-4", "3e-2", "3e-1"), (), True, None),
+    "delora": ("delora", ("1e-4", "1e-2", "1e-1"), (), True, None),
+    "lora-pissa": ("lora", ("1e-5", "1e-3", "1e-1"), ("method.lora_init=pissa",), True, None),
+    "dora-pissa": ("dora", ("1e-5", "1e-3", "1e-1"), ("method.lora_init=pissa",), True, None),
+}
+
+
+@pytest.mark.parametrize("row", sorted(HALVING_ROWS))
+def test_successive_halving_of_each_new_methods_grid_keeps_the_full_grids_records(tmp_path, row):
+    """A learning-rate grid under halving=2 (dropout on): some candidates are pruned, the survivors' records are those
+    of the same runs without halving, and a pruned run's history is the full run's first epochs."""
+    from conftest import O1_INIT, save_tiny_encoder, write_glue
+    from peltbench.runner import run_group
+
+    method, lrs, extra, o1, statuses = HALVING_ROWS[row]
+    init = {"initializer_range": O1_INIT} if o1 else {}
+    tiny = save_tiny_encoder("bert", tmp_path / "ckpt", dropout=0.1, **init), write_glue(tmp_path / "glue")
+    halved = run_group(grid(tiny, tmp_path / "halving", *extra, lrs=lrs, seeds=(111,), method=method, halving="2"))
+    full = run_group(grid(tiny, tmp_path / "full", *extra, lrs=lrs, seeds=(111,), method=method, halving="null"))
+    if statuses is not None:
+        assert sorted(o.status for o in halved) == statuses
+    assert "pruned" in {o.status for o in halved} and "ok" in {o.status for o in halved}
+    assert [o.status for o in full] == ["ok"] * len(lrs)
+    for a, b in zip(halved, full):
+        if a.status == "ok":
+            same_record(a.record, b.record, a.record["variant"])
+        else:
+            rung = a.record["pruned"]["rung"]
+            assert [h["dev_main"] for h in a.record["history"]] == \
+                pytest.approx([h["dev_main"] for h in b.record["history"][:rung]], abs=1e-6)

@@ -231,13 +231,6 @@ def test_a_pissa_run_alone_and_fused_saves_reloads_and_exports_peft_converted_fo
         assert loaded.predict()[0] == pytest.approx(outcome.record["test"], abs=1e-6)
 
 
-@pytest.mark.parametrize("name", ["lora", "dora"])
-def test_successive_halving_of_a_pissa_grid_keeps_the_full_grids_records(tmp_path, name):
-    from test_road import assert_halving_keeps_the_full_grids_records
-
-    assert_halving_keeps_the_full_grids_records(tmp_path, name, ("1e-5", "1e-3", "1e-1"), "method.lora_init=pissa")
-
-
 def test_pissa_and_olora_members_train_fused_save_and_reload_in_bf16(glue_dir, tmp_path, as_on_a_gpu):
     """Under bf16 autocast with a GPU's batch shapes and DeviceCheck (tests/test_devices.py: lora_init is a setting, so
     that file's every-method tests do not reach it): a PiSSA LoRA, an OLoRA DoRA and a kaiming LoRA train as one group,

@@ -117,29 +117,3 @@ def test_road_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_
     scores, _ = loaded.predict()
     assert scores == pytest.approx(alone.record["test"], abs=1e-9)
     assert any((t - 1).abs().max() > 1e-3 for n, t in member_state(loaded.model, 0).items() if n.endswith("road_alpha"))
-
-
-def assert_halving_keeps_the_full_grids_records(tmp_path, method_name: str, lrs: tuple[str, ...], *extra: str) -> None:
-    """A learning-rate grid of `method_name` under halving=2 (dropout on): some candidates are pruned, the survivors'
-    records are those of the same runs without halving, and a pruned run's history is the full run's first epochs.
-    (Shared by tests/test_delora.py and tests/test_lora_init.py.)"""
-    from conftest import save_tiny_encoder, write_glue
-    from peltbench.runner import run_group
-    from test_halving import grid, same_record
-
-    tiny = save_tiny_encoder("bert", tmp_path / "ckpt", dropout=0.1, **O1), write_glue(tmp_path / "glue")
-    halved = run_group(grid(tiny, tmp_path / "halving", *extra, lrs=lrs, seeds=(111,), method=method_name, halving="2"))
-    full = run_group(grid(tiny, tmp_path / "full", *extra, lrs=lrs, seeds=(111,), method=method_name, halving="null"))
-    assert "pruned" in {o.status for o in halved} and "ok" in {o.status for o in halved}
-    assert [o.status for o in full] == ["ok"] * len(lrs)
-    for a, b in zip(halved, full):
-        if a.status == "ok":
-            same_record(a.record, b.record, a.record["variant"])
-        else:
-            rung = a.record["pruned"]["rung"]
-            assert [h["dev_main"] for h in a.record["history"]] == \
-                pytest.approx([h["dev_main"] for h in b.record["history"][:rung]], abs=1e-6)
-
-
-def test_successive_halving_of_a_road_grid_keeps_the_full_grids_records(tmp_path):
-    assert_halving_keeps_the_full_grids_records(tmp_path, "road", ("1e-4", "3e-2", "3e-1"))
