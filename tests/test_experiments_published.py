@@ -1,6 +1,6 @@
-"""The sweeps of conf/experiment/glue/: the published RoBERTa-base (VeRA / FourierFT, and C3A's) and DeBERTaV3-base
-(BOFT / HRA) GLUE tables, at each method's settings and with each method's learning-rate grid (issue 20 item 5, issue 34
-item 5).
+"""The sweeps of conf/experiment/glue/: the published RoBERTa-base (VeRA / FourierFT, and C3A's; RoAd's and DeLoRA's
+under full_halves) and DeBERTaV3-base (BOFT / HRA) GLUE tables, at each method's settings and with each method's
+learning-rate grid (issue 20 item 5, issue 34 item 5).
 """
 import itertools
 
@@ -11,6 +11,10 @@ from omegaconf import OmegaConf
 from test_experiments import CONF, hydra, sweep, swept_values  # noqa: F401  (hydra: the fixture)
 
 SEEDS = ["0", "1", "2", "3", "4"]  # protocol full_median's and full_mean's seeds
+HALVES_SEEDS = ["42", "43", "44", "45", "46"]  # protocol full_halves' (DeLoRA's)
+HALVES_TASKS = ["mnli", "sst2", "mrpc", "cola", "qnli", "qqp", "rte", "stsb"]  # roberta_base_glue_delora.csv
+HALVES_METHODS = ["ft", "bitfit", "lora", "ia3", "road", "delora"]
+HALVES_LR = {"road": ["0.001", "0.003", "0.005", "0.007"], "delora": ["0.001", "0.003", "0.01", "0.03"]}
 ROBERTA_TASKS = ["sst2", "mrpc", "cola", "qnli", "rte", "stsb"]  # ../shared/data/published/roberta_base_glue.csv
 DEBERTA_TASKS = ["mnli", "sst2", "cola", "qqp", "qnli", "rte", "mrpc", "stsb"]  # deberta_v3_base_glue.csv
 ROBERTA_LR = {"ft": ["1e-05", "2e-05", "3e-05"], "bitfit": ["0.0001", "0.0004", "0.0007", "0.001"],
@@ -29,6 +33,11 @@ EXPECTED = {
     **{f"glue/roberta_base_lr/{method}": ("full_median", "roberta-base",
                                           {"method": [method], "method.lr": rates, "task": ROBERTA_TASKS, "seed": SEEDS})
        for method, rates in ROBERTA_LR.items()},
+    "glue/roberta_base_halves": ("full_halves", "roberta-base",
+                                 {"method": HALVES_METHODS, "task": HALVES_TASKS, "seed": HALVES_SEEDS}),
+    **{f"glue/roberta_base_halves_lr/{method}": ("full_halves", "roberta-base", {"method": [method], "method.lr": rates,
+                                                                                 "task": HALVES_TASKS, "seed": HALVES_SEEDS})
+       for method, rates in HALVES_LR.items()},
     **{f"glue/deberta_v3_base_lr/{method}": ("full_mean", "microsoft/deberta-v3-base",
                                              {"method": [method], "method.lr": rates, "task": DEBERTA_TASKS, "seed": SEEDS})
        for method, rates in DEBERTA_LR.items()},

@@ -21,7 +21,8 @@ def header(text):
 
 def test_the_published_tables_are_copied_as_printed():
     tables = load_published(PAPER)
-    assert sorted(tables) == ["deberta_v3_base_glue", "roberta_base_glue", "roberta_base_glue_c3a"]
+    assert sorted(tables) == ["deberta_v3_base_glue", "roberta_base_glue", "roberta_base_glue_c3a",
+                              "roberta_base_glue_delora", "roberta_base_glue_road", "roberta_large_glue_road"]
     roberta = tables["roberta_base_glue"].set_index("method")
     assert roberta.loc["vera", "rte"] == 78.7 and roberta.loc["fourierft", "params"] == 24000  # the CSV's own rows
     assert "hra" in set(tables["deberta_v3_base_glue"]["method"])  # hra_r8 as printed, hra in peltbench
@@ -62,7 +63,7 @@ def test_a_model_with_two_published_tables_gets_both_and_c3a_s_always_warns(tmp_
     from peltbench.tables.published import matching_tables
 
     tables = load_published(PAPER)
-    assert matching_tables(tables, "roberta-base") == ["roberta_base_glue", "roberta_base_glue_c3a"]
+    assert matching_tables(tables, "roberta-base")[:2] == ["roberta_base_glue", "roberta_base_glue_c3a"]
     c3a = tables["roberta_base_glue_c3a"].set_index("method")
     assert c3a.loc["c3a", "params"] == 111_000 and c3a.loc["c3a", "rte"] == 77.18  # b = 768/6: our c3a.yaml
     assert c3a.loc["c3a", "avg"] == 83.84 and c3a.loc["c3a_b768", "params"] == 18_000
@@ -78,6 +79,68 @@ def test_a_model_with_two_published_tables_gets_both_and_c3a_s_always_warns(tmp_
     assert "the published table's is the C3A paper's own (a validation split selects" in text
     fourier = (out / "published_roberta_base_glue.md").read_text()
     assert "| C3A " in fourier and "| FourierFT " in fourier  # ours beside the other table too; its published row
+
+
+def test_each_printed_average_is_the_mean_of_its_row():
+    """A typo in a transcribed cell shows in its row's average: the mean of the row's printed cells is within one unit
+    of the printed average's last decimal (the cells' rounding and the average's own, at most half a unit each)."""
+    for stem, table in load_published(PAPER).items():
+        average = next(column for column in ("avg", "all") if column in table.columns)
+        for _, row in table.iterrows():
+            unit = 10.0 ** -len(table.attrs["printed"][(row["method"], average)].partition(".")[2])
+            assert abs(row[list(table.attrs["metrics"])].mean() - row[average]) <= unit + 1e-9, (stem, row["method"])
+
+
+def _halves_record(root, method, task, seed, accuracy):
+    """A record of protocol=full_halves on roberta-base, its config the composed one (so its protocol label is real)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from conftest import compose_config
+
+    config = OmegaConf.to_container(compose_config("protocol=full_halves", f"method={method}", f"task={task}", "k=all",
+                                                   f"seed={seed}", "model.name=roberta-base"), resolve=True)
+    config.pop("hydra", None)
+    folder = root / method / task / "kall" / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({
+        "method": method, "variant": method, "task": task, "k": "all", "seed": seed, "model": "roberta-base",
+        "status": "ok", "test": {"main": accuracy, "accuracy": accuracy}, "dev_best": {"main": accuracy},
+        "precision": "fp32", "config": config}))
+
+
+def test_road_and_delora_tables_stand_beside_full_halves_runs(tmp_path):
+    """Issue 34 item 5: the RoAd paper's Table 2 (RoBERTa-base and -large) and the DeLoRA paper's Table 4 split GLUE
+    dev as ReFT does (protocol full_halves): runs of that protocol stand beside them without a warning, and beside the
+    full_median tables with one. The paper's RoAd row adapts every Linear, our `road` q and v: two rows, not one."""
+    from peltbench.tables.published import matching_tables
+
+    tables = load_published(PAPER)
+    assert matching_tables(tables, "roberta-base") == ["roberta_base_glue", "roberta_base_glue_c3a",
+                                                        "roberta_base_glue_road", "roberta_base_glue_delora"]
+    assert matching_tables(tables, "FacebookAI/roberta-large") == ["roberta_large_glue_road"]
+    road, delora = (tables[stem].set_index("method") for stem in ("roberta_base_glue_road", "roberta_base_glue_delora"))
+    assert road.loc["road_all", "params_percent"] == 0.07 and road.loc["road_all", "cola"] == 64.4
+    assert road.loc["road_all", "avg"] == 85.6 and "params_percent" not in road.attrs["metrics"]
+    assert delora.loc["delora", "params"] == 300_000 and delora.loc["delora", "rte"] == 77.1
+    assert delora.attrs["metrics"]["stsb"] == "pearson" and delora.attrs["metrics"]["qqp"] == "accuracy"
+    for seed, rte in zip((42, 43, 44), (76.0, 78.0, 79.0)):
+        _halves_record(tmp_path / "runs", "delora", "rte", seed, rte)
+        _halves_record(tmp_path / "runs", "road", "rte", seed, rte - 2)
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(PAPER),
+                 "--model", "roberta-base", "--protocol", "protocol=full_halves"]) == 0
+    rows = {}
+    for stem in ("roberta_base_glue_road", "roberta_base_glue_delora"):
+        text = (out / f"published_{stem}.md").read_text()
+        assert "Warning" not in text and "protocol full_halves" in text
+        rows[stem] = {cells[0]: cells for cells in ([cell.strip() for cell in line.split("|")[1:-1]]
+                                                    for line in text.splitlines() if line.startswith("| "))}
+    assert rows["roberta_base_glue_delora"]["DeLoRA"][7] == "77.7 (n = 3) [77.1]"  # RTE: the mean of 76, 78, 79
+    assert rows["roberta_base_glue_road"]["road_all"][1] == "– [78.9]"  # the paper's RoAd1 on every Linear
+    assert rows["roberta_base_glue_road"]["RoAd"][1] == "75.7 (n = 3) [–]"  # ours, on q and v: a row of its own
+    assert "Warning: these runs are of protocol full_halves" in (out / "published_roberta_base_glue.md").read_text()
 
 
 def test_deberta_on_its_printed_metrics_with_two_decimals(tmp_path):

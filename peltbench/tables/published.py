@@ -21,21 +21,29 @@ from .comparability import label_protocol, normalize_model
 
 # The C3A paper's protocol, which is none of peltbench's: its caption therefore always warns (the CSV's header says more)
 C3A_PROTOCOL = "the C3A paper's own (a validation split selects, a test split reports; mean of unstated seeds)"
-# file stem -> (the model it is of, its ids, the protocol it used); a model may have several
+ROBERTA_BASE = ("roberta-base", "FacebookAI/roberta-base")
+# file stem -> (the model it is of, its ids, the protocol it used); a model may have several. RoAd's and DeLoRA's
+# tables split GLUE dev as ReFT/RED do (full_halves; each CSV's header says where they depart from it)
 TABLES = {
-    "roberta_base_glue": ("roberta-base", ("roberta-base", "FacebookAI/roberta-base"), "full_median"),
-    "roberta_base_glue_c3a": ("roberta-base", ("roberta-base", "FacebookAI/roberta-base"), C3A_PROTOCOL),
+    "roberta_base_glue": ("roberta-base", ROBERTA_BASE, "full_median"),
+    "roberta_base_glue_c3a": ("roberta-base", ROBERTA_BASE, C3A_PROTOCOL),
+    "roberta_base_glue_road": ("roberta-base", ROBERTA_BASE, "full_halves"),
+    "roberta_base_glue_delora": ("roberta-base", ROBERTA_BASE, "full_halves"),
+    "roberta_large_glue_road": ("roberta-large", ("roberta-large", "FacebookAI/roberta-large"), "full_halves"),
     "deberta_v3_base_glue": ("microsoft/deberta-v3-base", ("microsoft/deberta-v3-base",), "full_mean"),
 }
 ROW_NAMES = {"lora_r8": "lora", "oft_b16": "oft", "boft_m2_b8": "boft", "hra_r8": "hra"}  # as printed -> config name
 AVERAGES = ("avg", "all")  # the papers' average column
+# columns that are no task: the trainable parameters as a count, or as the percentage of the model a paper prints
+NOT_TASKS = ("method", "params", "params_percent", *AVERAGES)
 METRIC_ROW = "metric"      # the CSV row naming each column's metric (a record's test_<metric>)
 METRIC_WORDS = {"accuracy": "Acc.", "f1": "F1", "mcc": "MCC", "pearson": "Pearson", "spearman": "Spearman"}
 
 
 def load_published(paper_dir):
-    """{stem: DataFrame (method, params, one column per task, avg)} for every published table found, numbers as
-    floats; `frame.attrs["metrics"]`: {task: metric}, `frame.attrs["printed"]`: {(method, task): the text as printed}."""
+    """{stem: DataFrame (method, params or params_percent, one column per task, avg)} for every published table
+    found, numbers as floats; `frame.attrs["metrics"]`: {task: metric}, `frame.attrs["printed"]`: {(method, task): the
+    text as printed}."""
     folder = Path(paper_dir) / "published"
     tables = {}
     for stem in TABLES:
@@ -47,7 +55,7 @@ def load_published(paper_dir):
 
 def _read(path):
     text = pd.read_csv(path, comment="#", dtype=str, keep_default_na=False)
-    tasks = [column for column in text.columns if column not in ("method", "params", *AVERAGES)]
+    tasks = [column for column in text.columns if column not in NOT_TASKS]
     metric_rows = text[text["method"] == METRIC_ROW]
     if len(metric_rows) != 1 or any(not metric_rows.iloc[0][task] for task in tasks):
         raise UserError(f"{path}: needs one `{METRIC_ROW}` row naming the metric each task's column prints "
