@@ -49,6 +49,8 @@ class Architecture:
     dense: dict[str, str]            # attention_output / intermediate / output → the Linear's path from a layer
     pre_norm: bool
     head: Head
+    glu: bool = False                # the FFN's first Linear (`dense["intermediate"]`) computes a GLU's input and
+    # gate: 2 × intermediate_size outputs (ModernBERT's mlp.Wi)
     norms: tuple[str, str] = ("attention.output.LayerNorm", "output.LayerNorm")  # from a layer: the attention
     # block's and the FFN block's LayerNorm (post-norm: after the block; pre-norm: before it)
     embeddings_norm: str = "embeddings.LayerNorm"  # from the encoder
@@ -101,7 +103,7 @@ ARCHITECTURES = {
         "modernbert", layers="layers", attention="attn",
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
         ffn="mlp", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
-        pre_norm=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
+        pre_norm=True, glu=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
         head=Head(pool="modernbert", out="classifier", dropout="drop"), positions=None),
 }
 
@@ -111,6 +113,18 @@ def architecture(model_type: str) -> Architecture:
         return ARCHITECTURES[model_type]
     except KeyError:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}") from None
+
+
+def output_size(arch: Architecture, target: str, config: dict) -> tuple[int | None, str]:
+    """(the output size of a layer's `target` Linear, what in the model's config.json gives it), from the config alone
+    (a check before torch): q, k, v (each, in a fused Wqkv), the attention output and the FFN's output give
+    hidden_size, the FFN's first Linear intermediate_size (twice that for a GLU)."""
+    if target != "intermediate":
+        return config.get("hidden_size"), f"hidden_size {config.get('hidden_size')}"
+    size = config.get("intermediate_size")
+    if size is None or not arch.glu:
+        return size, f"intermediate_size {size}"
+    return 2 * int(size), f"{arch.dense['intermediate']}: 2 × intermediate_size {size}, a GLU's input and gate"
 
 
 def get(module, path: str):

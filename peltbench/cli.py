@@ -127,7 +127,8 @@ METHOD_HELP = {
     "c3a_targets": "the projections C3A adapts, a list from query, key, value",
     "road_variant": "RoAd's variant: 1, 2 or 4 (PEFT's road_1/2/4: one angle and scale per pair, per feature, two per feature)",
     "road_group_size": "RoAd: features are paired within groups of this size (i with i + size/2; 2: consecutive pairs)",
-    "road_targets": "the projections whose output RoAd rotates, a list from query, key, value",
+    "road_targets": ("the Linears of a layer whose output RoAd rotates, a list from query, key, value, "
+                     "attention_output, intermediate, output"),
     "delora_rank": "DeLoRA rank r",
     "delora_lambda": "DeLoRA's initial λ, the trained bound on the update's norm relative to W's",
     "delora_targets": "the projections DeLoRA adapts, a list from query, key, value",

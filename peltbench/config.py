@@ -19,7 +19,8 @@ from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_se
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
-ADALORA_TARGETS = (*LORA_TARGETS, "attention_output", "intermediate", "output")  # methods/adalora.py
+LAYER_LINEARS = (*LORA_TARGETS, "attention_output", "intermediate", "output")  # every Linear of a layer (lora.LINEARS)
+ADALORA_TARGETS = LAYER_LINEARS  # methods/adalora.py
 GATE_POOLINGS = ("masked", "padded")         # gate mean over real tokens, or over all max_length positions
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
@@ -179,8 +180,8 @@ METHOD_SETTINGS: dict[str, Rule] = {
                   "must be kaiming (A kaiming-uniform, B zero), pissa or olora (PEFT's init_lora_weights)"),
     "road_variant": (lambda v: v in (1, 2, 4) and not isinstance(v, bool), "must be 1, 2 or 4 (PEFT's road_1, road_2, road_4)"),
     "road_group_size": (lambda v: _positive_int(v) and v % 2 == 0, "must be a positive even integer (features paired within a group)"),
-    "road_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "road_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LAYER_LINEARS),
+                     f"must be a list of distinct Linears of a layer from {', '.join(LAYER_LINEARS)}"),
     "delora_rank": POSITIVE_INT,
     "delora_lambda": (_positive_number, "must be a positive number (λ, the bound on the update's norm relative to W's)"),
     "delora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
@@ -290,11 +291,29 @@ def rotation_misfit(kind: str, block: int, factors: int, features: int) -> str |
     return None
 
 
-def road_misfit(group: int, out_features: int) -> str | None:
-    """Why RoAd's group size cannot pair a projection's outputs, or None (PEFT's rule: it divides them). The one rule:
-    methods/road.py applies it to the model's shapes, check_model_fit before torch."""
+def road_misfit(group: int, out_features: int, target: str) -> str | None:
+    """Why RoAd's group size cannot pair the outputs of a layer's `target` Linear, or None (PEFT's rule: it divides
+    them). The one rule: methods/road.py applies it to the model's shapes, check_model_fit before torch."""
     if out_features % group:
-        return f"road_group_size={group} must divide the adapted projections' output size {out_features}"
+        return (f"road_group_size={group} must divide the output size of every Linear RoAd adapts: "
+                f"{target} has {out_features}")
+    return None
+
+
+def road_model_misfit(method: DictConfig, model_config: dict) -> str | None:
+    """road_misfit on each of the method's targets with the output sizes the model's config gives them, saying which
+    config value gave it; None where each fits or the config does not say."""
+    from .architectures import ARCHITECTURES, output_size
+
+    arch = ARCHITECTURES.get(model_config.get("model_type"))
+    if arch is None:
+        return None
+    for target in LAYER_LINEARS:
+        if target in method.road_targets:
+            size, source = output_size(arch, target, model_config)
+            why = size and road_misfit(int(method.road_group_size), size, target)
+            if why:
+                return f"{why} ({model_config.get('model_type')} {source})"
     return None
 
 
@@ -341,10 +360,11 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
                 if why:
                     raise ModelMisfit(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
         why = spectral_misfit(method, components, int(hidden))
-        if not why and "road" in components:  # q, k, v: hidden outputs (a row block of ModernBERT's Wqkv too)
-            why = road_misfit(int(method.road_group_size), int(hidden))
         if why:
             raise ModelMisfit(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
+    why = road_model_misfit(method, model_config) if "road" in components else None
+    if why:
+        raise ModelMisfit(f"{run}: {why}")
     from .architectures import ARCHITECTURES
 
     arch = ARCHITECTURES.get(model_config.get("model_type"))

@@ -47,7 +47,7 @@ TINY_STORED = {
     "prompt": 20 * 32,       # prompt tuning: P = 20 embeddings of width 32
     "fourierft": 4 * 1000,   # n = 1000 coefficients (of the 32 · 32 = 1,024 entries) on q, v of 2 layers
     "c3a": 4 * 32 * 32 // 8,  # q, v of 2 layers: (32 / b)² kernels of b = 8 (TINY_METHOD_SETTINGS: 128 cannot tile 32)
-    "road": 4 * 32,           # road_1 on q, v of 2 layers: one (θ, α) per output pair, 32 per projection
+    "road": 2 * (5 * 32 + 64),  # road_1 on the 6 Linears of 2 layers: one (θ, α) per output pair (out per Linear)
     "delora": 4 * (8 * 32 + 32 * 8 + 1),  # r = 8 A, B and one λ per adapted projection (q, v of 2 layers)
 }
 # METHODS.md's table for BERT-base (head excluded); MAM is ours: prefix L=8 147,456 + parallel adapter 156,768.
@@ -64,7 +64,7 @@ BERT_BASE_STORED = {
     "prompt": 20 * 768,  # 15,360
     "fourierft": 24 * 1000,  # n = 1000 on q, v of 12 layers: 24,000 (the FourierFT paper's and PEFT's count)
     "c3a": 24 * 768 * 768 // 128,  # b = 128 on q, v of 12 layers: 110,592 (the C3A paper's 0.111M)
-    "road": 24 * 768,  # road_1 on q, v of 12 layers: 18,432 (PEFT's count on roberta-base, test_peft_matrix.py)
+    "road": 12 * (5 * 768 + 3_072),  # road_1 on all 6 Linears of 12 layers: 82,944 (PEFT's, test_peft_matrix.py)
     "delora": 294_912 + 24,  # LoRA r = 8 on q, v + one λ per projection: 294,936 (PEFT's count)
 }
 HEAD = {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}

@@ -253,6 +253,13 @@ ADALORA_CLOSE = lambda grad: dict(rtol=1e-5, atol=5e-6 * max(1.0, grad.abs().max
 ADALORA_FUSED = "fused query, key, value as one matrix"
 
 
+def road_config(t: str, m: DictConfig):
+    """PEFT's RoAd on the Linears road_targets names, by the regex AdaLoRA's rows use (ModernBERT: all of Wqkv)."""
+    names = ADALORA_NAMES[t]
+    return RoadConfig(variant=f"road_{m.road_variant}", group_size=m.road_group_size, task_type="SEQ_CLS",
+                      target_modules=r".*\.(" + "|".join(sorted({names[target] for target in m.road_targets})) + r")$")
+
+
 def rotated(t: str, targets) -> list[str]:
     """The Linears a rotation of the inputs of `targets` sits on (ModernBERT: Wqkv, whose input q, k and v share)."""
     return sorted({ATTENTION[t][target] for target in targets})
@@ -383,15 +390,18 @@ ROWS = [
     # roberta-base. ModernBERT: PEFT's vector on Wqkv's 96 outputs holds our k and v; its q block (32) is not ours.
     Row("ia3", method="ia3", peft=ia3_config, count=2 * (32 + 32 + 64), peft_extra={"modernbert": 2 * 32},
         base_counts={"roberta-base": 55_296, "deberta-v3-base": 55_296}),
-    # RoAd: θ and α on the outputs of q and v, 32 · v/2 each per projection (road_v): 2 layers · 2 · 2 · 16v.
-    # ModernBERT: PEFT's RoAd on Wqkv rotates its k rows too (θ = 0, α = 1 in our copy): 2 layers · 2 · 16v more.
-    # road_1 on roberta-base q, v: 12 · 2 · 2 · 384 = 18,432 (PEFT's count), road_2 twice, road_4 four times that.
+    # RoAd on every Linear of a layer (conf/method/road.yaml): θ and α, out · v/2 each per Linear (road_v), 2 layers ·
+    # v · (4 · 32 + 64 + 32) (ModernBERT: its GLU's Wi has 128 outputs). road_1 on roberta-base and deberta-v3-base:
+    # 12 · (4 · 768 + 3,072 + 768) = 82,944 (the paper's 0.07 %; PEFT's count), road_2 twice, road_4 four times that.
     *[Row(f"road-{variant}-g{group}", method="road", overrides={"road_variant": variant, "road_group_size": group},
-          peft=lambda t, m: RoadConfig(variant=f"road_{m.road_variant}", group_size=m.road_group_size,
-                                       target_modules=QV[t], task_type="SEQ_CLS"),
-          count=2 * 2 * 2 * 16 * variant, peft_extra={"modernbert": 2 * 2 * 16 * variant},
-          base_counts={"roberta-base": 18_432 * variant, "deberta-v3-base": 18_432 * variant})
+          peft=road_config, count={t: 2 * variant * (4 * 32 + (128 if t == "modernbert" else 64) + 32)
+                                   for t in MODEL_TYPES},
+          base_counts={"roberta-base": 82_944 * variant, "deberta-v3-base": 82_944 * variant})
       for variant, group in ((1, 2), (2, 8), (4, 16))],
+    # RoAd on q and v (PEFT's default targets): 2 layers · 2 · 32. ModernBERT: PEFT's RoAd on Wqkv rotates its k rows
+    # too (θ = 0, α = 1 in our copy): 2 layers · 32 more. 12 · 2 · 768 = 18,432 on roberta-base.
+    Row("road-qv", method="road", overrides={"road_targets": ["query", "value"]}, peft=road_config, count=2 * 2 * 32,
+        peft_extra={"modernbert": 2 * 32}, base_counts={"roberta-base": 18_432, "deberta-v3-base": 18_432}),
     # DeLoRA: A (r × 32), B (32 × r) and λ per projection, 2 layers · 2; r = 8, λ = 4 (conf/method/delora.yaml) and
     # r = 3, λ = 12. 12 · 2 · (8·768 + 768·8 + 1) = 294,936 on roberta-base (PEFT's count).
     *[Row(f"delora-r{rank}", method="delora", overrides={"delora_rank": rank, "delora_lambda": lam},

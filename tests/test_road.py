@@ -45,18 +45,31 @@ def test_road_starts_as_the_pretrained_model_and_rotates_pairs():
 
 
 def test_a_group_size_that_does_not_pair_the_outputs_is_one_line(tmp_path):
-    """PEFT's rule (the group size divides the outputs) before torch for a local checkpoint, and at build time."""
+    """PEFT's rule (the group size divides every adapted Linear's outputs: H, the FFN's width, ModernBERT's GLU's
+    2 × its width) before torch for a local checkpoint, and at build time."""
     from conftest import compose_config, save_tiny_encoder
     from peltbench import UserError
     from peltbench.config import check_config
     from peltbench.methods import check_method
 
     checkpoint = save_tiny_encoder("bert", tmp_path / "ckpt")
-    with pytest.raises(UserError, match=r"road_group_size=64 must divide the adapted projections' output size 32 "
-                                        r"\(bert hidden_size 32\)"):
+    glu = save_tiny_encoder("modernbert", tmp_path / "glu")
+    with pytest.raises(UserError, match=r"road_group_size=64 must divide the output size of every Linear RoAd adapts: "
+                                        r"query has 32 \(bert hidden_size 32\)"):
         check_config(compose_config("method=road", "task=rte", f"model.name={checkpoint}", "method.road_group_size=64"))
-    with pytest.raises(ValueError, match="road_group_size=64 must divide the adapted projections' output size 32"):
+    with pytest.raises(ValueError, match="road_group_size=64 must divide the output size of every Linear RoAd adapts: "
+                                         "query has 32"):
         build("bert", method("road", road_group_size=64), **O1)
+    fc1 = ("method=road", "task=rte", "method.road_targets=[intermediate]")  # the paper's RoAd1(fc1)
+    with pytest.raises(UserError, match=r"intermediate has 64 \(bert intermediate_size 64\)"):
+        check_config(compose_config(*fc1, f"model.name={checkpoint}", "method.road_group_size=128"))
+    check_config(compose_config(*fc1, f"model.name={glu}", "method.road_group_size=128"))  # Wi: 2 · 64 outputs
+    with pytest.raises(UserError, match=r"intermediate has 128 \(modernbert mlp.Wi: 2 × intermediate_size 64, a GLU"):
+        check_config(compose_config(*fc1, f"model.name={glu}", "method.road_group_size=256"))
+    with pytest.raises(ValueError, match="intermediate has 64"):
+        build("bert", method("road", road_group_size=128, road_targets=["intermediate"]), **O1)
+    with pytest.raises(UserError, match="method.road_targets=.*must be a list of distinct Linears of a layer"):
+        check_config(compose_config("method=road", "task=rte", "method.road_targets=[query,pooler]"))
     with pytest.raises(UserError, match="method.road_variant=3: must be 1, 2 or 4"):
         check_config(compose_config("method=road", "task=rte", "method.road_variant=3"))
     with pytest.raises(UserError, match="method.road_group_size=5: must be a positive even integer"):
@@ -65,15 +78,32 @@ def test_a_group_size_that_does_not_pair_the_outputs_is_one_line(tmp_path):
         check_method(method("road", components=["road", "adapter"], gated=True, bottleneck=8))
 
 
+def test_road_adapts_every_linear_of_a_layer_by_default():
+    """The paper's targets (conf/method/road.yaml): q, k, v, the attention output and both FFN Linears of each layer
+    (ModernBERT: Wqkv's three blocks, attn.Wo, the GLU's mlp.Wi, mlp.Wo), and nothing of the head."""
+    from peltbench.methods.road import RoAdLinear
+
+    for model_type, linears in (("roberta", ["attention.self.query", "attention.self.key", "attention.self.value",
+                                             "attention.output.dense", "intermediate.dense", "output.dense"]),
+                                ("modernbert", ["attn.Wqkv.query", "attn.Wqkv.key", "attn.Wqkv.value", "attn.Wo",
+                                                "mlp.Wi", "mlp.Wo"])):
+        model = build(model_type, method("road"), **O1)
+        adapted = [model.stored_name(n) for n, m in model.named_modules() if isinstance(m, RoAdLinear)]
+        prefix = {"roberta": "roberta.encoder.layer", "modernbert": "model.layers"}[model_type]
+        assert adapted == [f"{prefix}.{layer}.{linear}" for layer in (0, 1) for linear in linears]
+
+
 MIXED = [("road", {}), ("road", {"road_variant": 4, "road_group_size": 8}), ("delora", {}),
          ("road", {"road_variant": 2, "road_targets": ["key"]}), ("lora", {}), ("oft", {"oft_block_size": 8}),
-         ("road", {"road_group_size": 16}), ("ia3", {})]
+         ("road", {"road_group_size": 16, "road_targets": ["intermediate", "output"]}), ("ia3", {}),
+         ("adalora", {}), ("adapter", {}), ("bitfit", {})]  # other wrappers of the FFN's and attention output's Linears
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
 def test_a_group_with_road_and_other_methods_computes_each_members_logits_and_gradients(model_type):
-    """RoAd members of every variant, group size and target beside DeLoRA, LoRA, OFT and (IA)³ on one backbone: each
-    member's logits and gradients equal its own model's, and each starts from its own model's values."""
+    """RoAd members of every variant, group size and target beside DeLoRA, LoRA, OFT, (IA)³, and AdaLoRA, the adapter
+    and BitFit on the same FFN and attention-output Linears, on one backbone: each member's logits and gradients equal
+    its own model's, and each starts from its own model's values."""
     methods = [method(name, **changes) for name, changes in MIXED]
     seeds = [42 + i for i in range(len(methods))]
     group = build(model_type, methods, seeds, **O1)
@@ -109,7 +139,7 @@ def test_road_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_
         assert [h[key] for h in alone.record["history"]] == \
             pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
     assert alone.record["test"] == pytest.approx(fused[1].record["test"], abs=1e-6)
-    assert alone.record["trainable_params"] == 2 * 2 * 2 * H // 2
+    assert alone.record["trainable_params"] == 2 * (5 * H + (4 if model_type == "modernbert" else 2) * H)
     run_dir = next((tmp_path / "alone").rglob("result.json")).parent
     config = json.loads((run_dir / "peft" / "adapter_config.json").read_text())
     assert (config["peft_type"], config["variant"], config["group_size"]) == ("ROAD", "road_1", 2)

@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import unwrapped
-from .base import Coefficient, FfnOutput, Members, PeltModel, draw, mark, scale_rows
-from .lora import FusedProjection, frozen_linear
+from .base import Coefficient, Members, PeltModel, draw, mark, scale_rows
+from .lora import FusedProjection, frozen_linear, site
 
 # The matrices AdaLoRA may adapt: q, k, v (architectures.projections) and the attention output and FFN Linears
 # (architectures.dense). The paper adapts all six (§5.1; the official GLUE scripts' lora_module list).
@@ -86,32 +86,6 @@ def _scale(method: DictConfig) -> float:
     return (alpha if alpha > 0 else float(rank)) / (rank + 1e-5)
 
 
-def _child(module: nn.Module, name: str) -> nn.Module:
-    """A submodule by name, looking through peltbench's wrappers (`inner`, FfnOutput's `base`)."""
-    while name not in module._modules:
-        if isinstance(module, FfnOutput):
-            module = module.base
-        elif "inner" in module._modules:
-            module = module.inner
-        else:
-            raise AttributeError(f"{type(module).__name__} has no {name}")
-    return module._modules[name]
-
-
-def _site(model: PeltModel, layer: nn.Module, target: str) -> tuple[nn.Module, str, int | None]:
-    """(parent module, attribute name, row block or None) of the Linear a target names in a layer."""
-    if target in ATTENTION:
-        name, block = model.arch.projections[target]
-        return model.attention(layer), name, block
-    path = model.arch.dense[target].split(".")
-    parent = layer
-    for part in path[:-1]:
-        parent = _child(parent, part)
-    while path[-1] not in parent._modules:  # a wrapper of the parent's (FfnOutput, prefix)
-        parent = parent.base if isinstance(parent, FfnOutput) else parent.inner
-    return parent, path[-1], None
-
-
 def _weight(linear: nn.Module) -> torch.Tensor:
     """The frozen weight of a Linear, under the wrappers other components put on it (LoRA's, BitFit's bias)."""
     return frozen_linear(linear).weight
@@ -123,7 +97,7 @@ def _under(module: nn.Module) -> nn.Module:
 
 
 def adalora_module(model: PeltModel, layer: nn.Module, target: str) -> SVDLinear:
-    parent, name, block = _site(model, layer, target)
+    parent, name, block = site(model, layer, target)
     module = getattr(parent, name)
     if block is not None:
         return getattr(unwrapped(module), f"adalora_{target}")
@@ -143,7 +117,7 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     for index, layer in enumerate(model.layers):
         for target in _targets(users):
             on_target = {m: method for m, method in users.items() if target in method.adalora_targets}
-            parent, name, block = _site(model, layer, target)
+            parent, name, block = site(model, layer, target)
             linear = getattr(parent, name)
             while block is None and isinstance(getattr(linear, "base", None), nn.Module):  # under LoRA's wrapper
                 parent, name, linear = linear, "base", linear.base

@@ -15,6 +15,8 @@ W_res = W − s·B₀A₀. A fused group shares one W, so each such member keeps
 
 `ProjectionDelta` and `install_deltas` are where any delta on a projection goes (LoRA's here, DoRA's, VeRA's), on
 every architecture and for every member of a group; a method on the projections subclasses it and says its delta.
+A delta may also sit on a layer's other Linears (`DENSE`: the attention output and the FFN's two, RoAd's), found by
+`site` from the architecture map as AdaLoRA finds them.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import unwrapped
-from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, draw, mark, scale_rows
+from .base import Coefficient, FfnOutput, MemberLinear, Members, PeltModel, Selection, draw, mark, scale_rows
 
 GATE = "the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s"
 
 TARGETS = ("query", "key", "value")  # the attention projections LoRA may adapt (where each sits: architectures.py)
+DENSE = ("attention_output", "intermediate", "output")  # a layer's other Linears (architectures.dense)
+LINEARS = (*TARGETS, *DENSE)  # every Linear of a layer, in the order deltas are installed on them
 INITS = ("kaiming", "pissa", "olora")  # lora_init: PEFT's init_lora_weights True, "pissa", "olora"
 
 
@@ -204,13 +208,45 @@ def frozen_linear(module: nn.Module) -> nn.Module:
 
 
 def delta_module(model: PeltModel, layer: nn.Module, target: str, kind: type) -> ProjectionDelta:
-    """The `kind` delta (LoRALinear ...) on `target` (query, key or value) of a layer, among the deltas there."""
-    name, block = model.arch.projections[target]
-    module = unwrapped(getattr(model.attention(layer), name))  # under a later wrapper ((IA)³'s scale)
+    """The `kind` delta (LoRALinear ...) on `target` (a name of LINEARS) of a layer, among the deltas there."""
+    parent, name, block = site(model, layer, target)
+    module = unwrapped(getattr(parent, name))  # under a later wrapper ((IA)³'s scale)
     module = module if block is None else getattr(module, target)
     while type(module) is not kind:
-        module = module.base
+        module = module.inner if "inner" in module._modules else module.base
     return module
+
+
+def site(model: PeltModel, layer: nn.Module, target: str) -> tuple[nn.Module, str, int | None]:
+    """(parent module, attribute name, row block or None) of the Linear a target (a name of LINEARS) names in a
+    layer: q, k, v in the attention module (architectures.projections), the others by their path from the layer
+    (architectures.dense), looking through peltbench's wrappers on the way (FfnOutput's `base`, others' `inner`)."""
+    if target in TARGETS:
+        name, block = model.arch.projections[target]
+        return model.attention(layer), name, block
+    *path, name = model.arch.dense[target].split(".")
+    parent = layer
+    for part in path:
+        parent = _child(parent, part)
+    while name not in parent._modules:  # a wrapper of the parent's (FfnOutput, prefix)
+        parent = _wrapped(parent, name)
+    return parent, name, None
+
+
+def _child(module: nn.Module, name: str) -> nn.Module:
+    """A submodule by name, looking through peltbench's wrappers."""
+    while name not in module._modules:
+        module = _wrapped(module, name)
+    return module._modules[name]
+
+
+def _wrapped(module: nn.Module, name: str) -> nn.Module:
+    """What a peltbench wrapper wraps (FfnOutput keeps it as `base`, the others as `inner`)."""
+    if isinstance(module, FfnOutput):
+        return module.base
+    if "inner" in module._modules:
+        return module.inner
+    raise AttributeError(f"{type(module).__name__} has no {name}")
 
 
 def frozen_projection(model: PeltModel, layer: nn.Module, target: str) -> nn.Module:
@@ -227,26 +263,25 @@ def projection_shape(model: PeltModel, layer: nn.Module, target: str) -> tuple[i
 
 
 def install_deltas(model: PeltModel, users: dict[int, DictConfig], targets_key: str, make) -> list:
-    """Put a delta on each targeted projection of every layer, for the members whose method lists it in
+    """Put a delta on each targeted Linear (LINEARS) of every layer, for the members whose method lists it in
     `method[targets_key]`: `make(base, on_target, target, layer, in_features, out_features, block)` builds it.
     Returns (delta, on_target) per delta, in layer order."""
     made = []
     for index, layer in enumerate(model.layers):
-        attention = model.attention(layer)
-        for target in TARGETS:
+        for target in LINEARS:
             on_target = {m: method for m, method in users.items() if target in method[targets_key]}
             if not on_target:
                 continue
-            name, block = model.arch.projections[target]
-            projection = getattr(attention, name)
+            parent, name, block = site(model, layer, target)
+            projection = getattr(parent, name)
             if block is None:
                 out_features, in_features = frozen_linear(projection).weight.shape
                 delta = make(projection, on_target, target, index, in_features, out_features, None)
-                setattr(attention, name, delta)
+                setattr(parent, name, delta)
             else:
                 if not isinstance(projection, FusedProjection):
                     projection = FusedProjection(projection)
-                    setattr(attention, name, projection)
+                    setattr(parent, name, projection)
                 out_features, in_features = frozen_linear(projection.base).weight.shape
                 size = out_features // len(TARGETS)
                 delta = make(getattr(projection, target, None), on_target, target, index, in_features, size,

@@ -1,12 +1,15 @@
-"""RoAd (Liao & Monz 2024, "3-in-1: 2D Rotary Adaptation"), as PEFT 0.21 implements it: each adapted projection's
-output is rotated, pair of features by pair of features, by trained angles θ and scaled by trained magnitudes α:
+"""RoAd (Liao & Monz 2024, "3-in-1: 2D Rotary Adaptation"), as PEFT 0.21 implements it: each adapted Linear's output
+is rotated, pair of features by pair of features, by trained angles θ and scaled by trained magnitudes α:
 
     h = W x + b,   y_i = c_i · h_i − d_i · h_{i+g/2},   y_{i+g/2} = c_{i+g/2} · h_{i+g/2} + d_{i+g/2} · h_i
 within each group of g = `road_group_size` features (element i of a group paired with element i + g/2, PEFT's layout;
 g = 2 pairs consecutive features), c = α cos θ and d = α sin θ. `road_variant`: 1 (one θ, α per pair, out/2 of each:
 a 2-D rotation scaled by α), 2 (one per feature: out), 4 (two per feature, c = α₁ cos θ₁ and d = α₂ sin θ₂: 2·out),
 PEFT's road_1 / road_2 / road_4. θ starts at 0 and α at 1 (PEFT's init_weights), so the model starts as the pretrained
-one; nothing is drawn.
+one; nothing is drawn. `road_targets` names the Linears of a layer it adapts (lora.LINEARS: q, k, v, the attention
+output, the FFN's two; the paper's GLUE runs adapt all six, "all linear layers", conf/method/road.yaml); where each is
+is the architecture map's (ModernBERT's FFN input Linear is its GLU's mlp.Wi, input and gate halves: one Linear to
+RoAd, as to PEFT).
 
 On the member dimension the rotation is elementwise on each member's own rows of the projection's output, so the
 frozen W x is computed once for the group. Where the architecture map puts a projection in a row block of a fused
@@ -28,6 +31,7 @@ from .base import Members, PeltModel, mark
 from .rotation import replace_rows
 
 GATE = None  # RoAd rotates W x + b itself: nothing additive for a gate to scale
+TARGETS = lora.LINEARS  # road_targets: any Linear of a layer
 VARIANTS = (1, 2, 4)  # PEFT's road_1, road_2, road_4: parameters per output feature 1/2, 1, 2 (of θ and of α)
 
 
@@ -37,15 +41,15 @@ def size(method: DictConfig, out_features: int) -> int:
 
 
 class RoAdLinear(lora.ProjectionDelta):
-    """RoAd on one projection for the members that adapt it: `road_theta`, `road_alpha` (members, largest size),
-    PEFT's names and layouts; a member with a smaller size holds its own in the first entries. A member's rows of the
-    output (of its `block` in a fused projection) are replaced by their rotation."""
+    """RoAd on one Linear (or a row block of one) for the members that adapt it: `road_theta`, `road_alpha` (members,
+    largest size), PEFT's names and layouts; a member with a smaller size holds its own in the first entries. A
+    member's rows of the output (of its `block` in a fused projection) are replaced by their rotation."""
 
     def __init__(self, base: nn.Module | None, members: Members, users: dict[int, DictConfig], submodule: str,
                  layer: int, in_features: int, out_features: int, block: slice | None) -> None:
         super().__init__(base, members, users, block)
         for method in users.values():
-            why = road_misfit(int(method.road_group_size), out_features)
+            why = road_misfit(int(method.road_group_size), out_features, submodule.removeprefix("road_"))
             if why:
                 raise ValueError(why)
         largest = max(size(method, out_features) for method in users.values())
@@ -121,38 +125,42 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
     for layer in model.layers:
-        for target in lora.TARGETS:
+        for target in TARGETS:
             if target in method.road_targets:
                 lora.delta_module(model, layer, target, RoAdLinear).init_member(slot, method)
 
 
 def peft_export(tensors: dict[str, torch.Tensor], method: DictConfig, arch) -> tuple[dict, dict[str, torch.Tensor]]:
     """PEFT's RoadConfig and state dict for a run's tensors (saving.export_own adds the head, task and base model).
-    On a fused projection (ModernBERT's Wqkv) one RoAd on the whole Linear: each block's θ, α in its place (RoAd's
-    layout keeps a block's groups contiguous), θ = 0 and α = 1 in the blocks the run leaves alone."""
-    targets = [t for t in lora.TARGETS if t in method.road_targets]
-    config = {"peft_type": "ROAD", "variant": f"road_{int(method.road_variant)}",
-              "group_size": int(method.road_group_size), "init_weights": True,
-              "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in targets))}
-    renamed, blocks = {}, {}
+    `target_modules`: the adapted Linears by full name, as the AdaLoRA export lists them (a suffix such as
+    `output.dense` would also name the attention output's). On a fused projection (ModernBERT's Wqkv) one RoAd on the
+    whole Linear: each block's θ, α in its place (RoAd's layout keeps a block's groups contiguous), θ = 0 and α = 1 in
+    the blocks the run leaves alone."""
+    renamed, blocks, modules = {}, {}, []
     for name, tensor in tensors.items():
         module, _, kind = name.rpartition(".")
         parent, _, target = module.rpartition(".")
         if kind in ("road_theta", "road_alpha") and arch.projections.get(target, (None, None))[1] is not None:
             blocks.setdefault((parent, kind), {})[arch.projections[target][1]] = tensor
+            modules.append(parent)
             continue
         renamed[f"base_model.model.{name}"] = tensor
+        if kind == "road_theta":
+            modules.append(module)
     for (module, kind), parts in blocks.items():
         length = next(iter(parts.values())).numel()
         fill = torch.zeros if kind == "road_theta" else torch.ones
         renamed[f"base_model.model.{module}.{kind}"] = torch.cat(
             [parts.get(block, fill(length)) for block in range(len(arch.projections))])
+    config = {"peft_type": "ROAD", "variant": f"road_{int(method.road_variant)}",
+              "group_size": int(method.road_group_size), "init_weights": True,
+              "target_modules": list(dict.fromkeys(modules))}
     return config, renamed
 
 
 def check(method: DictConfig) -> None:
-    unknown = sorted(set(method.road_targets) - set(lora.TARGETS))
+    unknown = sorted(set(method.road_targets) - set(TARGETS))
     if unknown:
-        raise ValueError(f"road_targets: unknown projection(s) {unknown}; choose from {list(lora.TARGETS)}")
+        raise ValueError(f"road_targets: unknown Linear(s) {unknown}; choose from {list(TARGETS)}")
     if int(method.road_variant) not in VARIANTS:
         raise ValueError(f"road_variant must be one of {list(VARIANTS)} (PEFT's road_1, road_2, road_4)")
