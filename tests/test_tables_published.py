@@ -113,7 +113,7 @@ def _halves_record(root, method, task, seed, accuracy):
 def test_road_and_delora_tables_stand_beside_full_halves_runs(tmp_path):
     """Issue 34 item 5: the RoAd paper's Table 2 (RoBERTa-base and -large) and the DeLoRA paper's Table 4 split GLUE
     dev as ReFT does (protocol full_halves): runs of that protocol stand beside them without a warning, and beside the
-    full_median tables with one. The paper's RoAd row adapts every Linear, our `road` q and v: two rows, not one."""
+    full_median tables with one. The paper's RoAd row (road_all: RoAd1 on every Linear) is our `road`: one row."""
     from peltbench.tables.published import matching_tables
 
     tables = load_published(PAPER)
@@ -121,8 +121,8 @@ def test_road_and_delora_tables_stand_beside_full_halves_runs(tmp_path):
                                                         "roberta_base_glue_road", "roberta_base_glue_delora"]
     assert matching_tables(tables, "FacebookAI/roberta-large") == ["roberta_large_glue_road"]
     road, delora = (tables[stem].set_index("method") for stem in ("roberta_base_glue_road", "roberta_base_glue_delora"))
-    assert road.loc["road_all", "params_percent"] == 0.07 and road.loc["road_all", "cola"] == 64.4
-    assert road.loc["road_all", "avg"] == 85.6 and "params_percent" not in road.attrs["metrics"]
+    assert road.loc["road", "params_percent"] == 0.07 and road.loc["road", "cola"] == 64.4
+    assert road.loc["road", "avg"] == 85.6 and "params_percent" not in road.attrs["metrics"]
     assert delora.loc["delora", "params"] == 300_000 and delora.loc["delora", "rte"] == 77.1
     assert delora.attrs["metrics"]["stsb"] == "pearson" and delora.attrs["metrics"]["qqp"] == "accuracy"
     for seed, rte in zip((42, 43, 44), (76.0, 78.0, 79.0)):
@@ -138,8 +138,8 @@ def test_road_and_delora_tables_stand_beside_full_halves_runs(tmp_path):
         rows[stem] = {cells[0]: cells for cells in ([cell.strip() for cell in line.split("|")[1:-1]]
                                                     for line in text.splitlines() if line.startswith("| "))}
     assert rows["roberta_base_glue_delora"]["DeLoRA"][7] == "77.7 (n = 3) [77.1]"  # RTE: the mean of 76, 78, 79
-    assert rows["roberta_base_glue_road"]["road_all"][1] == "– [78.9]"  # the paper's RoAd1 on every Linear
-    assert rows["roberta_base_glue_road"]["RoAd"][1] == "75.7 (n = 3) [–]"  # ours, on q and v: a row of its own
+    assert rows["roberta_base_glue_road"]["RoAd"][1] == "75.7 (n = 3) [78.9]"  # ours beside the paper's RoAd1
+    assert "road_all" not in rows["roberta_base_glue_road"]
     assert "Warning: these runs are of protocol full_halves" in (out / "published_roberta_base_glue.md").read_text()
 
 

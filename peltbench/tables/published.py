@@ -32,7 +32,8 @@ TABLES = {
     "roberta_large_glue_road": ("roberta-large", ("roberta-large", "FacebookAI/roberta-large"), "full_halves"),
     "deberta_v3_base_glue": ("microsoft/deberta-v3-base", ("microsoft/deberta-v3-base",), "full_mean"),
 }
-ROW_NAMES = {"lora_r8": "lora", "oft_b16": "oft", "boft_m2_b8": "boft", "hra_r8": "hra"}  # as printed -> config name
+# as printed (or typed) -> config name; road_all: the RoAd paper's RoAd1 on every Linear, conf/method/road.yaml
+ROW_NAMES = {"lora_r8": "lora", "oft_b16": "oft", "boft_m2_b8": "boft", "hra_r8": "hra", "road_all": "road"}
 AVERAGES = ("avg", "all")  # the papers' average column
 # columns that are no task: the trainable parameters as a count, or as the percentage of the model a paper prints
 NOT_TASKS = ("method", "params", "params_percent", *AVERAGES)
