@@ -32,7 +32,7 @@ def run(out):
     out = Path(out)
     ck = c.save_tiny_encoder("bert", out / "ck")
     glue = c.write_glue(out / "glue")
-    methods = sorted(p.stem for p in REPO / "conf" / "method".glob("*.yaml"))
+    methods = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"))
     def cfg(m, where, *extra):
         return c.compose_config(f"method={m}", "task=rte", *c.tiny_run_overrides(ck, glue, out / where), "device=cpu",
                                 *c.tiny_method_overrides(m), *extra)
