@@ -69,14 +69,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"Trainable parameters stored per task — model: {label}, {args.num_labels}-way head")
     print("(docs/protocol.md §4: head excluded; prefix counted as its L x 2 x layers x H tensor)\n")
-    print(f"{'method':<20}{'stored':>14}{'Table 4':>9}{'% backbone':>12}{'head':>8}{'optimiser':>14}")
+    print(f"{'method':<20}{'stored':>14}{'Table 4':>9}{'% backbone':>12}{'head':>12}{'optimiser':>14}")
     for method, c, why in rows:
         if c is None:
             print(f"{method:<20}{'–':>14}  not on this model: {why}")
             continue
         share = 100 * c["trainable_params"] / c["backbone_params"]
         print(f"{method:<20}{c['trainable_params']:>14,}{paper_rounding(c['trainable_params']):>9}"
-              f"{share:>11.2f}%{c['head_params']:>8,}{c['optimizer_params']:>14,}")
+              f"{share:>11.2f}%{c['head_params']:>12,}{c['optimizer_params']:>14,}")
     print(f"\nbackbone (the pretrained model without the new head layers): {backbone:,} parameters")
 
 
