@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,26 @@ def tiny_run_overrides(checkpoint: Path, glue: Path, results: Path) -> list[str]
     device = [f"device={TEST_DEVICE}"] if TEST_DEVICE else []
     return [f"model.name={checkpoint}", f"data.dir={glue}", f"results_dir={results}", "k=16", "dev_size=20",
             "train.epochs=3", "train.patience=2", *device]
+
+
+@pytest.fixture
+def in_process(monkeypatch, capsys):
+    """`in_process(*ARGS, cwd=DIR)`: `peltbench ARGS` run in this process from main() on, as the command runs it; its
+    exit status, stdout and stderr. For what needs no process of its own (no signal, no second process racing it): a
+    process of its own spends 5-10 s importing torch and transformers on 2 cores."""
+    from peltbench.cli import main
+    from peltbench.data import load_split
+
+    def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        load_split.cache_clear()  # a test may have changed the files
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", ["peltbench", *args])
+        capsys.readouterr()
+        try:
+            main()
+            status = 0
+        except SystemExit as exit:
+            status = exit.code or 0
+        output = capsys.readouterr()
+        return subprocess.CompletedProcess(args, status, output.out, output.err)
+    return run

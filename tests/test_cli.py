@@ -38,7 +38,8 @@ def records(workdir: Path) -> list[Path]:
     return sorted((workdir / "results").rglob("result.json"))
 
 
-def test_run_skip_and_a_different_config(workdir):
+def test_run_skip_and_a_different_config(workdir, in_process):
+    """The first run through the real command; the rerun and the other config in this process (in_process)."""
     run = peltbench("method=unipelt_apl", "task=mrpc", "seed=222", *common(workdir), cwd=workdir)
     assert run.returncode == 0, run.stderr
     assert "epoch 1/2" in run.stderr + run.stdout and "dev f1" in run.stderr + run.stdout
@@ -61,11 +62,11 @@ def test_run_skip_and_a_different_config(workdir):
     assert record["versions"]["torch"] and record["config"]["method"]["gated"] is True
 
     before = path.read_text()
-    again = peltbench("method=unipelt_apl", "task=mrpc", "seed=222", *common(workdir), cwd=workdir)
+    again = in_process("method=unipelt_apl", "task=mrpc", "seed=222", *common(workdir), cwd=workdir)
     assert again.returncode == 0 and "skip:" in again.stderr + again.stdout and "epoch 1/2" not in again.stderr + again.stdout
     assert path.read_text() == before
 
-    other = peltbench("method=unipelt_apl", "task=mrpc", "seed=222", "method.bottleneck=8", *common(workdir), cwd=workdir)
+    other = in_process("method=unipelt_apl", "task=mrpc", "seed=222", "method.bottleneck=8", *common(workdir), cwd=workdir)
     assert other.returncode == 0, other.stderr
     assert len(records(workdir)) == 2 and path.read_text() == before
     assert any("bottleneck=8" in str(p) for p in records(workdir))
@@ -284,7 +285,7 @@ def test_help_lists_every_setting(tmp_path):
     assert "Exit status: 0 done" in text
 
 
-def test_ctrl_c_ends_a_run_with_one_line_and_status_130_and_no_record(workdir):
+def test_ctrl_c_ends_a_run_with_one_line_and_status_130_and_no_record(workdir, in_process):
     """Issue 26, 5: Ctrl-C printed a traceback and exited 1; the interrupted run leaves nothing that blocks its rerun."""
     from test_sweep import interrupt, training
 
@@ -295,7 +296,7 @@ def test_ctrl_c_ends_a_run_with_one_line_and_status_130_and_no_record(workdir):
     assert "Traceback" not in out
     # no record, no claim, and (issue 32, 6) neither its partial metrics.csv nor a folder holding only `.lock`
     assert list((workdir / "results").iterdir()) == []
-    rerun = peltbench(*arguments, cwd=workdir)
+    rerun = in_process(*arguments, cwd=workdir)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     [record] = records(workdir)
     assert json.loads(record.read_text())["status"] == "ok"

@@ -19,7 +19,7 @@ from conftest import write_glue
 PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 TINY = ["model.name=tiny-bert", "data.dir=glue", "dev_size=20", "train.patience=50", "results_dir=results"]
-GRID = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111,222", "train.epochs=40", *TINY]
+GRID = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111,222", "train.epochs=10", *TINY]
 
 
 @pytest.fixture
@@ -27,10 +27,6 @@ def workdir(tmp_path, tiny_checkpoint):
     write_glue(tmp_path / "glue")
     shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
     return tmp_path
-
-
-def peltbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([PELTBENCH, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
 
 
 def records(workdir: Path) -> list[Path]:
@@ -46,7 +42,7 @@ def check_records(workdir: Path, runs: int) -> list[dict]:
     return loaded
 
 
-def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir):
+def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir, in_process):
     sweep = subprocess.Popen([PELTBENCH, *GRID, "hydra.sweep.dir=sweeps/killed"], cwd=workdir, env=ENV,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
@@ -57,7 +53,7 @@ def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir):
     finished = {path.parent for path in records(workdir)}
     assert 1 <= len(finished) < 4
 
-    rerun = peltbench(*GRID, "hydra.sweep.dir=sweeps/rerun", cwd=workdir)
+    rerun = in_process(*GRID, "hydra.sweep.dir=sweeps/rerun", cwd=workdir)
     output = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, output
     check_records(workdir, 4)
@@ -108,7 +104,7 @@ def test_a_fused_member_releases_its_claim_when_its_record_is_written(workdir):
     assert list((workdir / "results").glob("*/rte/k16/seed111")) == [finished.parent]
 
 
-def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
+def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir, in_process):
     # 4 runs: max_length 256 cannot hold a long test row (the tiny model has 128 positions: found once its rows are
     # tokenised, a failed record says why); k=50 + dev_size=20 > 60 rows is a config error (no record).
     test_file = workdir / "glue" / "RTE" / "dev.tsv"
@@ -117,7 +113,7 @@ def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir):
     test_file.write_text("\n".join(lines) + "\n")
     sweep = ["-m", "method=adapter", "task=rte", "k=16,50", "train.max_length=256,64", "train.epochs=2", *TINY,
              "hydra.sweep.dir=sweeps/failing"]
-    result = peltbench(*sweep, cwd=workdir)
+    result = in_process(*sweep, cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "Traceback" not in output
@@ -156,7 +152,7 @@ def test_two_identical_sweeps_started_together_train_each_run_once(workdir):
     assert len(list((workdir / "logs" / "multirun").glob("*/*"))) == 2  # started in one second, a log folder each
 
 
-def test_a_run_claimed_by_a_live_process_is_not_run_and_the_summary_says_where(workdir, monkeypatch):
+def test_a_run_claimed_by_a_live_process_is_not_run_and_the_summary_says_where(workdir, monkeypatch, in_process):
     from conftest import compose_config
     from peltbench.record import record_path
 
@@ -169,7 +165,7 @@ def test_a_run_claimed_by_a_live_process_is_not_run_and_the_summary_says_where(w
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "got"
-        result = peltbench("-m", *args[:3], "seed=111,222", *args[4:], "hydra.sweep.dir=sweeps/held", cwd=workdir)
+        result = in_process("-m", *args[:3], "seed=111,222", *args[4:], "hydra.sweep.dir=sweeps/held", cwd=workdir)
     finally:
         holder.kill()
         holder.wait()
@@ -221,7 +217,7 @@ def test_a_run_skipped_as_running_elsewhere_and_finished_there_is_counted(workdi
            "finished there), 0 failed, 0 missing" in text
 
 
-def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch):
+def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch, in_process):
     """Issue 21, 3d and 3l: a sweep beside an identical one said "0 of them skipped as already done" while its progress
     said 9 skipped (the other sweep wrote the records after it began); a sweep that retrains done runs lacking the
     predictions it asks for said they were done (skipped), and logged each `rerun:` line twice."""
@@ -238,7 +234,7 @@ def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch):
         if seed == 111:
             (path.parent / "predictions.csv").write_text("index,prediction\n")
         os.utime(path, (later, later))  # as if written by a sweep beside this one, after this one began
-    result = peltbench("-m", *args, "seed=111,222,333", "hydra.sweep.dir=sweeps/x", cwd=workdir)
+    result = in_process("-m", *args, "seed=111,222,333", "hydra.sweep.dir=sweeps/x", cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "3 runs: 1 already done (skipped), 2 to train" in output  # 222 trains again
@@ -282,9 +278,9 @@ def test_the_sweep_plan_counts_only_the_runs_it_will_train_in_its_fused_groups()
     assert plan_line([[0, 1]], {0: "done", 1: "done"}) == "2 runs: 2 already done (skipped), 0 to train"
 
 
-def test_an_unwritable_results_dir_is_found_before_any_model_loads(workdir):
+def test_an_unwritable_results_dir_is_found_before_any_model_loads(workdir, in_process):
     (workdir / "results").write_text("a file, not a folder")
-    result = peltbench("-m", "method=adapter,lora", "task=rte", "k=16", "train.epochs=2", *TINY,
+    result = in_process("-m", "method=adapter,lora", "task=rte", "k=16", "train.epochs=2", *TINY,
                        "hydra.sweep.dir=sweeps/unwritable", cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 1 and "epoch 1/" not in output and "trainable parameters" not in output, output
@@ -293,32 +289,28 @@ def test_an_unwritable_results_dir_is_found_before_any_model_loads(workdir):
     assert summary[1].startswith("  missing  adapter,dev_size=20,model.name=")
     assert f": cannot write the record {workdir}/results/adapter," in summary[1]
     assert summary[1].endswith("(no record; its log: sweeps/unwritable/0_adapter_rte_k16_s111)")
-    single = peltbench("method=adapter", "task=rte", "k=16", *TINY, cwd=workdir)
+    single = in_process("method=adapter", "task=rte", "k=16", *TINY, cwd=workdir)
     assert single.returncode == 2 and single.stderr.strip().splitlines()[-1].startswith(
         f"peltbench: error: cannot write the record {workdir}/results/adapter,"), single.stderr
     assert single.stderr.strip().endswith(f"{workdir}/results is not a directory")
 
 
-FAILING_WRITE = """
-import errno, sys
-import peltbench.record as record
-real = record.write_file
-def write_file(path, text, prefix, exclusive=False):
-    if prefix == ".result.":
-        raise OSError(errno.ENOSPC, "No space left on device")
-    return real(path, text, prefix, exclusive)
-record.write_file = write_file
-from peltbench.cli import main
-sys.argv[0] = "peltbench"
-main()
-"""
-
-
-def test_a_record_that_cannot_be_written_at_the_end_is_a_failed_run_with_its_reason(workdir):
+def test_a_record_that_cannot_be_written_at_the_end_is_a_failed_run_with_its_reason(workdir, monkeypatch, in_process):
     """The disk fills up during training: the summary says so, instead of calling the run missing."""
-    result = subprocess.run([sys.executable, "-c", FAILING_WRITE, "-m", "method=adapter", "task=rte", "k=16",
-                             "train.epochs=2", *TINY, "hydra.sweep.dir=sweeps/full"],
-                            cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    import errno
+
+    import peltbench.record as record
+
+    real = record.write_file
+
+    def write_file(path, text, prefix, exclusive=False):
+        if prefix == ".result.":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, text, prefix, exclusive)
+
+    monkeypatch.setattr(record, "write_file", write_file)
+    result = in_process("-m", "method=adapter", "task=rte", "k=16", "train.epochs=2", *TINY,
+                        "hydra.sweep.dir=sweeps/full", cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     summary = output[output.index("peltbench sweep:"):].splitlines()
@@ -328,8 +320,8 @@ def test_a_record_that_cannot_be_written_at_the_end_is_a_failed_run_with_its_rea
     assert records(workdir) == []
 
 
-def test_a_run_that_goes_non_finite_leaves_a_record_without_nan(workdir):
-    result = peltbench("method=ft", "task=rte", "k=16", "method.lr=1e10", "train.epochs=3", *TINY, cwd=workdir)
+def test_a_run_that_goes_non_finite_leaves_a_record_without_nan(workdir, in_process):
+    result = in_process("method=ft", "task=rte", "k=16", "method.lr=1e10", "train.epochs=3", *TINY, cwd=workdir)
     assert result.returncode in (0, 1), result.stderr  # ok with nulls, or failed at the first NaN loss (train.py)
     [path] = records(workdir)
     record = json.loads(path.read_text(), parse_constant=lambda constant: pytest.fail(f"{constant} in {path}"))
@@ -361,7 +353,7 @@ def training(workdir: Path) -> bool:
     return any(not (path.parent / "result.json").exists() for path in (workdir / "results").rglob("metrics.csv"))
 
 
-def test_ctrl_c_ends_a_sweep_with_one_line_and_status_130_and_the_same_command_finishes_it(workdir):
+def test_ctrl_c_ends_a_sweep_with_one_line_and_status_130_and_the_same_command_finishes_it(workdir, in_process):
     """Issue 26, 5: Ctrl-C printed a 90-130-line traceback and exited 1."""
     grid = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111", "train.epochs=20", *TINY]
     status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/a"],
@@ -374,7 +366,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_status_130_and_the_same_command_f
     assert "/adapter," in str(done) and json.loads(done.read_text())["status"] == "ok"
     assert list((workdir / "results").rglob("claim.json")) == []  # the interrupted run's claim went with it
 
-    rerun = peltbench(*grid, "hydra.sweep.dir=sweeps/b", cwd=workdir)
+    rerun = in_process(*grid, "hydra.sweep.dir=sweeps/b", cwd=workdir)
     output = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, output
     assert "2 runs: 1 already done (skipped), 1 to train" in output
