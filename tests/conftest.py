@@ -209,10 +209,53 @@ def glue_dir(tmp_path_factory) -> Path:
     return write_glue(tmp_path_factory.mktemp("glue_data"))
 
 
+def _parse_each_yaml_text_once() -> None:
+    """OmegaConf.load, with each distinct text parsed once per session (a copy of PyYAML's objects for each load).
+
+    Hydra parses a config's YAML files again for every compose (11 files for a run's config: 40% of its time) and the
+    tests compose about 2,000 configs; what a load returns is unchanged (it is a function of the text). A text that
+    does not parse raises as before, with its file's name."""
+    import copy
+    import io
+
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf._utils import get_yaml_loader
+
+    parsed: dict = {}
+
+    def load(file_):
+        if isinstance(file_, (str, Path)):
+            with io.open(os.path.abspath(file_), "r", encoding="utf-8") as handle:
+                return load(handle)
+        if not getattr(file_, "read", None):
+            raise TypeError("Unexpected file type")
+        text = file_.read()
+        if text not in parsed:
+            stream = io.BytesIO(text) if isinstance(text, bytes) else io.StringIO(text)
+            stream.name = getattr(file_, "name", "<file>")  # what PyYAML's errors name, as when it reads the file
+            parsed[text] = yaml.load(stream, Loader=get_yaml_loader())
+        obj = copy.deepcopy(parsed[text])
+        if obj is not None and not isinstance(obj, (list, dict, str)):
+            raise IOError(f"Invalid loaded object type: {type(obj).__name__}")
+        return OmegaConf.create() if obj is None else OmegaConf.create(obj)
+
+    OmegaConf.load = staticmethod(load)
+
+
+_parse_each_yaml_text_once()
+_composed: dict = {}
+
+
 def compose_config(*overrides: str):
-    """The real packaged config, composed as the `peltbench` command would."""
-    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    """The real packaged config, composed as the `peltbench` command would: once per list of overrides in a session,
+    a copy for each call (a test may change it)."""
+    import copy
+
+    if overrides not in _composed:
+        with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+            _composed[overrides] = compose(config_name="config", overrides=list(overrides))
+    return copy.deepcopy(_composed[overrides])
 
 
 def tiny_run_overrides(checkpoint: Path, glue: Path, results: Path) -> list[str]:

@@ -309,10 +309,11 @@ PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 
 
-def test_a_halving_sweep_killed_mid_rung_and_rerun_reaches_the_same_decisions_and_records(trained, tiny, tmp_path):
-    """kill -9 right after the first rung's pruned records (the others train on toward rung 3): the rerun re-forms
-    the group from the survivors, replays rung 1 from the ledger, decides rung 3 as the uninterrupted sweep did (the
-    `trained` fixture's halving grid: this sweep's runs, trained in one group without a kill)."""
+def test_a_halving_sweep_killed_mid_rung_and_rerun_reaches_the_same_decisions_and_records(trained, tiny, tmp_path,
+                                                                                           in_process):
+    """kill -9 right after the first rung's pruned records (the others train on toward rung 3): the rerun (in this
+    process) re-forms the group from the survivors, replays rung 1 from the ledger, decides rung 3 as the
+    uninterrupted sweep did (the `trained` fixture's halving grid: this sweep's runs, in one group without a kill)."""
     checkpoint, glue = tiny
     sweep_args = ["-m", "method=lora", f"method.lr={','.join(LRS)}", "seed=111,222", "task=rte", "k=16", "dev_size=20",
                   "train.batch_size=8", "train.epochs=10", "train.patience=null", "fuse=true", "halving=3",
@@ -330,7 +331,8 @@ def test_a_halving_sweep_killed_mid_rung_and_rerun_reaches_the_same_decisions_an
     killed.wait()
     before = records(tmp_path / "resumed")
     assert before and {r["status"] for r in before} == {"pruned"} and {r["pruned"]["rung"] for r in before} == {1}
-    assert sweep("resumed", "sweeps/rerun").wait(timeout=300) == 0
+    rerun = in_process(*sweep_args, "results_dir=resumed", "hydra.sweep.dir=sweeps/rerun", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     uninterrupted = trained[0] / "halving"
     resumed, whole = records(tmp_path / "resumed"), records(uninterrupted)
     assert len(resumed) == len(whole) == 8

@@ -168,9 +168,10 @@ PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 
 
-def test_a_killed_fused_sweep_resumed_gives_the_records_of_an_uninterrupted_one(dropout_on, tmp_path):
-    """kill -9 once the short runs of a fused sweep have their records: the rerun trains the others as a new, smaller
-    group, and every record equals the uninterrupted sweep's (the same 6 runs in one group, trained in this process)."""
+def test_a_killed_fused_sweep_resumed_gives_the_records_of_an_uninterrupted_one(dropout_on, tmp_path, in_process):
+    """kill -9 once the short runs of a fused sweep have their records: the rerun (in this process, from main() on)
+    trains the others as a new, smaller group, and every record equals the uninterrupted sweep's (the same 6 runs in
+    one group, trained in this process)."""
     from peltbench.runner import run_group
 
     checkpoint, glue = dropout_on
@@ -194,7 +195,8 @@ def test_a_killed_fused_sweep_resumed_gives_the_records_of_an_uninterrupted_one(
     finished = records("resumed")
     assert len(finished) == 3 and {r["config"]["train"]["epochs"] for r in finished} == {1}
     assert {r["fused"]["size"] for r in finished} == {6}
-    assert sweep("resumed", "sweeps/rerun").wait(timeout=300) == 0
+    rerun = in_process(*grid, "results_dir=resumed", "hydra.sweep.dir=sweeps/rerun", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     run_group([cfg for name in methods for epochs in (1, 6)  # the sweep's order: Hydra's product of its lists
                for cfg in runs(dropout_on, tmp_path / "uninterrupted", [name], *settings, f"train.epochs={epochs}")])
     resumed, whole = records("resumed"), records("uninterrupted")
