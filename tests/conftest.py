@@ -244,7 +244,8 @@ def _parse_each_yaml_text_once() -> None:
 
 
 _parse_each_yaml_text_once()
-_composed: dict = {}
+_composed: dict = {}   # overrides -> config
+_chosen: dict = {}     # config-group choices (method=, task=, logger=, ...) -> config
 
 
 def compose_config(*overrides: str):
@@ -253,9 +254,36 @@ def compose_config(*overrides: str):
     import copy
 
     if overrides not in _composed:
-        with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
-            _composed[overrides] = compose(config_name="config", overrides=list(overrides))
+        _composed[overrides] = _compose(overrides)
     return copy.deepcopy(_composed[overrides])
+
+
+def _compose(overrides: tuple[str, ...]):
+    """Hydra composes a config from its group choices, then applies the other overrides (k=, seed=, method.lr=, ...)
+    with ConfigLoaderImpl._apply_overrides_to_config (hydra/_internal/config_loader_impl.py). Done here in those two
+    steps, the first once per set of choices (peltbench.missing composes a sweep's jobs so): a test's grid of seeds
+    and settings composes once. Anything else (hydra.*, a sweep, what does not parse) is Hydra's compose itself."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        try:
+            parsed = OverridesParser.create().parse_overrides(list(overrides))
+        except Exception:  # Hydra's compose says what is wrong, as it would
+            parsed = None
+        if parsed is None or any(o.is_sweep_override() or o.key_or_group.startswith("hydra") for o in parsed):
+            return compose(config_name="config", overrides=list(overrides))
+        repository = GlobalHydra.instance().config_loader().repository
+        values = [o for o in parsed if isinstance(o.value(), dict) or not repository.group_exists(o.key_or_group)]
+        choices = tuple(o.input_line for o in parsed if o not in values)
+        if choices not in _chosen:
+            _chosen[choices] = compose(config_name="config", overrides=list(choices))
+    cfg = copy.deepcopy(_chosen[choices])
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    return cfg
 
 
 def tiny_run_overrides(checkpoint: Path, glue: Path, results: Path) -> list[str]:
