@@ -81,34 +81,28 @@ def _fails(result: subprocess.CompletedProcess, *fragments: str, status: int = 2
     return output
 
 
-def test_bad_inputs_are_one_line_and_write_no_record(workdir, monkeypatch, capsys):
+def test_bad_inputs_are_one_line_and_write_no_record(workdir, in_process):
     """What only the runner can find. The first through the real command; the rest in this process (each a process
     of its own cost 5-10 s of imports on 2 cores), which takes the same path from main() on."""
     from peltbench.data import load_split
 
     _fails(peltbench("method=adapter", "task=rte", *common(workdir), "k=50", cwd=workdir),
            "k=50 is too large: the train split has 60 rows and k + dev_size (50 + 20)")
-
-    def in_process(*arguments: str) -> subprocess.CompletedProcess:
-        load_split.cache_clear()  # the files change below
-        status = _in_process(monkeypatch, workdir, *arguments)
-        output = capsys.readouterr()
-        return subprocess.CompletedProcess(arguments, status, output.out, output.err)
-
-    (workdir / "glue" / "RTE" / "dev.tsv").unlink()
-    _fails(in_process("method=adapter", "task=rte", *common(workdir)), f"data file not found: {workdir}/glue/RTE/dev.tsv")
+    (workdir / "glue" / "RTE" / "dev.tsv").unlink()  # the files change below: in_process reads them afresh
+    _fails(in_process("method=adapter", "task=rte", *common(workdir), cwd=workdir),
+           f"data file not found: {workdir}/glue/RTE/dev.tsv")
     gpt = workdir / "gpt"
     gpt.mkdir()
     (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    _fails(in_process("method=adapter", "task=cola", *common(workdir), "model.name=gpt"),
+    _fails(in_process("method=adapter", "task=cola", *common(workdir), "model.name=gpt", cwd=workdir),
            "model.name=gpt: its config says model_type 'gpt2'; peltbench supports bert (BERT), roberta (RoBERTa)")
-    _fails(in_process("method=adapter", "task=cola", *common(workdir), "model.name=nowhere/"),
+    _fails(in_process("method=adapter", "task=cola", *common(workdir), "model.name=nowhere/", cwd=workdir),
            "could not load model 'nowhere/'")
     cola = workdir / "glue" / "CoLA" / "train.tsv"
     lines = cola.read_text().splitlines()
     lines[6] = lines[6].replace("\t", " ", 1)
     cola.write_text("\n".join(lines) + "\n")
-    _fails(in_process("method=adapter", "task=cola", *common(workdir)),
+    _fails(in_process("method=adapter", "task=cola", *common(workdir), cwd=workdir),
            f"malformed row in {cola}, line 7: expected 4 tab-separated fields, found 3")
     load_split.cache_clear()
     assert records(workdir) == []

@@ -281,7 +281,7 @@ def test_the_sweep_plan_counts_only_the_runs_it_will_train_in_its_fused_groups()
 def test_an_unwritable_results_dir_is_found_before_any_model_loads(workdir, in_process):
     (workdir / "results").write_text("a file, not a folder")
     result = in_process("-m", "method=adapter,lora", "task=rte", "k=16", "train.epochs=2", *TINY,
-                       "hydra.sweep.dir=sweeps/unwritable", cwd=workdir)
+                        "hydra.sweep.dir=sweeps/unwritable", cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 1 and "epoch 1/" not in output and "trainable parameters" not in output, output
     summary = output[output.index("peltbench sweep:"):].splitlines()
