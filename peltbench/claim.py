@@ -41,6 +41,7 @@ class Claim:
     def __init__(self, path: Path, holder: dict) -> None:
         self.path = path        # the claim file
         self.holder = holder    # what the file says; holder["token"] tells our claim from a later one
+        self.released = False
 
     def __enter__(self) -> Claim:
         return self
@@ -50,8 +51,12 @@ class Claim:
 
     def release(self) -> None:
         """Delete the claim file, if it is still ours. A failure is only logged: the run's own outcome matters more,
-        and a claim left behind goes stale."""
+        and a claim left behind goes stale. Once only: a run that left its group early released it then, and its folder
+        may be gone since (runner._abandon) when the sweep's claims are all released at its end."""
         _beats.discard(self)
+        if self.released:
+            return
+        self.released = True
         try:
             with folder_lock(self.path.parent):
                 if _read(self.path)[0].get("token") == self.holder["token"]:

@@ -343,17 +343,21 @@ def assert_members_equal_their_own_models(model_type: str, group, methods, seeds
 #               dense 32, 6 LayerNorms · 32 = 800); LN 384 = 6 LayerNorms (embeddings, 1 + 2 in the layers, final,
 #               head) · (gain 32 + zero-initialised bias 32); FT 23,744 = 2,048 + 32 + layer 0 10,272 + layer 1 10,304
 #               + final 32 + head 1,056
+# road_1 on every Linear of a layer (its paper's GLUE targets): one θ and one α per output pair, i.e. one parameter per
+# output feature: q, k, v, attention output 32 each, the FFN's intermediate 64 and output 32, in 2 layers
+ROAD_LAYERS = 2 * (4 * 32 + 64 + 32)
 OWN_COUNTS = {
-    "bert": {"prompt": 640, "bitfit": 640, "ln": 320, "ft": 24_416},
-    "roberta": {"prompt": 640, "bitfit": 608, "ln": 320, "ft": 23_328},
-    "electra": {"prompt": 320, "bitfit": 624, "ln": 288, "ft": 20_768},
-    "deberta-v2": {"prompt": 640, "bitfit": 640, "ln": 384, "ft": 20_288},
-    "modernbert": {"prompt": 640, "bitfit": 800, "ln": 384, "ft": 23_744},
+    "bert": {"prompt": 640, "bitfit": 640, "ln": 320, "ft": 24_416, "road": ROAD_LAYERS},
+    "roberta": {"prompt": 640, "bitfit": 608, "ln": 320, "ft": 23_328, "road": ROAD_LAYERS},
+    "electra": {"prompt": 320, "bitfit": 624, "ln": 288, "ft": 20_768, "road": ROAD_LAYERS},
+    "deberta-v2": {"prompt": 640, "bitfit": 640, "ln": 384, "ft": 20_288, "road": ROAD_LAYERS},
+    # RoAd: Wqkv's 96 outputs, Wo 32, the GLU's Wi 2 × 64, mlp.Wo 32, per layer
+    "modernbert": {"prompt": 640, "bitfit": 800, "ln": 384, "ft": 23_744, "road": 2 * (96 + 32 + 128 + 32)},
 }
 SAME_EVERYWHERE = {"adapter": 6_304, "prefix": 1_280, "lora": 2_048, "unipelt_apl": 6_304 + 1_280 + 2_048 + 8 * 33,
                    "mam": 2_128, "ia3": 2 * (32 + 32 + 64), "ptuning_v2": 20 * 128,
                    "dora": 2_048 + 4 * 32, "lora_fa": 4 * 8 * 32, "vera": 4 * (1024 + 32),  # q, v: 32 × 32 (H-row blocks)
-                   "road": 4 * (16 + 16), "delora": 4 * (8 * 32 + 32 * 8 + 1)}  # road_1: H/2 θ and α; DeLoRA's λ
+                   "delora": 4 * (8 * 32 + 32 * 8 + 1)}  # DeLoRA's λ: one per projection
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
