@@ -169,7 +169,8 @@ def test_pack_then_install_on_a_simulated_node_that_trains_offline(tmp_path, tin
             shutil.copy2(REPO / name, project / name)
 
     pack = subprocess.run(["bash", str(OFFLINE / "pack.sh")], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PY": PY, "OUT": str(project / ".offline"), "VENV": sys.prefix})
+                          env={**os.environ, "PY": PY, "OUT": str(project / ".offline"), "VENV": sys.prefix,
+                               "MINILM": "/the/checkpoint/folder/as/in/the/README"})  # not pack.sh's setting
     assert pack.returncode == 0, pack.stderr
     install = _install(project, PATH=f"{node_bin}{os.pathsep}{os.environ['PATH']}")
     assert install.returncode == 0, install.stdout + install.stderr

