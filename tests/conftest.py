@@ -286,6 +286,15 @@ def _compose(overrides: tuple[str, ...]):
     return cfg
 
 
+def assert_trained_alike(alone: dict, fused: dict, label: str = "") -> None:
+    """A fused member's record is its separate run's (docs/fused.md): every epoch's train loss and dev score to float
+    rounding, and its test scores."""
+    for key in ("train_loss", "dev_main"):
+        assert [h[key] for h in alone["history"]] == \
+            pytest.approx([h[key] for h in fused["history"]], rel=1e-5, abs=1e-6), (label, key)
+    assert alone["test"] == pytest.approx(fused["test"], abs=1e-6), label
+
+
 def tiny_run_overrides(checkpoint: Path, glue: Path, results: Path) -> list[str]:
     """A run small enough for a test: k=16 with a 20-row dev set, 3 epochs, the tiny model; on the device
     PELTBENCH_TEST_DEVICE names (scripts/check_gpu.py: cuda), else the config's `auto`."""

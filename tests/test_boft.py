@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import assert_trained_alike
 from test_encoders import assert_members_equal_their_own_models, build, method
 from test_oft import O1
 
@@ -62,9 +63,7 @@ def test_boft_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["boft"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["hra", "boft"], True, *extra))
     assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
-    for key in ("train_loss", "dev_main"):
-        assert [h[key] for h in alone.record["history"]] == \
-            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
+    assert_trained_alike(alone.record, fused[1].record)
     run_dir = next((tmp_path / "alone").rglob("result.json")).parent
     loaded = peltbench.load_run(run_dir)
     scores, _ = loaded.predict()

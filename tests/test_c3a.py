@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ENCODERS, tiny_encoder
+from conftest import ENCODERS, assert_trained_alike, tiny_encoder
 from peltbench.methods import member_state
 from peltbench.methods.c3a import C3ALinear, MemberCircularConvolution
 from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
@@ -159,10 +159,7 @@ def test_c3a_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_pat
                        *sweep(checkpoint, glue_dir, tmp_path / "fused", ["c3a"], True, *extra),
                        *sweep(checkpoint, glue_dir, tmp_path / "fused", ["c3a"], True, "method.c3a_block_size=16")])
     assert [o.status for o in [alone, *fused]] == ["ok"] * 4 and fused[1].record["fused"]["size"] == 3
-    for key in ("train_loss", "dev_main"):
-        assert [h[key] for h in alone.record["history"]] == \
-            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
-    assert alone.record["test"] == pytest.approx(fused[1].record["test"], abs=1e-6)
+    assert_trained_alike(alone.record, fused[1].record)
     assert alone.record["trainable_params"] == 2 * 2 * 32 * 32 // B
     run_dir = next((tmp_path / "alone").rglob("result.json")).parent
     loaded = peltbench.load_run(run_dir)

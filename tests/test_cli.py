@@ -161,20 +161,7 @@ def test_bad_values_answer_before_torch_is_imported(tmp_path):
     assert result.stderr == "peltbench: error: k=-1: must be a positive number of training examples (100, 500, 1000) or 'all'\n"
 
 
-def _in_process(monkeypatch, tmp_path, *arguments: str) -> int:
-    """Exit status of `peltbench ARGUMENTS` run in this process (so the runner can be replaced)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["peltbench", *arguments])
-    from peltbench.cli import main
-
-    try:
-        main()
-    except SystemExit as exit:
-        return exit.code
-    return 0
-
-
-def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monkeypatch, tmp_path):
+def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monkeypatch, tmp_path, in_process):
     import peltbench.runner
     from peltbench import UserError
     from peltbench.runner import Outcome
@@ -183,15 +170,15 @@ def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monk
         return lambda cfgs, results_dir=None: [Outcome(status, {"status": status}, error) for _ in cfgs]
 
     monkeypatch.setattr(peltbench.runner, "run_group", outcome("failed", RuntimeError("CUDA out of memory")))
-    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 1
-    assert _in_process(monkeypatch, tmp_path, "-m", "method=lora", "task=rte,mrpc") == 1  # the sweep summary
+    assert in_process("method=lora", "task=rte", cwd=tmp_path).returncode == 1
+    assert in_process("-m", "method=lora", "task=rte,mrpc", cwd=tmp_path).returncode == 1  # the sweep summary
     monkeypatch.setattr(peltbench.runner, "run_group", outcome("error", UserError("data file not found: glue/RTE/dev.tsv")))
-    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 2
+    assert in_process("method=lora", "task=rte", cwd=tmp_path).returncode == 2
     monkeypatch.setattr(peltbench.runner, "run_group", outcome("ok"))
-    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 0
+    assert in_process("method=lora", "task=rte", cwd=tmp_path).returncode == 0
 
 
-def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeypatch, tmp_path, capsys):
+def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeypatch, tmp_path, in_process):
     """Ctrl-C inside transformers' loading can come back as `could not load model` (a UserError: status 2), in a
     sweep as another exception that Hydra's job catches as a failure and goes on: both are the interruption."""
     import peltbench.runner
@@ -204,18 +191,20 @@ def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeyp
 
     monkeypatch.setattr(interrupts, "_received", False)
     monkeypatch.setattr(peltbench.runner, "run_group", run_group)
-    assert _in_process(monkeypatch, tmp_path, "method=lora", "task=rte") == 130
-    assert capsys.readouterr().err == ("peltbench: interrupted: the run did not finish and wrote no record; rerun the "
-                                       "same command to run it\n")
+    result = in_process("method=lora", "task=rte", cwd=tmp_path)
+    assert result.returncode == 130
+    assert result.stderr == ("peltbench: interrupted: the run did not finish and wrote no record; rerun the same "
+                             "command to run it\n")
 
     def crashed(cfgs, results_dir=None):  # in a sweep, an exception in its place: Hydra's job catches it as failed
         interrupts._received = True
         raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
 
     monkeypatch.setattr(peltbench.runner, "run_group", crashed)
-    assert _in_process(monkeypatch, tmp_path, "-m", "method=lora", "task=rte,cola") == 130
-    assert capsys.readouterr().err == ("peltbench: interrupted: 0 of 2 runs done, 2 not done; rerun the same command "
-                                       "to run them (done runs are skipped)\n")
+    result = in_process("-m", "method=lora", "task=rte,cola", cwd=tmp_path)
+    assert result.returncode == 130
+    assert result.stderr == ("peltbench: interrupted: 0 of 2 runs done, 2 not done; rerun the same command to run "
+                             "them (done runs are skipped)\n")
 
 
 def test_no_arguments_prints_the_usage_with_status_2(tmp_path):

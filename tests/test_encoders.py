@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from conftest import ENCODERS, TINY_METHOD_SETTINGS, tiny_encoder, tiny_method_overrides, tiny_tokenizer
+from conftest import (ENCODERS, TINY_METHOD_SETTINGS, assert_trained_alike, tiny_encoder, tiny_method_overrides,
+                      tiny_tokenizer)
 from peltbench.methods import build_pelt_model, member_state
 from peltbench.methods.base import FfnOutput
 from peltbench.packaged import options, packaged_config
@@ -407,10 +408,7 @@ def test_every_method_runs_through_peltbench_alone_and_fused(model_type, tmp_pat
     for index in (frozen.index("unipelt_apl"), frozen.index("prompt")):  # every method: tests/test_randomness.py (BERT)
         [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", [frozen[index]], False))
         together = fused[index].record
-        for key in ("train_loss", "dev_main"):
-            assert [h[key] for h in alone.record["history"]] == \
-                pytest.approx([h[key] for h in together["history"]], rel=1e-5, abs=1e-6), (frozen[index], key)
-        assert alone.record["test"] == pytest.approx(together["test"], abs=1e-6)
+        assert_trained_alike(alone.record, together, frozen[index])
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])

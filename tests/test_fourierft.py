@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_encoder
+from conftest import assert_trained_alike, tiny_encoder
 from peltbench.methods import count_method, member_state, parameter_counts
 from peltbench.methods.fourierft import FourierFTLinear
 from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
@@ -216,10 +216,7 @@ def test_fourierft_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, t
     fused = run_group([*sweep(checkpoint, glue_dir, tmp_path / "fused", ["lora"], True),
                        *sweep(checkpoint, glue_dir, tmp_path / "fused", ["fourierft"], True, *extra)])
     assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
-    for key in ("train_loss", "dev_main"):
-        assert [h[key] for h in alone.record["history"]] == \
-            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
-    assert alone.record["test"] == pytest.approx(fused[1].record["test"], abs=1e-6)
+    assert_trained_alike(alone.record, fused[1].record)
     assert alone.record["trainable_params"] == 2 * 2 * N
     run_dir = next((tmp_path / "alone").rglob("result.json")).parent
     loaded = peltbench.load_run(run_dir)

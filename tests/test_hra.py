@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_encoder
+from conftest import assert_trained_alike, tiny_encoder
 from peltbench.methods import member_state
 from peltbench.methods.hra import reflections
 from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
@@ -74,9 +74,7 @@ def test_hra_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_d
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["hra"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["oft", "hra"], True, *extra))
     assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
-    for key in ("train_loss", "dev_main"):
-        assert [h[key] for h in alone.record["history"]] == \
-            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
+    assert_trained_alike(alone.record, fused[1].record)
     assert alone.record["trainable_params"] == 2 * 32 * 8 * (1 if model_type == "modernbert" else 2)
     run_dir = next((tmp_path / "alone").rglob("result.json")).parent
     loaded = peltbench.load_run(run_dir)

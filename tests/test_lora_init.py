@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import compose_config, tiny_encoder
+from conftest import assert_trained_alike, compose_config, tiny_encoder
 from peltbench.methods import check_method, member_frozen, member_state, parameter_counts
 from peltbench.record import config_hash, record_path
 from test_devices import as_on_a_gpu  # noqa: F401 (a fixture: the GPU's path on this CPU)
@@ -216,10 +216,7 @@ def test_a_pissa_run_alone_and_fused_saves_reloads_and_exports_peft_converted_fo
                    "method.lora_init=olora")]
     fused = run_group(cfgs)
     assert [o.status for o in [alone, *fused]] == ["ok"] * 4 and fused[1].record["fused"]["size"] == 3
-    for key in ("train_loss", "dev_main"):
-        assert [h[key] for h in alone.record["history"]] == \
-            pytest.approx([h[key] for h in fused[1].record["history"]], rel=1e-5, abs=1e-6), key
-    assert alone.record["test"] == pytest.approx(fused[1].record["test"], abs=1e-6)
+    assert_trained_alike(alone.record, fused[1].record)
     assert alone.record["variant"].startswith("lora,lora_init=pissa,") and alone.record["trainable_params"] == 2 * 2 * 2 * 8 * H
     rank = 32 if model_type == "modernbert" else 16
     for outcome, folder in ((alone, tmp_path / "alone"), (fused[2], tmp_path / "fused")):

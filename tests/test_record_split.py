@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,18 +33,6 @@ def placed(name: str, results: Path) -> Path:
     return path
 
 
-def in_process(monkeypatch, cwd: Path, *arguments: str) -> int:
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["peltbench", *arguments])
-    from peltbench.cli import main
-
-    try:
-        main()
-    except SystemExit as exit:
-        return exit.code
-    return 0
-
-
 def test_the_fixtures_are_what_their_commits_wrote():
     before, chained = fixture("before_chained"), fixture("chained")
     assert before["versions"]["git_commit"].startswith("e7cf31c") and chained["versions"]["git_commit"].startswith("50c7a30")
@@ -53,13 +40,12 @@ def test_the_fixtures_are_what_their_commits_wrote():
     assert not set(before["split"]["train_indices"]) & set(chained["split"]["train_indices"])  # another split
 
 
-def test_a_rerun_over_a_record_of_the_old_split_stops_with_the_line_the_docs_promise(tmp_path, monkeypatch, capsys):
+def test_a_rerun_over_a_record_of_the_old_split_stops_with_the_line_the_docs_promise(tmp_path, in_process):
     path = placed("before_chained", tmp_path / "results")
     text = path.read_text()
-    status = in_process(monkeypatch, tmp_path, *RUN, f"data.dir={SHIPPED_GLUE}", "results_dir=results")
-    assert status == 2
-    err = capsys.readouterr().err
-    assert err == (f"peltbench: error: {path} holds a record of a different config ({OLD}); move it away or choose "
+    result = in_process(*RUN, f"data.dir={SHIPPED_GLUE}", "results_dir=results", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (f"peltbench: error: {path} holds a record of a different config ({OLD}); move it away or choose "
                    f"another results_dir\n")
     assert path.read_text() == text and sorted(p.name for p in path.parent.iterdir()) == ["result.json"]
 
@@ -75,7 +61,7 @@ def test_peltbench_missing_does_not_count_a_record_of_the_old_split_done(tmp_pat
                              f"results_dir") for line in out), out
 
 
-def test_a_record_written_by_main_before_issue_32_is_still_done(tmp_path, monkeypatch, capsys):
+def test_a_record_written_by_main_before_issue_32_is_still_done(tmp_path, in_process, capsys):
     """Its hash, folder and meaning stay: the rerun skips it, peltbench-missing counts it done."""
     from peltbench.missing import main as missing
 
@@ -83,7 +69,7 @@ def test_a_record_written_by_main_before_issue_32_is_still_done(tmp_path, monkey
     cfg = compose_config(*RUN)
     assert config_hash(cfg) == record["config_hash"] and record_path(cfg, Path("r")).parts[1] == record["variant"]
     path = placed("chained", tmp_path / "results")
-    assert in_process(monkeypatch, tmp_path, *RUN, f"data.dir={SHIPPED_GLUE}", "results_dir=results") == 0
+    assert in_process(*RUN, f"data.dir={SHIPPED_GLUE}", "results_dir=results", cwd=tmp_path).returncode == 0
     assert missing([*RUN, f"results_dir={tmp_path / 'results'}"]) == 0
     assert "1 runs: 1 done, 0 failed, 0 missing" in capsys.readouterr().out
     assert json.loads(path.read_text()) == record
