@@ -115,6 +115,8 @@ Rule = tuple[Callable[[object], bool], str]  # (is the value valid, what it must
 POSITIVE_INT: Rule = (_positive_int, "must be a positive integer")
 OPTIONAL_INT: Rule = (_optional_positive_int, "must be a positive integer or null")
 BOOL: Rule = (_bool, "must be true or false")
+PROJECTIONS: Rule = (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
+                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]")
 
 # Every value outside `method`, `task` and `logger` that a run reads. Keys the packaged conf/config.yaml lacks
 # (fuse, save.*) are checked when a config has them.
@@ -166,15 +168,12 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "lora_freeze_a": BOOL,
     "vera_rank": POSITIVE_INT,
     "vera_d_initial": (_positive_number, "must be a positive number (λ_d's initial value)"),
-    "vera_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
-    "lora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "vera_targets": PROJECTIONS,
+    "lora_targets": PROJECTIONS,
     "fourierft_n_frequency": POSITIVE_INT,
     "fourierft_scaling": (_positive_number, "must be a positive number (α, which multiplies the weight change)"),
     "fourierft_entry_seed": (_non_negative_int, "must be a non-negative integer (the seed of the spectral entries)"),
-    "fourierft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                          f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "fourierft_targets": PROJECTIONS,
     "c3a_block_size": POSITIVE_INT,
     "lora_init": (lambda v: v in ("kaiming", "pissa", "olora"),
                   "must be kaiming (A kaiming-uniform, B zero), pissa or olora (PEFT's init_lora_weights)"),
@@ -184,10 +183,8 @@ METHOD_SETTINGS: dict[str, Rule] = {
                      f"must be a list of distinct Linears of a layer from {', '.join(LAYER_LINEARS)}"),
     "delora_rank": POSITIVE_INT,
     "delora_lambda": (_positive_number, "must be a positive number (λ, the bound on the update's norm relative to W's)"),
-    "delora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                       f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
-    "c3a_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                    f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "delora_targets": PROJECTIONS,
+    "c3a_targets": PROJECTIONS,
     "adalora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(ADALORA_TARGETS),
                         f"must be a list of distinct matrices from {', '.join(ADALORA_TARGETS)}"),
     "adalora_init_rank": POSITIVE_INT,
@@ -202,16 +199,13 @@ METHOD_SETTINGS: dict[str, Rule] = {
     "oft_block_size": POSITIVE_INT,
     "oft_neumann_terms": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                           "must be 0 (the exact Cayley transform) or a number of Neumann terms"),
-    "oft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                    f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "oft_targets": PROJECTIONS,
     "hra_rank": POSITIVE_INT,
     "hra_apply_gs": BOOL,
-    "hra_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                    f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "hra_targets": PROJECTIONS,
     "boft_block_size": POSITIVE_INT,
     "boft_factors": POSITIVE_INT,
-    "boft_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]"),
+    "boft_targets": PROJECTIONS,
 }
 
 _ABSENT = object()

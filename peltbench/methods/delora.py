@@ -75,10 +75,7 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
 
 
 def modules(model: PeltModel, method: DictConfig):
-    for layer in model.layers:
-        for target in lora.TARGETS:
-            if target in method.delora_targets:
-                yield lora.delta_module(model, layer, target, DeLoRALinear)
+    return lora.delta_modules(model, method.delora_targets, DeLoRALinear)
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

@@ -89,10 +89,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
-    for layer in model.layers:
-        for target in lora.TARGETS:
-            if target in method.lora_targets:
-                lora.delta_module(model, layer, target, DoRALinear).init_member(slot, method)
+    for dora in lora.delta_modules(model, method.lora_targets, DoRALinear):
+        dora.init_member(slot, method)
 
 
 def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:

@@ -107,10 +107,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
     """Layer by layer, q before v: the order PEFT creates (and draws) its FourierFT layers in."""
-    for layer in model.layers:
-        for target in lora.TARGETS:
-            if target in method.fourierft_targets:
-                lora.delta_module(model, layer, target, FourierFTLinear).init_member(slot, method)
+    for fourierft in lora.delta_modules(model, method.fourierft_targets, FourierFTLinear):
+        fourierft.init_member(slot, method)
 
 
 def peft_export(tensors: dict[str, torch.Tensor], method: DictConfig, arch) -> tuple[dict, dict[str, torch.Tensor]]:

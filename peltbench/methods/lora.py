@@ -217,6 +217,14 @@ def delta_module(model: PeltModel, layer: nn.Module, target: str, kind: type) ->
     return module
 
 
+def delta_modules(model: PeltModel, targets, kind: type):
+    """The `kind` deltas on `targets` (names of TARGETS) of every layer, layer by layer in TARGETS' order."""
+    for layer in model.layers:
+        for target in TARGETS:
+            if target in targets:
+                yield delta_module(model, layer, target, kind)
+
+
 def site(model: PeltModel, layer: nn.Module, target: str) -> tuple[nn.Module, str, int | None]:
     """(parent module, attribute name, row block or None) of the Linear a target (a name of LINEARS) names in a
     layer: q, k, v in the attention module (architectures.projections), the others by their path from the layer
@@ -306,10 +314,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
-    for layer in model.layers:
-        for target in TARGETS:
-            if target in method.lora_targets:
-                delta_module(model, layer, target, LoRALinear).init_member(slot, method)
+    for delta in delta_modules(model, method.lora_targets, LoRALinear):
+        delta.init_member(slot, method)
 
 
 def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:

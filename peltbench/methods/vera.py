@@ -88,10 +88,7 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
 
 
 def modules(model: PeltModel, method: DictConfig):
-    for layer in model.layers:
-        for target in lora.TARGETS:
-            if target in method.vera_targets:
-                yield lora.delta_module(model, layer, target, VeRALinear)
+    return lora.delta_modules(model, method.vera_targets, VeRALinear)
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
