@@ -160,11 +160,17 @@ def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = compose_config("method=lora", "task=rte", "logger=wandb", "logger.wandb.tags=[pilot]")
     log_a_run(cfg, tmp_path)
+    import wandb
+
+    # A CI rehearsal once read this file right after finish() and found no history records in it (not reproduced in
+    # 24 tries since): wandb's service process writes it. teardown() waits for that process to end, so the file is whole.
+    wandb.teardown()
     [log] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     records = list(_wandb_records(log.read_bytes()))
     history = [{_key(item): json.loads(item.value_json) for item in r.history.item} for r in records
                if r.WhichOneof("record_type") == "history"]
-    assert [(h["_step"], h["dev_accuracy"]) for h in history] == [(1, 50.0), (2, 62.5)]
+    assert [(h["_step"], h["dev_accuracy"]) for h in history] == [(1, 50.0), (2, 62.5)], \
+        [r.WhichOneof("record_type") for r in records]
     assert "gate_lora" not in history[0] and history[1]["gate_lora"] == 0.4
     summary = {_key(item): json.loads(item.value_json) for r in records if r.WhichOneof("record_type") == "summary"
                for item in r.summary.update}
