@@ -218,9 +218,10 @@ def delta_module(model: PeltModel, layer: nn.Module, target: str, kind: type) ->
 
 
 def delta_modules(model: PeltModel, targets, kind: type):
-    """The `kind` deltas on `targets` (names of TARGETS) of every layer, layer by layer in TARGETS' order."""
+    """The `kind` deltas on `targets` (names of LINEARS) of every layer, layer by layer in LINEARS' order (the order
+    install_deltas makes them in)."""
     for layer in model.layers:
-        for target in TARGETS:
+        for target in LINEARS:
             if target in targets:
                 yield delta_module(model, layer, target, kind)
 

@@ -124,10 +124,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
-    for layer in model.layers:
-        for target in TARGETS:
-            if target in method.road_targets:
-                lora.delta_module(model, layer, target, RoAdLinear).init_member(slot, method)
+    for road in lora.delta_modules(model, method.road_targets, RoAdLinear):
+        road.init_member(slot, method)
 
 
 def peft_export(tensors: dict[str, torch.Tensor], method: DictConfig, arch) -> tuple[dict, dict[str, torch.Tensor]]:
