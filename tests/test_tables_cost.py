@@ -147,8 +147,8 @@ def test_a_fused_groups_time_and_peak_are_one_measurement_each_in_no_pareto_deci
     assert str(csv.loc[("rte", "ft"), "memory_shared_by"]) == "" and str(csv.loc[("rte", "lora"), "fused_groups"]) == "g-rte"
     index = (out / "README.md").read_text()
     assert "Fused runs (groups of 3): the group's seconds per step (all its runs in one step), not the run's own" in index
-    assert "Fused runs (groups of 3): the group's peak, not the run's own; one grey bar per group, left out of the Pareto " \
-           "front" in index
+    assert "Fused runs (groups of 3): the group's peak, not the run's own; one grey bar per group, its members side by " \
+           "side across it, left out of the Pareto front" in index
 
 
 def test_a_members_group_time_is_its_longest_members_and_a_method_alone_keeps_its_own(tmp_path):
@@ -184,7 +184,7 @@ def test_a_fused_groups_measurement_is_drawn_once_on_a_plain_axis(tmp_path):
     figure = cost_figure(points, "peak_memory_gib", "memory")
     FigureCanvasAgg(figure).draw()
     for axes in figure.axes:
-        bars = [line for line in axes.get_lines() if line.get_linewidth() == BAR["linewidth"]]
+        bars = [line for line in axes.get_lines() if line.get_alpha() == BAR["alpha"]]
         assert len(bars) == 1 and len(set(bars[0].get_xdata())) == 1  # one group, one bar, at one x
         assert axes.xaxis.get_offset_text().get_text() == ""
         low, high = axes.get_xlim()
@@ -193,6 +193,48 @@ def test_a_fused_groups_measurement_is_drawn_once_on_a_plain_axis(tmp_path):
         assert not any(line.get_linestyle() == "--" and len(line.get_xdata()) for line in axes.get_lines())  # no front
     legend = [text.get_text() for text in figure.legends[0].get_texts()]
     assert "grey bar: one fused group's peak, shared" in legend
+
+
+def test_a_fused_groups_members_with_equal_scores_are_drawn_side_by_side(tmp_path):
+    """Issue 40, 7: the members of one fused group share one cost exactly, so equal scores hid each other (4 methods,
+    2 visible). Each member is drawn a few points from the group's cost, in the methods' order, centred on it, across
+    a grey bar as wide as they spread; fig_cost.csv keeps the one cost, and a cost of its own is drawn where it is."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from peltbench.tables.cost import BAR, cost_figure, styles, with_fronts
+    from peltbench.tables.names import METHODS as ALL, order_of
+
+    group = ("lora", "bitfit", "adapter", "ia3")
+    for seed in (111, 222):
+        for method in group:  # four members, one score each: 61.0 for all (and 2 of them exactly equal per seed)
+            write_record(tmp_path, method, "rte", 100, seed, 61.0, trainable_params=10_000, train_seconds=300.0,
+                         train_steps=100, fused={"group": f"g{seed}", "size": 4},
+                         peak_memory={"bytes": GROUP_PEAK, "measures": "cuda_max_memory_allocated", "of": "group"})
+        write_record(tmp_path, "ft", "rte", 100, seed, 61.0, trainable_params=10_000, train_seconds=20.0,
+                     train_steps=100, peak_memory={"bytes": 2 ** 30, "measures": "cuda_max_memory_allocated", "of": "run"})
+    points = with_fronts(cost_points(load_records(tmp_path)))
+    assert set(points["seconds_per_step"][points["method"].isin(group)]) == {3.0}  # one cost in the csv
+    style = styles(sorted(set(points["method"]), key=lambda method: order_of(method, ALL)))  # as cost_figure's
+    for cost, value in (("seconds_per_step", 3.0), ("peak_memory_gib", GROUP_PEAK / 2 ** 30)):
+        figure = cost_figure(points, cost, cost)
+        FigureCanvasAgg(figure).draw()
+        axes = figure.axes[0]  # rte; the Avg. panel is the same
+        drawn = {}  # colour -> (x, y) of its marker in points from the figure's origin
+        for line in axes.get_lines():
+            if line.get_marker() not in ("None", "", None) and len(line.get_xdata()):
+                x, y = line.get_transform().transform(line.get_xydata())[0] * 72 / figure.dpi
+                drawn[line.get_color()] = (x, y)
+        centre = axes.transData.transform((value, 61.0))[0] * 72 / figure.dpi
+        members = [drawn[style[method][0]] for method in sorted(group, key=lambda m: list(style).index(m))]
+        assert len({y for _, y in members}) == 1  # equal scores, one height
+        xs = sorted(x for x, _ in members)
+        gaps = np.diff(xs)
+        assert len(xs) == 4 and min(gaps) >= 5 and gaps == pytest.approx([gaps[0]] * 3)  # each visible, evenly apart
+        assert np.mean(xs) == pytest.approx(centre)  # centred on the group's cost
+        alone = axes.transData.transform((points.set_index(["task", "method"]).at[("rte", "ft"), cost], 61.0))[0]
+        assert drawn[style["ft"][0]][0] == pytest.approx(alone * 72 / figure.dpi)  # its own cost: not moved
+        [bar] = [line for line in axes.get_lines() if line.get_alpha() == BAR["alpha"]]
+        assert bar.get_linewidth() == pytest.approx(BAR["linewidth"] + xs[-1] - xs[0])  # behind all four
 
 
 def test_the_csv_index_names_the_protocols_statistic(tmp_path):

@@ -19,7 +19,8 @@ once (`group_costs`), from all its members' records: its peak is the highest one
 group's peak at its own end; the last, at the group's end, has it all), its time per step the seconds over the steps
 of the member that trained longest (it trained in every period of the group: N runs per step while N trained).
 Every member carries that one value, so the members of a group sit at one cost: drawn as one grey bar behind them,
-said in the title (`time_shared_by`, `memory_shared_by`: the groups' sizes, `fused_groups` in fig_cost.csv), and
+the members side by side across it (a few points apart, in the methods' order: equal scores hid each other), said in
+the title (`time_shared_by`, `memory_shared_by`: the groups' sizes, `fused_groups` in fig_cost.csv), and
 left out of that cost's Pareto front: one shared measurement cannot say which of its members is cheaper. (Records
 also hold `train_seconds_share`, the group's seconds split by the rows each member trained: a division of the
 group's time, not a measurement of the member's, so the cost view does not draw it.) A method with runs alone and
@@ -36,6 +37,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
+from matplotlib.transforms import offset_copy
 
 from .efficiency import is_fused
 from .names import AVG, METHODS, TASKS, k_label, k_order, method_label, order_of, task_label
@@ -273,20 +275,41 @@ def styles(methods):
     return {method: (f"C{i % 10}", MARKERS[(i // 10) % len(MARKERS)]) for i, method in enumerate(methods)}
 
 
+DODGE = 6.0  # points between the members of one shared measurement, drawn side by side (about a marker's width)
+
+
+def dodges(panel, cost):
+    """Each point's sideways offset in points (0 for a cost of its own). The members of one fused group share one
+    cost exactly, so equal scores would hide each other (issue 40, 7: 4 methods, 2 visible): they are drawn DODGE
+    apart, centred on their cost, in the methods' order (the same in every figure and panel). The cost they are drawn
+    at, and fig_cost.csv's, stays the group's one value."""
+    offsets = pd.Series(0.0, index=panel.index)
+    common = shared(panel, cost)
+    for _, points in panel[common].groupby(cost):
+        order = sorted(points.index, key=lambda index: order_of(points.at[index, "method"], METHODS))
+        for position, index in enumerate(order):
+            offsets[index] = (position - (len(order) - 1) / 2) * DODGE
+    return offsets
+
+
 def _panel(axes, panel, cost, style):
     _, label, log = COSTS[cost]
     single = panel["n"] == 1
     common = shared(panel, cost)
     for value, points in panel[common].groupby(cost):  # one shared measurement: one bar behind all its points
-        axes.plot([value, value], [points["score_low"].min(), points["score_high"].max()], **BAR, zorder=1)
+        axes.plot([value, value], [points["score_low"].min(), points["score_high"].max()],  # as wide as they spread
+                  **{**BAR, "linewidth": BAR["linewidth"] + DODGE * (len(points) - 1)}, zorder=1)
     if common.any():
         axes.margins(x=0.1)  # room for a bar's width at the panel's edge
-    for method, point in panel.set_index("method").iterrows():
+    offsets = dodges(panel, cost)
+    for index, point in panel.iterrows():
+        method = point["method"]
         bar = [[point["score"] - point["score_low"]], [point["score_high"] - point["score"]]] if point["n"] > 1 else None
+        place = offset_copy(axes.transData, fig=axes.figure, x=offsets[index], units="points")
         axes.errorbar(point[cost], point["score"], yerr=bar,  # one seed: no bar
                       color=style[method][0], marker=style[method][1], linestyle="none", capsize=2,
                       markerfacecolor=style[method][0] if point["n"] > 1 else "none",
-                      elinewidth=0.8, zorder=3)
+                      elinewidth=0.8, zorder=3, transform=place)
     on_front = panel[front(panel, cost)].sort_values(cost)
     axes.plot(on_front[cost], on_front["score"], color="0.4", linestyle="--", linewidth=1, zorder=2)
     if log and (panel[cost] > 0).all() and panel[cost].max() >= 10 * panel[cost].min():  # within a decade: linear,
@@ -373,4 +396,4 @@ def fused_note(points, cost):
         return ""
     measured = "seconds per step (all its runs in one step)" if cost == "seconds_per_step" else "peak"
     return (f"Fused runs (groups of {sizes.replace(', ', ' or ')}): the group's {measured}, not the run's own; one grey "
-            "bar per group, left out of the Pareto front.")
+            "bar per group, its members side by side across it, left out of the Pareto front.")
