@@ -335,10 +335,70 @@ def spectral_misfit(method: DictConfig, components: list, hidden: int) -> str | 
     return why or (c3a_misfit(int(method.c3a_block_size), hidden, hidden) if "c3a" in components else None)
 
 
+# The rank each low-rank component gives the projections it adapts: (its setting, its targets, what bounds it). An
+# update B·A of rank r on an out × in matrix has rank at most min(in, out), so a larger r only adds parameters (PiSSA
+# and OLoRA cannot even take r singular or QR vectors); HRA's r reflections are vectors of the input size, and more
+# than it are redundant (with apply_GS, Gram-Schmidt of more than `in` vectors fails). VeRA is not here: its r is the
+# width of frozen random projections whose λ_d trains r scalars, and the paper's RoBERTa-base GLUE runs use r = 1024
+# on 768-wide projections (conf/method/vera.yaml).
+RANKS = {
+    "lora": ("lora_rank", "lora_targets", "min"),
+    "dora": ("lora_rank", "lora_targets", "min"),
+    "adalora": ("adalora_init_rank", "adalora_targets", "min"),
+    "delora": ("delora_rank", "delora_targets", "min"),
+    "hra": ("hra_rank", "hra_targets", "in"),
+}
+
+
+def projection_sizes(target: str, model_config: dict) -> tuple[int | None, int | None, str]:
+    """(input size, output size, what in config.json gives them) of a layer's `target` Linear, from the config alone;
+    None where it does not say (an architecture peltbench does not know, for the FFN's Linears)."""
+    from .architectures import ARCHITECTURES, output_size
+
+    hidden = model_config.get("hidden_size")
+    if target in LORA_TARGETS or target == "attention_output":
+        return hidden, hidden, f"hidden_size {hidden}"
+    arch = ARCHITECTURES.get(model_config.get("model_type"))
+    if arch is None:
+        return None, None, ""
+    if target == "output":
+        size = model_config.get("intermediate_size")
+        return size, hidden, f"intermediate_size {size}, hidden_size {hidden}"
+    size, source = output_size(arch, target, model_config)
+    return hidden, size, f"hidden_size {hidden}, {source}"
+
+
+def rank_misfit(method: DictConfig, components: list, model_config: dict) -> str | None:
+    """Why a low-rank component's rank (RANKS) is above what an adapted projection can take, or None."""
+    for component in components:
+        if component not in RANKS:
+            continue
+        key, targets, bound = RANKS[component]
+        rank = int(method[key])
+        for target in LAYER_LINEARS:
+            if target not in method[targets]:
+                continue
+            features, out_features, source = projection_sizes(target, model_config)
+            if features is None or out_features is None:
+                continue
+            features, out_features = int(features), int(out_features)
+            if bound == "in" and rank > features:
+                return (f"{key}={rank} is above the adapted {target}'s input size {features}: its reflections are "
+                        f"vectors of that size, and more than {features} add nothing; set method.{key}={features} or "
+                        f"lower ({model_config.get('model_type')} {source})")
+            width = min(features, out_features)
+            if bound == "min" and rank > width:
+                return (f"{key}={rank} is above the adapted {target}'s width: its {out_features} × {features} weight "
+                        f"has rank at most {width}, so a larger update only adds parameters; set method.{key}={width} "
+                        f"or lower ({model_config.get('model_type')} {source})")
+    return None
+
+
 def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | None = None) -> None:
     """What the method needs of the model, from its config (config.json) alone. Before torch where config.json can be
-    read then (local_model_config), else once the run has loaded it: rotation block sizes that divide its width, and
-    room for a row's tokens after whatever comes before them (a prompt, a P-tuning v2 prefix's shift, RoBERTa's offset).
+    read then (local_model_config), else once the run has loaded it: rotation block sizes that divide its width, ranks
+    no larger than the projections they adapt (RANKS), and room for a row's tokens after whatever comes before them
+    (a prompt, a P-tuning v2 prefix's shift, RoBERTa's offset).
     Given the run's `longest` tokenised row (the runner, once the run's data is tokenised: a position table a test
     model makes short is no reason to refuse a run whose rows fit), every row's positions within its position table.
     Raises ModelMisfit (a UserError)."""
@@ -357,6 +417,9 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
         if why:
             raise ModelMisfit(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
     why = road_model_misfit(method, model_config) if "road" in components else None
+    if why:
+        raise ModelMisfit(f"{run}: {why}")
+    why = rank_misfit(method, components, model_config) if hidden else None
     if why:
         raise ModelMisfit(f"{run}: {why}")
     from .architectures import ARCHITECTURES
