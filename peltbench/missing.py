@@ -6,11 +6,11 @@
 takes a sweep's arguments, expands its grid as Hydra's BasicSweeper does (the `hydra.sweeper.params` of an
 `+experiment` file, then the command line's key=a,b,c), composes each run's config, and looks at its record:
 done (status ok), failed, missing (no readable record), running (claimed by another live process, which is
-training it: peltbench.claim), unreadable (a record we may not read, e.g. another user's), or another config's
-record (a rerun stops on it). It prints the counts, the runs not done with their reasons, and the
-`peltbench -m ...` command(s) that run only the failed and missing ones; other arguments (hydra/launcher=slurm,
-results_dir=...) go through to those commands. Exit status: 0 when every run is done, 1 otherwise, 2 for a bad
-argument.
+training it: peltbench.claim), unreadable (a record we may not read, e.g. another user's), another config's
+record (a rerun stops on it), or damaged (a record that contradicts itself, record.damage: a rerun stops on it too).
+It prints the counts, the runs not done with their reasons, and the `peltbench -m ...` command(s) that run only the
+failed and missing ones; other arguments (hydra/launcher=slurm, results_dir=...) go through to those commands.
+Exit status: 0 when every run is done, 1 otherwise, 2 for a bad argument.
 
 The sweep's own summary also knows why a run of this sweep left no record (a config error, a record that could
 not be written, a SLURM job that ended without results), and which runs it skipped because another process was
@@ -40,7 +40,7 @@ from .claim import describe, live_claim
 from .config import check_config
 from .interrupts import stopped_by
 from .overrides import as_given, pin_group_settings
-from .record import config_differences, read_record, record_path, unsaved
+from .record import config_differences, damage, read_record, record_path, unsaved
 
 log = logging.getLogger("peltbench")
 
@@ -52,7 +52,7 @@ the `peltbench -m ...` command(s) that run only the failed and missing ones. Giv
 extra ones (hydra/launcher=slurm, hydra.launcher.partition=gpu, results_dir=DIR) go through to the commands.
 Exit status: 0 when every run is done, 1 otherwise.
 """
-STATES = ("done", "failed", "missing", "running", "unreadable", "foreign")
+STATES = ("done", "failed", "missing", "running", "unreadable", "foreign", "damaged")
 OUTCOME_NAME = "outcome.json"  # in a job's log folder: why the run left no record, or that another process had it
 RUNNING_ELSEWHERE = "another process was training it when this sweep reached it"
 
@@ -202,8 +202,11 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     except UserError as error:  # e.g. a colleague's record we may not read
         run.state, run.error = "unreadable", str(error)
         return run
-    differences = [] if record is None else config_differences(record, cfg)
-    if differences:
+    damaged = None if record is None else damage(record)
+    differences = [] if record is None or damaged else config_differences(record, cfg)
+    if damaged:
+        run.state, run.error = "damaged", damaged
+    elif differences:
         run.state, run.error = "foreign", "; ".join(differences)
     elif record is not None and record.get("status") == "ok" and unsaved(cfg, path.parent):
         run.error = f"done, but without the {' or '.join(unsaved(cfg, path.parent))} this sweep asks for: it trains again"
@@ -274,7 +277,8 @@ def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skips: bo
     if finished_there:
         notes.append(f"{finished_there} skipped as running elsewhere and finished there")
     done = f"{sweep.count('done')} done" + (f" ({', '.join(notes)})" if notes else "")
-    others = {"running": "running elsewhere", "unreadable": "unreadable", "foreign": "held by another config's record"}
+    others = {"running": "running elsewhere", "unreadable": "unreadable", "foreign": "held by another config's record",
+              "damaged": "damaged"}
     lines = [f"{len(sweep.runs)} runs: {done}, {sweep.count('failed')} failed, {sweep.count('missing')} missing"
              + "".join(f", {sweep.count(state)} {words}" for state, words in others.items() if sweep.count(state))]
     not_done = sweep.not_done()
@@ -287,6 +291,8 @@ def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skips: bo
         elif run.state == "foreign":
             lines.append(f"  other    {run.path} holds another config's record ({run.error}): move it away or set "
                          f"results_dir")
+        elif run.state == "damaged":
+            lines.append(f"  damaged  {run.path}: {run.error}; move it away to rerun it")
         else:
             lines.append(f"  {run.state:<8} {run.label}: {run.error}")
     if limit is not None and len(not_done) > limit:

@@ -135,6 +135,25 @@ def stored_identity(record: dict, from_config: dict | None = None) -> dict:
     return before
 
 
+def damage(record: dict) -> str | None:
+    """Why `record` contradicts itself, or None. A record that stores its identity (`identity`, every record since
+    issue 32) was written with `config_hash` = the hash of that identity: one whose identity does not hash to its
+    `config_hash` was changed after it was written (by hand, say) and is damaged. Which of its parts is true cannot
+    be known, so no run, sweep count or table takes it as the run of either: the rerun stops at it, peltbench-missing
+    lists it as damaged, the tables leave it out, each with this reason. Records from before `identity` have none to
+    contradict their hash (None)."""
+    if "identity" not in record:
+        return None
+    identity = record["identity"]
+    if not isinstance(identity, dict):
+        return f"its identity is {json.dumps(identity)[:40]}, not an object"
+    digest = identity_hash(identity)
+    if digest != record.get("config_hash"):
+        return (f"its identity hashes to {digest}, not to its config_hash {record.get('config_hash')} (edited after "
+                f"it was written?)")
+    return None
+
+
 def config_differences(record: dict, cfg: DictConfig) -> list[str]:
     """How the run that wrote `record` differs from `cfg` in what changes results, one `key (record X, this run Y)`
     per setting; [] when it is the same run. The record's identity is read as it stored it (`stored_identity`), and
@@ -252,6 +271,9 @@ def check_existing(path: Path, cfg: DictConfig) -> dict | None:
     existing = read_record(path)
     if existing is None:
         return None
+    damaged = damage(existing)
+    if damaged:
+        raise UserError(f"{path} holds a damaged record: {damaged}; move it away to rerun the run")
     differences = config_differences(existing, cfg)
     if differences:
         raise UserError(f"{path} holds a record of a different config ({'; '.join(differences)}); "
@@ -321,6 +343,8 @@ def _kept(existing: dict | None, record: dict) -> str | None:
     """Why `existing` must stay instead of `record`, or None."""
     if existing is None:
         return None
+    if damage(existing):
+        return "a damaged record"
     if existing.get("config_hash") != record.get("config_hash") and isinstance(record.get("config"), dict):
         if config_differences(existing, OmegaConf.create(record["config"])):
             return "another config's record"

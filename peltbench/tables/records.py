@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
-from ..record import LATER_METHOD_KEYS, changed_meaning
+from ..record import LATER_METHOD_KEYS, changed_meaning, damage
 from .names import METHODS, TASKS
 from .comparability import architecture_name, canonical, config_defaults, normalize_model, protocol_label, run_protocol
 
@@ -173,6 +173,9 @@ def _read(path):
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object")
     _check(record)
+    damaged = damage(record)
+    if damaged:  # its identity does not hash to its config_hash (docs/record.md): neither can be trusted
+        raise BadRecord(f"damaged: {damaged}; move it away and rerun it")
     changed = changed_meaning(record)
     if changed:  # e.g. an LM-BFF CoLA record of the old split: not this version's run of its config (docs/record.md)
         raise BadRecord(f"made when its config meant another run ({'; '.join(changed)}): rerun it (move this record "
