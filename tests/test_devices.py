@@ -5,7 +5,12 @@ On a CUDA GPU `precision=auto` is bf16 autocast and a fused group's members shar
 test suite, fp32 and a few members per pass. The `as_on_a_gpu` fixture gives a CPU run the GPU's path: bf16 autocast
 (a way in for tests only: `precision=bf16` on a CPU stays refused for users, config.CPU_BF16), every member in one
 pass (runner.group_settings' CUDA shapes), and `DeviceCheck` (tests/devicecheck.py), which fails what would mix the
-CPU and the GPU there. Under `make check-gpu` (PELTBENCH_TEST_DEVICE=cuda) the same tests run on the GPU itself.
+CPU and the GPU there. Under `make check-gpu` (PELTBENCH_TEST_DEVICE=cuda) the same tests run on the GPU itself, and
+each says where its runs trained (PELTBENCH_DEVICE_REPORT: scripts/check_gpu.py requires them all on CUDA).
+
+Every method keeps its own row: some faults lie on a path only one method takes (a gated method's evaluation mask,
+P-tuning v2's position ids). That the net catches a host tensor left in each of peltbench's paths:
+tests/test_devicecheck.py.
 
 What these tests caught on main at 50c7a30 (issue 31): the mixed fused group failed in bf16 (`index_add_(): self
 (Float) and source (BFloat16)`, methods/base.py add_rows), and AdaLoRA alone and fused (its budget's kept masks stayed
@@ -15,6 +20,7 @@ on the CPU: methods/adalora_budget.py).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -31,17 +37,38 @@ METHODS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "c
 GROUP = [method for method in METHODS if method not in ("ft", "prompt")]
 
 
-@pytest.fixture
-def as_on_a_gpu(monkeypatch):
-    """The GPU's path on this machine (module docstring); yields the DeviceCheck, which must have seen no fault."""
+REPORT = os.environ.get("PELTBENCH_DEVICE_REPORT")  # a file each test here appends the device its runs used to
+
+
+def gpu_path(monkeypatch) -> list[str]:
+    """The GPU's path on this machine (module docstring) but the DeviceCheck; returns the list that collects the device
+    type of each run (and reload) the test resolves."""
     if TEST_DEVICE is None:
         settings = runner.group_settings
         monkeypatch.setattr(runner, "resolve_device", lambda cfg, training=True: (torch.device("cpu"), True))
         monkeypatch.setattr(runner, "group_settings",
                             lambda *args, shapes_for=None, **kwargs: settings(*args, shapes_for="cuda", **kwargs))
+    resolve, devices = runner.resolve_device, []
+
+    def resolved(cfg, training=True):
+        device, bf16 = resolve(cfg, training)
+        devices.append(device.type)
+        return device, bf16
+
+    monkeypatch.setattr(runner, "resolve_device", resolved)
+    return devices
+
+
+@pytest.fixture
+def as_on_a_gpu(monkeypatch, request):
+    """The GPU's path on this machine (module docstring); yields the DeviceCheck, which must have seen no fault."""
+    devices = gpu_path(monkeypatch)
     with DeviceCheck() as check:
         yield check
     assert check.faults == []  # also none that some code caught and turned into something else
+    if REPORT:
+        with open(REPORT, "a") as report:
+            report.write(f"{request.node.nodeid}\t{','.join(sorted(set(devices))) or 'no run'}\n")
 
 
 @pytest.fixture(scope="module")
