@@ -32,7 +32,7 @@ check-gpu: ## on a CUDA machine: device tests on cuda, bf16 vs fp32 (both learn)
 	@test -x $(BIN)/python || { echo "make check-gpu: no $(BIN)/python: run make install first"; exit 2; }
 	@HF_HUB_OFFLINE=1 $(BIN)/python scripts/check_gpu.py
 
-pack-offline: ## for a GPU node without network whose python has torch: .offline/ with the wheels it lacks, pip, MiniLM and install.sh (README "Offline GPU node"; PY=3.12 EXTRA= NODE= MINILM_PACK=)
+pack-offline: ## for a GPU node without network whose python has torch: .offline/ with everything else peltbench needs (resolved for the node's Python), pip, MiniLM and install.sh, to install there in one pass (README "Offline GPU node"; PY=3.12 ARCH= GLIBC= EXTRA= MINILM_PACK=)
 	@test -x $(BIN)/python || { echo "make pack-offline: no $(BIN)/python: run make install first"; exit 2; }
 	@VENV=$(VENV) scripts/offline/pack.sh
 
