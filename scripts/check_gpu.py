@@ -5,20 +5,24 @@ the others still run):
 
   tests      the device-sensitive test files (DEVICE_TESTS: every method alone and a fused group of every component on
              every encoder in bf16, fused groups, per-run dropout masks, saved runs reloaded) with
-             PELTBENCH_TEST_DEVICE=cuda (tests/conftest.py passes it to every tiny run)
+             PELTBENCH_TEST_DEVICE=cuda (tests/conftest.py passes it to every tiny run): they pass, and every test of
+             tests/test_devices.py ran (none skipped) with its runs on the device (PELTBENCH_DEVICE_REPORT)
   precision  a run that learns (make demo's: an adapter on the shipped SST-2 with MiniLM, K=500, 5 epochs) in bf16 and
              in fp32: each at least LEARNED points above always answering the majority class, within PRECISION_GAP of
              each other
   methods    every method alone, then every method that fuses in one mixed group, in bf16 (MiniLM, SST-2, K=100,
-             1 epoch): every run ends ok with a finite test score
+             1 epoch): every run ends ok with a finite test score, its record in bf16 (fp32 on a CPU's dry run)
   fused      the 7 frozen-backbone methods of Table 1 trained separately and as one fused group (fp32): each run's
              record equal to rounding (same best epoch, test score within FUSED_GAP, train losses within FUSED_LOSS)
   benchmark  scripts/benchmark_fused.py's scenario a (7 methods, K=100, 1 epoch) in bf16 on a randomly initialised
-             bert-base-sized encoder (BertConfig's defaults; MiniLM's tokenizer, no download)
+             bert-base-sized encoder (BertConfig's defaults; MiniLM's tokenizer, no download): fused faster than the
+             same runs separate (judged on a GPU only)
 
 and prints one table (each check's result, wall time, fused/separate, operators per sequence, peak GPU memory), also
-written to --table (default results/check-gpu.txt). Exit status 1 if a check fails. Without CUDA it says so in one
-line and exits 0. 242 s on an H100 (docs/fused.md, "On an H100").
+written to --table (default results/check-gpu.txt) as each check ends, so that a crash or Ctrl-C leaves what was
+found (a check stopped by Ctrl-C or SystemExit is a FAIL row; Ctrl-C runs no further check). Exit status 1 if a check
+fails (130 after Ctrl-C). Without CUDA it says so in one line and exits 1: nothing was checked (`--device cpu` is the
+explicit dry run). 242 s on an H100 (docs/fused.md, "On an H100").
 
     python scripts/check_gpu.py                      # what make check-gpu runs
     python scripts/check_gpu.py --device cpu --only fused
@@ -43,7 +47,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "data" / "glue"
-DEVICE_TESTS = ["tests/test_devices.py", "tests/test_train.py", "tests/test_fusion.py", "tests/test_randomness.py",
+DEVICES_FILE = "tests/test_devices.py"  # its tests report where their runs trained: all must run, on the device
+DEVICE_TESTS = [DEVICES_FILE, "tests/test_train.py", "tests/test_fusion.py", "tests/test_randomness.py",
                 "tests/test_saving.py"]
 SEVEN = ["bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl"]
 METHODS = sorted(path.stem for path in (REPO / "conf" / "method").glob("*.yaml"))
@@ -65,6 +70,7 @@ class Row:
     peak: str = ""
     note: str = ""
     details: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C: no further check runs
 
 
 def table(rows: list[Row]) -> str:
@@ -128,13 +134,51 @@ def _failures(outcomes, names) -> list[str]:
 
 
 def check_tests(args, device) -> Row:
+    """DEVICE_TESTS with PELTBENCH_TEST_DEVICE=cuda: they pass, and tests/test_devices.py's tests all ran, on the device.
+    (A CPU's dry run leaves PELTBENCH_TEST_DEVICE unset: the tests take the GPU's path on the CPU, as in make test.)"""
     start = time.perf_counter()
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *DEVICE_TESTS]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                            env={**os.environ, "PELTBENCH_TEST_DEVICE": str(device)})
+    junit, report = args.out / "tests.xml", args.out / "tests-devices.txt"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", f"--junitxml={junit}",
+               *DEVICE_TESTS]
+    env = {**os.environ, "PELTBENCH_DEVICE_REPORT": str(report)}
+    env.pop("PELTBENCH_TEST_DEVICE", None)
+    if device.type == "cuda":
+        env["PELTBENCH_TEST_DEVICE"] = str(device)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     summary = (result.stdout.strip().splitlines() or ["no output"])[-1]
     failed = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    return Row("tests", result.returncode == 0, time.perf_counter() - start, note=summary, details=failed[:20])
+    if result.returncode != 0:
+        problems = failed[:20] or [f"pytest exited {result.returncode}: {summary}"]
+    else:
+        problems = device_tests_ran(junit, report, device)
+    return Row("tests", not problems, time.perf_counter() - start, note=summary, details=problems)
+
+
+def device_tests_ran(junit: Path, report: Path, device) -> list[str]:
+    """Why tests/test_devices.py's tests did not all run on `device` (none skipped, each run of each test there, as the
+    tests' own report says); [] if they did. A pytest exit status of 0 alone would count a run that skipped them all."""
+    import xml.etree.ElementTree as ElementTree
+
+    if not junit.is_file():
+        return [f"pytest wrote no report ({junit.name})"]
+    cases = [case for case in ElementTree.parse(junit).iter("testcase")
+             if case.get("classname", "").replace(".", "/") + ".py" == DEVICES_FILE]
+    skipped = [case.get("name") for case in cases if case.find("skipped") is not None]
+    ran = {case.get("name") for case in cases} - set(skipped)
+    where = {}
+    for line in report.read_text().splitlines() if report.is_file() else []:
+        test, _, devices = line.partition("\t")
+        where[test.split("::", 1)[-1]] = devices
+    problems = []
+    if not cases:
+        problems.append(f"no test of {DEVICES_FILE} ran")
+    if skipped:
+        problems.append(f"{len(skipped)} of {len(cases)} tests of {DEVICES_FILE} skipped: {', '.join(skipped[:5])}")
+    elsewhere = sorted(name for name in ran if where.get(name) != device.type)
+    if elsewhere:
+        problems.append(f"{len(elsewhere)} tests of {DEVICES_FILE} did not run on {device.type} alone: "
+                        + ", ".join(f"{name} ({where.get(name, 'no report')})" for name in elsewhere[:5]))
+    return problems
 
 
 def check_precision(args, device) -> Row:
@@ -178,7 +222,8 @@ def check_methods(args, device) -> Row:
     start = time.perf_counter()
     sizes = dict(k=100, dev_size=200, **{"train.epochs": 1})
     cfgs = _configs([(method, 111) for method in METHODS], str(device), args.out / "alone", **sizes)
-    problems = _failures([run_group([cfg])[0] for cfg in cfgs], METHODS)
+    singles = [run_group([cfg])[0] for cfg in cfgs]
+    problems = _failures(singles, METHODS)
     alone = time.perf_counter() - start
     _reset(device)
     fusing = [method for method in METHODS if method not in ALONE_ONLY]
@@ -189,6 +234,12 @@ def check_methods(args, device) -> Row:
     if not problems and sizes_seen != {len(fusing)}:
         problems.append(f"the {len(fusing)} fusing methods did not train as one group (group sizes {sorted(sizes_seen)})")
     precision = {(outcome.record or {}).get("precision") for outcome in outcomes}
+    expected = "bf16" if device.type == "cuda" else "fp32"  # precision=auto: bf16 autocast on a GPU
+    other = [f"{'fused ' if fused else ''}{name} ({outcome.record.get('precision')})"
+             for fused, names, ran in ((False, METHODS, singles), (True, fusing, outcomes))
+             for name, outcome in zip(names, ran) if outcome.record and outcome.record.get("precision") != expected]
+    if other:
+        problems.append(f"{len(other)} runs not in {expected}: {', '.join(other[:8])}")
     note = (f"{len(METHODS)} alone in {alone:.0f} s, {len(fusing)} in one group in {time.perf_counter() - start - alone:.0f} s,"
             f" {'/'.join(sorted(p for p in precision if p))} (MiniLM, SST-2 K=100, 1 epoch)")
     return Row("methods", not problems, time.perf_counter() - start, peak=_peak(device), note=note, details=problems)
@@ -253,9 +304,14 @@ def check_benchmark(args, device) -> Row:
     size = "hidden 64, 2 layers (dry run)" if tiny else "bert-base size"
     note = (f"scenario a, random {size}, {'bf16' if bf16 else 'fp32'}: separate {walls['separate']:.1f} s, "
             f"fused {walls['fused']:.1f} s")
-    return Row("benchmark", True, sum(walls.values()), walls["fused"] / walls["separate"],
+    faster = walls["fused"] < walls["separate"]
+    judged = device.type == "cuda"  # a CPU's dry run checks the script: fused groups are for a GPU (docs/fused.md)
+    details = [] if faster or not judged else [f"fused {walls['fused']:.1f} s is not faster than the same runs "
+                                               f"separate ({walls['separate']:.1f} s)"]
+    note += "" if judged else " (speed not judged on a CPU)"
+    return Row("benchmark", faster or not judged, sum(walls.values()), walls["fused"] / walls["separate"],
                f"{operators['separate']:.1f} / {operators['fused']:.1f}", f"{peaks['separate']} / {peaks['fused']}",
-               note)
+               note, details)
 
 
 def _minilm() -> str:
@@ -265,13 +321,27 @@ def _minilm() -> str:
 
 
 def run_check(check: str, args, device) -> Row:
-    """One check on its own: whatever it raises is its FAIL row, with the reason in one line."""
+    """One check on its own: whatever it raises is its FAIL row, with the reason in one line; Ctrl-C too (the row says
+    so, and no further check runs), and SystemExit (something it ran tried to end the script)."""
     start = time.perf_counter()
     try:
         return globals()[f"check_{check}"](args, device)
+    except KeyboardInterrupt:
+        return Row(check, False, time.perf_counter() - start, note="interrupted (Ctrl-C): not finished",
+                   interrupted=True)
+    except SystemExit as exit:
+        return Row(check, False, time.perf_counter() - start, note=f"SystemExit({exit.code!r}) inside the check")
     except Exception as error:  # noqa: BLE001 - every failure is this check's result, not the end of the script
         reason = (str(error).strip().splitlines() or [""])[0][:300]
         return Row(check, False, time.perf_counter() - start, note=f"{type(error).__name__}: {reason}")
+
+
+def write_table(path: Path, text: str) -> None:
+    """The table file, whole (a temporary file renamed over it): a reader never finds half a table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def main(argv=None) -> int:
@@ -284,10 +354,14 @@ def main(argv=None) -> int:
     parser.add_argument("--table", type=Path, default=REPO / "results" / "check-gpu.txt",
                         help="where the table is written too (default: results/check-gpu.txt)")
     args = parser.parse_args(argv)
-    if args.device is None and not torch.cuda.is_available():
+    try:
+        torch.device(args.device or "cuda")
+    except RuntimeError:
+        parser.error(f"--device {args.device}: not a torch device (cuda, cuda:1, cpu)")
+    if (args.device is None or torch.device(args.device).type == "cuda") and not torch.cuda.is_available():
         print(f"check-gpu: no CUDA device here (torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): "
-              f"nothing to check")
-        return 0
+              f"nothing checked, so no pass (--device cpu runs the steps on the CPU as a dry run)", file=sys.stderr)
+        return 1
     device = torch.device(args.device or "cuda")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -295,18 +369,34 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU: a dry run of the script, not a GPU check"
     heading = f"check-gpu on {device} ({name}), torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}"
     print(heading, flush=True)
-    rows = []
+    rows: list[Row] = []
+
+    def written(running: str | None = None) -> str:
+        """The table so far, written to --table: while a check runs it says which, and which are still to come."""
+        text = f"{heading}\n{table(rows)}\n"
+        waiting = [check for check in args.only[len(rows):] if check != running]
+        if running:
+            text += f"check-gpu: not finished: {running} running" + (f", then {', '.join(waiting)}" if waiting else "")
+            text += "\n"
+        write_table(args.table, text)
+        return text
+
     with tempfile.TemporaryDirectory(prefix="check-gpu-") as folder:
         args.out = Path(folder)
         for check in args.only:
+            if rows and rows[-1].interrupted:
+                rows.append(Row(check, None, note="not run: interrupted"))
+                continue
             print(f"check-gpu: {check} ...", flush=True)
+            written(running=check)
             rows.append(run_check(check, args, device))
+            written()
             print(table(rows[-1:]), flush=True)  # each result as it comes: a later crash cannot hide it
-    text = f"{heading}\n{table(rows)}\n"
+    text = written()
     print(text, end="")
-    args.table.parent.mkdir(parents=True, exist_ok=True)
-    args.table.write_text(text)
     print(f"check-gpu: table written to {args.table}")
+    if any(row.interrupted for row in rows):
+        return 130
     return 1 if any(row.ok is False for row in rows) else 0
 
 

@@ -1,9 +1,16 @@
-"""scripts/check_gpu.py (make check-gpu): its CPU path, and the comparisons and table its CUDA path prints."""
+"""scripts/check_gpu.py (make check-gpu): its CPU path, and the comparisons and table its CUDA path prints.
+
+What these caught on main at cadcef0 (issue 40): without CUDA it exited 0; the methods check passed runs in fp32 on
+CUDA; the tests check passed when every device test skipped; Ctrl-C or SystemExit inside a check ended the script
+with no table written; the benchmark passed with fused slower than separate; nothing failed with the precision
+check's 2-point rule taken out.
+"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,12 +21,29 @@ sys.path.insert(0, str(REPO / "scripts"))
 import check_gpu  # noqa: E402
 
 
+NO_CUDA = "check-gpu: no CUDA device here (torch "
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine runs the checks instead")
-def test_without_cuda_it_says_so_in_one_line_and_exits_0():
+def test_without_cuda_it_says_so_in_one_line_and_fails():
+    """`make check-gpu && sbatch ...` must not go on where torch sees no GPU: nothing was checked."""
     result = subprocess.run(["make", "-s", "check-gpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [result.stdout.strip()]
-    assert result.stdout.startswith("check-gpu: no CUDA device here (torch ") and result.stderr == ""
+    assert result.returncode != 0 and result.stdout == ""
+    line, *make = result.stderr.splitlines()
+    assert line.startswith(NO_CUDA) and line.endswith("nothing checked, so no pass (--device cpu runs the steps on "
+                                                      "the CPU as a dry run)")
+    assert all(extra.startswith("make") for extra in make)  # make's own "Error 1"
+
+
+def test_without_cuda_only_the_cpu_dry_run_runs(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(check_gpu, "check_fused", lambda args, device: check_gpu.Row("fused", True))
+    table = tmp_path / "table.txt"
+    for device in ([], ["--device", "cuda"], ["--device", "cuda:1"]):
+        assert check_gpu.main([*device, "--table", str(table)]) == 1
+        assert capsys.readouterr().err.startswith(NO_CUDA) and not table.exists()
+    assert check_gpu.main(["--device", "cpu", "--only", "fused", "--table", str(table)]) == 0
+    assert table.read_text().splitlines()[2].split()[:2] == ["fused", "ok"]
 
 
 def record(best_epoch=3, main=85.0, losses=(0.69, 0.41, 0.30), status="ok"):
@@ -70,8 +94,6 @@ def test_a_check_that_fails_is_a_fail_row_and_the_others_still_run(monkeypatch, 
 
 def test_the_precision_check_fails_a_run_that_did_not_learn(monkeypatch, tmp_path):
     """A run at the majority rate in both precisions (the first GPU run's 50.92 and 50.92) is a FAIL, not 'ok'."""
-    from types import SimpleNamespace
-
     import peltbench.runner
 
     def majority_rate_run(cfgs):
@@ -82,3 +104,172 @@ def test_the_precision_check_fails_a_run_that_did_not_learn(monkeypatch, tmp_pat
     row = check_gpu.check_precision(args, torch.device("cpu"))
     assert row.ok is False and "fp32 50.92" in row.note and "majority class 50.92" in row.note
     assert row.details[-1] == "a run did not learn: every score must be at least 65.92"
+
+
+def test_the_precision_check_fails_bf16_and_fp32_more_than_2_points_apart(monkeypatch, tmp_path):
+    """Both runs learned, 3 points apart: FAIL (the rule taken out, `ok = learned`, would pass it); 1.5 apart: ok."""
+    import peltbench.runner
+
+    scores = {}
+
+    def runs(cfgs):
+        [cfg] = cfgs
+        return [SimpleNamespace(status="ok", error=None, record={"test": {"main": scores[cfg.precision]}})]
+
+    monkeypatch.setattr(peltbench.runner, "run_group", runs)
+    monkeypatch.setattr(check_gpu, "_reset", lambda device: None)
+    monkeypatch.setattr(check_gpu, "_peak", lambda device: "1.00 GiB")
+    args = SimpleNamespace(out=tmp_path, k=500, epochs=5)
+    scores.update(bf16=80.0, fp32=83.0)
+    row = check_gpu.check_precision(args, torch.device("cuda"))
+    assert row.ok is False and row.note.startswith("bf16 80.00, fp32 83.00 (SST-2 accuracy, majority class 50.92")
+    assert row.details == ["bf16 and fp32 3.00 points apart (at most 2.0)"]
+    scores.update(bf16=80.0, fp32=81.5)
+    row = check_gpu.check_precision(args, torch.device("cuda"))
+    assert row.ok is True and row.details == []
+
+
+def fake_runs(precision: str):
+    """run_group's stand-in: every run ok in `precision`, a group of several fused as one."""
+    def run_group(cfgs):
+        fused = {"size": len(cfgs)} if len(cfgs) > 1 else None
+        return [SimpleNamespace(status="ok", error=None, record={"test": {"main": 80.0}, "precision": precision,
+                                                                 "fused": fused}) for _ in cfgs]
+    return run_group
+
+
+def test_the_methods_check_requires_the_bf16_it_claims(monkeypatch, tmp_path):
+    """Every run ok but in fp32 on CUDA (precision=auto not choosing bf16 there): FAIL; in bf16: ok."""
+    import peltbench.runner
+
+    monkeypatch.setattr(check_gpu, "_configs", lambda runs, *args, **settings: [m for m, _ in runs])
+    monkeypatch.setattr(check_gpu, "_reset", lambda device: None)
+    monkeypatch.setattr(check_gpu, "_peak", lambda device: "1.00 GiB")
+    args = SimpleNamespace(out=tmp_path)
+    monkeypatch.setattr(peltbench.runner, "run_group", fake_runs("fp32"))
+    row = check_gpu.check_methods(args, torch.device("cuda"))
+    count = len(check_gpu.METHODS) + len(check_gpu.METHODS) - len(check_gpu.ALONE_ONLY)
+    assert row.ok is False and row.details == [f"{count} runs not in bf16: adalora (fp32), adapter (fp32), bitfit (fp32), "
+                                               "boft (fp32), c3a (fp32), delora (fp32), dora (fp32), fourierft (fp32)"]
+    monkeypatch.setattr(peltbench.runner, "run_group", fake_runs("bf16"))
+    row = check_gpu.check_methods(args, torch.device("cuda"))
+    assert row.ok is True and row.details == [] and ", bf16 (MiniLM" in row.note
+    assert check_gpu.check_methods(args, torch.device("cpu")).ok is False  # a CPU's dry run trains in fp32
+    monkeypatch.setattr(peltbench.runner, "run_group", fake_runs("fp32"))
+    assert check_gpu.check_methods(args, torch.device("cpu")).ok is True
+
+
+def junit(cases: dict[str, str]) -> str:
+    """pytest's --junitxml for tests/test_devices.py's tests: name -> "passed" or "skipped"."""
+    rows = "".join(f'<testcase classname="tests.test_devices" name="{name}" time="1.0">'
+                   + ('<skipped type="pytest.skip" message="no GPU">skipped</skipped>' if result == "skipped" else "")
+                   + "</testcase>" for name, result in cases.items())
+    return f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{rows}</testsuite></testsuites>'
+
+
+def test_the_tests_check_requires_every_device_test_to_have_run_on_the_device(monkeypatch, tmp_path):
+    """pytest's exit status 0 is not enough: skipped device tests, or runs on another device, are a FAIL."""
+    scenario = {}
+
+    def pytest_run(command, cwd, capture_output, text, env):
+        [xml] = [part.split("=", 1)[1] for part in command if part.startswith("--junitxml=")]
+        assert env["PELTBENCH_TEST_DEVICE"] == "cuda"
+        with open(xml, "w") as handle:
+            handle.write(junit(scenario["cases"]))
+        with open(env["PELTBENCH_DEVICE_REPORT"], "w") as handle:
+            handle.writelines(f"tests/test_devices.py::{name}\t{device}\n" for name, device in scenario["report"].items())
+        return subprocess.CompletedProcess(command, scenario.get("status", 0), f"{scenario['summary']}\n", "")
+
+    monkeypatch.setattr(check_gpu.subprocess, "run", pytest_run)
+    args, cuda = SimpleNamespace(out=tmp_path), torch.device("cuda")
+    scenario.update(cases={"test_a[bert]": "skipped", "test_b[lora]": "skipped"}, report={}, summary="2 skipped in 1.0s")
+    row = check_gpu.check_tests(args, cuda)
+    assert row.ok is False and row.details == [
+        "2 of 2 tests of tests/test_devices.py skipped: test_a[bert], test_b[lora]"]
+    scenario.update(cases={"test_a[bert]": "passed", "test_b[lora]": "passed"}, summary="2 passed in 1.0s",
+                    report={"test_a[bert]": "cuda", "test_b[lora]": "cpu"})
+    row = check_gpu.check_tests(args, cuda)
+    assert row.ok is False and row.details == [
+        "1 tests of tests/test_devices.py did not run on cuda alone: test_b[lora] (cpu)"]
+    scenario.update(report={"test_a[bert]": "cuda"})
+    assert check_gpu.check_tests(args, cuda).details == [
+        "1 tests of tests/test_devices.py did not run on cuda alone: test_b[lora] (no report)"]
+    scenario.update(cases={}, report={}, summary="no tests ran in 0.1s")
+    assert check_gpu.check_tests(args, cuda).details == ["no test of tests/test_devices.py ran"]
+    scenario.update(cases={"test_a[bert]": "passed", "test_b[lora]": "passed"}, summary="2 passed in 1.0s",
+                    report={"test_a[bert]": "cuda", "test_b[lora]": "cuda"})
+    row = check_gpu.check_tests(args, cuda)
+    assert row.ok is True and row.note == "2 passed in 1.0s" and row.details == []
+    scenario.update(status=1, summary="1 failed, 1 passed in 1.0s")
+    assert check_gpu.check_tests(args, cuda).details == ["pytest exited 1: 1 failed, 1 passed in 1.0s"]
+
+
+def test_each_row_is_written_as_it_ends(monkeypatch, tmp_path):
+    """A crash (or a kill) in a later check leaves the rows found so far in the table file, which says it is not
+    finished."""
+    table = tmp_path / "table.txt"
+    seen = []
+    monkeypatch.setattr(check_gpu, "check_tests", lambda args, device: check_gpu.Row("tests", True, note="77 passed"))
+    monkeypatch.setattr(check_gpu, "check_fused",
+                        lambda args, device: seen.append(table.read_text()) or check_gpu.Row("fused", True))
+    monkeypatch.setattr(check_gpu, "check_benchmark", lambda args, device: check_gpu.Row("benchmark", True))
+    assert check_gpu.main(["--device", "cpu", "--only", "tests", "fused", "benchmark", "--table", str(table)]) == 0
+    [during] = seen
+    lines = during.splitlines()
+    assert lines[2].split() == ["tests", "ok", "0.0", "77", "passed"]
+    assert lines[-1] == "check-gpu: not finished: fused running, then benchmark"
+    assert "not finished" not in table.read_text()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(2)], ids=["ctrl-c", "SystemExit"])
+def test_ctrl_c_or_system_exit_inside_a_check_is_its_fail_row_and_the_table_is_written(stop, monkeypatch, tmp_path):
+    """Ctrl-C: a FAIL row saying so, the checks after it not run, exit status 130; SystemExit (pytest's main, a
+    CLI's exit inside a check): a FAIL row, and the next check still runs."""
+    ran = []
+
+    def stopped(args, device):
+        raise stop
+
+    monkeypatch.setattr(check_gpu, "check_tests", stopped)
+    monkeypatch.setattr(check_gpu, "check_fused", lambda args, device: ran.append("fused") or check_gpu.Row("fused", True))
+    table = tmp_path / "table.txt"
+    try:
+        status = check_gpu.main(["--device", "cpu", "--only", "tests", "fused", "--table", str(table)])
+    except BaseException as error:  # noqa: BLE001 - not this test session's Ctrl-C: the script's
+        pytest.fail(f"{type(error).__name__} ended the script (table written: {table.exists()})")
+    lines = table.read_text().splitlines()
+    assert lines[2].split()[:2] == ["tests", "FAIL"]
+    if isinstance(stop, KeyboardInterrupt):
+        assert status == 130 and ran == []
+        assert lines[2].endswith("interrupted (Ctrl-C): not finished")
+        assert lines[3].split() == ["fused", "skipped", "0.0", "not", "run:", "interrupted"]
+    else:
+        assert status == 1 and ran == ["fused"]
+        assert lines[2].endswith("SystemExit(2) inside the check") and lines[3].split()[:2] == ["fused", "ok"]
+
+
+def test_the_benchmark_fails_when_fused_is_slower_than_separate(monkeypatch, tmp_path):
+    """Its steps and the GPU stand in (the configs, tokenizer and a hidden-64 BERT are real); fused slower on a GPU:
+    FAIL. A CPU's dry run reports the times without judging them."""
+    import benchmark_fused
+    import peltbench.runner
+
+    walls, checkpoint = [], check_gpu.bert_base_checkpoint
+    monkeypatch.setattr(benchmark_fused, "train", lambda *args, **kwargs: 1)
+    monkeypatch.setattr(benchmark_fused, "timed", lambda step, device: walls.pop(0))  # separate, then fused
+    monkeypatch.setattr(benchmark_fused, "counted", lambda step, device: (10, 0, 100))
+    monkeypatch.setattr(check_gpu, "bert_base_checkpoint", lambda folder, tiny: checkpoint(folder, True))
+    monkeypatch.setattr(peltbench.runner, "resolve_device", lambda cfg, training=True: (torch.device("cuda"), True))
+    monkeypatch.setattr(check_gpu, "_reset", lambda device: None)
+    monkeypatch.setattr(check_gpu, "_peak", lambda device: "1.00 GiB")
+    args, cuda = SimpleNamespace(out=tmp_path), torch.device("cuda")
+    walls[:] = [2.0, 3.0]
+    row = check_gpu.check_benchmark(args, cuda)
+    assert row.ok is False and row.ratio == 1.5 and "bf16: separate 2.0 s, fused 3.0 s" in row.note
+    assert row.details == ["fused 3.0 s is not faster than the same runs separate (2.0 s)"]
+    walls[:] = [3.0, 1.5]
+    row = check_gpu.check_benchmark(args, cuda)
+    assert row.ok is True and row.ratio == 0.5 and row.details == []
+    walls[:] = [2.0, 3.0]
+    row = check_gpu.check_benchmark(args, torch.device("cpu"))
+    assert row.ok is True and row.note.endswith("fused 3.0 s (speed not judged on a CPU)")

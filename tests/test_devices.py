@@ -37,7 +37,9 @@ METHODS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "c
 GROUP = [method for method in METHODS if method not in ("ft", "prompt")]
 
 
-REPORT = os.environ.get("PELTBENCH_DEVICE_REPORT")  # a file each test here appends the device its runs used to
+# A file each test here appends the device its runs used to: every test of this file takes as_on_a_gpu, and
+# scripts/check_gpu.py requires each one's line to say cuda.
+REPORT = os.environ.get("PELTBENCH_DEVICE_REPORT")
 
 
 def gpu_path(monkeypatch) -> list[str]:
