@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_trained_alike, compose_config, tiny_encoder
+from conftest import assert_close_to_scale, assert_trained_alike, compose_config, tiny_encoder
 from peltbench.methods import check_method, member_frozen, member_state, parameter_counts
 from peltbench.record import config_hash, record_path
 from test_devices import as_on_a_gpu  # noqa: F401 (a fixture: the GPU's path on this CPU)
@@ -69,11 +69,10 @@ def test_principal_init_equals_peft(model_type, init, dora):
     start, frozen = member_state(ours, 0), member_frozen(ours, 0, method("lora", lora_init=init))
     for plain, module in lora_modules(peft):
         a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
-        torch.testing.assert_close(start[f"{plain}.lora_a.weight"], a, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(start[f"{plain}.lora_b.weight"], b, rtol=1e-5, atol=1e-6)
+        assert_close_to_scale(start[f"{plain}.lora_a.weight"], a)
+        assert_close_to_scale(start[f"{plain}.lora_b.weight"], b)
         if dora:  # PEFT's ‖W_res + s·B₀A₀‖ is ‖W‖ to rounding
-            torch.testing.assert_close(start[f"{plain}.magnitude"], module.lora_magnitude_vector["default"].weight,
-                                       rtol=1e-5, atol=1e-5)
+            assert_close_to_scale(start[f"{plain}.magnitude"], module.lora_magnitude_vector["default"].weight)
     assert all(name.endswith(("lora_a0", "lora_b0")) for name in frozen) and len(frozen) == 2 * 2 * 2
     moved(ours)
     state = member_state(ours, 0)
@@ -92,8 +91,7 @@ def test_principal_init_equals_peft(model_type, init, dora):
         if dora:
             pairs.append(("magnitude", module.lora_magnitude_vector["default"].weight))
         for ours_name, parameter in pairs:
-            torch.testing.assert_close(grads[f"{plain}.{ours_name}"], parameter.grad, rtol=1e-5, atol=1e-5,
-                                       msg=f"{plain}.{ours_name}")
+            assert_close_to_scale(grads[f"{plain}.{ours_name}"], parameter.grad, msg=f"{plain}.{ours_name}")
             counted += parameter.numel()
     assert parameter_counts(ours)["trainable_params"] == counted == 2 * 2 * (2 * 8 * H + (H if dora else 0))
 
@@ -124,8 +122,8 @@ def test_modernbert_blocks_start_as_peft_does_on_each_block(init):
                                         LoraConfig(r=8, lora_alpha=16, init_lora_weights=init, target_modules=["block"]))
             name = f"model.layers.{index}.attn.Wqkv.{target}"
             lora = peft_block.base_model.model.block
-            torch.testing.assert_close(state[f"{name}.lora_a.weight"], lora.lora_A["default"].weight, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(state[f"{name}.lora_b.weight"], lora.lora_B["default"].weight, rtol=1e-5, atol=1e-6)
+            assert_close_to_scale(state[f"{name}.lora_a.weight"], lora.lora_A["default"].weight)
+            assert_close_to_scale(state[f"{name}.lora_b.weight"], lora.lora_B["default"].weight)
             assert (lora.lora_B["default"].weight @ lora.lora_A["default"].weight).abs().max() > 1e-2
 
 
