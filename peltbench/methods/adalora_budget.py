@@ -10,19 +10,30 @@ t_f = round(tfinal · T), and b₀ = r₀ · (its adapted matrices), b_T = r_T �
     s > T − t_f:  re-apply the kept pattern after every step
 Importance of a triplet i of a matrix: S(Λᵢ) + mean_j S(Q_ij) + mean_j S(P_ji), S = Ī · Ū, Ī the EMA (β₁) of
 |w · ∂L/∂w| and Ū the EMA (β₂) of |I − Ī|, with the gradients of the step just taken (after clipping, as a Trainer
-has them). Everything is member-stacked: one tensor operation per matrix and step serves all members.
+has them). Everything is member-stacked, and batched over the matrices too: a step's importance update is a dozen
+`torch._foreach_*` operators over every P, Λ, Q of the model, the scores and masks one operation per kind of tensor
+and shape (usually five: Q of the FFN's output and of the rest, Λ, P of the FFN's input and of the rest), and the
+regulariser one pair of batched products per shape; no operator is per member or per matrix, and nothing waits on the
+device (the budgets come from the step number, on the host).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from .base import Members
+from .base import Members, to_device
+
+A, E, B = 0, 1, 2  # a module's triplets(): lora_A (Q), lora_E (Λ), lora_B (P)
 
 
 class Budget:
-    """The budget state of a model's AdaLoRA members (`modules`: every SVDLinear, `users`: member → method)."""
+    """The budget state of a model's AdaLoRA members (`modules`: every SVDLinear, `users`: member → method).
+
+    Tensors of one kind (A, E, B) and one shape are handled together (`groups`): their importance state is one
+    tensor (matrices of the group, members, ...), of which each parameter's state is a view. Scores and masks are
+    (matrices, members, R), R the largest rank, +inf (never masked) past a matrix's rank."""
 
     def __init__(self, modules: list, users: dict[int, DictConfig], count: int) -> None:
         self.modules = modules
@@ -32,15 +43,32 @@ class Budget:
         self.init_budget = {m: int(method.adalora_init_rank) * matrices[m] for m, method in users.items()}
         self.target_budget = {m: int(method.adalora_target_rank) * matrices[m] for m, method in users.items()}
         self.matrices = matrices
-        self.kept = [module.rank_mask.clone() for module in modules]  # (members, rank): triplets not masked (plan)
-        self.state: list[dict[str, torch.Tensor]] | None = None
+        self.rank = max(module.rank_mask.shape[1] for module in modules)
+        self.kept = self._rank_mask()  # (matrices, members, R): triplets not masked (plan)
+        self.state: list[dict[str, torch.Tensor]] | None = None  # per parameter, views into `_state`
+        self._state: list[dict[str, torch.Tensor]] | None = None  # per group
         self.schedule: dict[int, tuple[int, int, int]] = {}  # member → (T, t_i, t_f)
-        self._betas: dict[str, torch.Tensor] = {}
+        groups: dict[tuple, list[int]] = {}
+        for index, module in enumerate(modules):
+            for kind, parameter in enumerate(module.triplets()):
+                groups.setdefault((kind, tuple(parameter.shape)), []).append(index)
+        self.groups = [(kind, indices) for (kind, _), indices in groups.items()]
+        self._cache: dict[tuple, object] = {}
+
+    def parameters(self) -> list[torch.Tensor]:
+        """Every P, Λ, Q, in the order of the groups (the order of `state`)."""
+        return [self.modules[i].triplets()[kind] for kind, indices in self.groups for i in indices]
+
+    def _rank_mask(self) -> torch.Tensor:
+        """(matrices, members, R): each member's own triplets of each matrix."""
+        return torch.stack([F.pad(module.rank_mask, (0, self.rank - module.rank_mask.shape[1]))
+                            for module in self.modules])
 
     def plan(self, total_steps: list[int]) -> None:
         """Each member's schedule from its planned number of steps (PEFT's total_step). Training starts with every
         triplet kept, on the device the model now trains on (the budget was made with the model, before it moved)."""
-        self.kept = [module.rank_mask.clone() for module in self.modules]
+        self.kept = self._rank_mask()
+        self._cache = {}
         for m, method in self.users.items():
             total = int(total_steps[m])
             tinit, tfinal = round(float(method.adalora_tinit) * total), round(float(method.adalora_tfinal) * total)
@@ -63,7 +91,8 @@ class Budget:
 
     @torch.no_grad()
     def after_step(self, step: int, active: list[int]) -> None:
-        """PEFT's update_and_allocate(step) for every active member, after the optimiser step, before zero_grad."""
+        """PEFT's update_and_allocate(step) for every active member, after the optimiser step, before zero_grad.
+        What each member does at this step is decided on the host from the step number alone."""
         update, reapply, reset, masking = [], [], [], {}
         for m in active:
             if m not in self.users:
@@ -88,78 +117,118 @@ class Budget:
         if reset:
             self._reset(reset)
 
-    def _rows(self, members: list[int], device) -> torch.Tensor:
-        rows = torch.zeros(self.count, dtype=torch.bool, device=device)
-        rows[members] = True
-        return rows
+    def _members(self, values: list, device, dtype=torch.float32) -> torch.Tensor:
+        """A small tensor made once per distinct list of values (a schedule repeats them), on the device."""
+        key = ("values", tuple(values), device, dtype)
+        if key not in self._cache:
+            self._cache[key] = to_device(torch.tensor(values, dtype=dtype), device)
+        return self._cache[key]
 
-    def _beta(self, name: str, device) -> torch.Tensor:
-        """(members,) β or 1 − β per member, each computed in double as PEFT's Python floats are."""
-        if name not in self._betas:
-            key, complement = name.rstrip("c"), name.endswith("c")
-            values = [float(self.users[m][f"adalora_{key}"]) if m in self.users else 0.0 for m in range(self.count)]
-            self._betas[name] = torch.tensor([1 - v if complement else v for v in values], device=device)
-        return self._betas[name]
+    def _betas(self, members: list[int], device) -> list[torch.Tensor]:
+        """β₁, 1 − β₁, β₂, 1 − β₂ per member (computed in double as PEFT's Python floats are), shaped
+        (members, 1, 1); 1, 0, 1, 0 for a member whose importance does not move at this step."""
+        key = ("betas", tuple(members), device)
+        if key not in self._cache:
+            values = []
+            for name in ("beta1", "beta2"):
+                beta = [float(self.users[m][f"adalora_{name}"]) if m in members else 1.0 for m in range(self.count)]
+                values += [beta, [1 - b if m in members else 0.0 for m, b in enumerate(beta)]]
+            self._cache[key] = [to_device(torch.tensor(v), device).view(-1, 1, 1) for v in values]
+        return self._cache[key]
 
     def _update_importance(self, members: list[int]) -> None:
-        """Sensitivity |w · g| smoothed (β₁), and its uncertainty (β₂), for the members in `members` only."""
-        parameters = [p for module in self.modules for p in module.triplets()]
-        if self.state is None:
-            self.state = [{"ipt": torch.zeros_like(p), "unc": torch.zeros_like(p)} for p in parameters]
-        device = parameters[0].device
-        rows = self._rows(members, device)
-        beta1, beta1c = self._beta("beta1", device), self._beta("beta1c", device)
-        beta2, beta2c = self._beta("beta2", device), self._beta("beta2c", device)
-        for p, state in zip(parameters, self.state):
-            shape = (self.count, *[1] * (p.dim() - 1))
-            ipt = (p * p.grad).abs() if p.grad is not None else torch.zeros_like(p)
-            smoothed = beta1.view(shape) * state["ipt"] + beta1c.view(shape) * ipt
-            uncertain = beta2.view(shape) * state["unc"] + beta2c.view(shape) * (ipt - smoothed).abs()
-            chosen = rows.view(shape)
-            state["ipt"] = torch.where(chosen, smoothed, state["ipt"])
-            state["unc"] = torch.where(chosen, uncertain, state["unc"])
+        """Sensitivity |w · g| smoothed (β₁), and its uncertainty (β₂), for the members in `members` only: one
+        foreach operator per term over every parameter (the others' rows get β = 1 and keep their values)."""
+        parameters = self.parameters()
+        if self._state is None:
+            self._state = [{key: torch.zeros(len(indices), *self.modules[0].lora_A.shape[:1],
+                                             *self.modules[indices[0]].triplets()[kind].shape[1:],
+                                             device=parameters[0].device) for key in ("ipt", "unc")}
+                           for kind, indices in self.groups]
+            self.state = [{key: group[key][i] for key in ("ipt", "unc")}
+                          for group, (_, indices) in zip(self._state, self.groups) for i in range(len(indices))]
+        beta1, beta1c, beta2, beta2c = self._betas(members, parameters[0].device)
+        size = len(parameters)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        ipt = torch._foreach_mul(parameters, grads)
+        torch._foreach_abs_(ipt)
+        old = [state["ipt"] for state in self.state]
+        smoothed = torch._foreach_mul(old, [beta1] * size)
+        torch._foreach_add_(smoothed, torch._foreach_mul(ipt, [beta1c] * size))
+        uncertain = torch._foreach_sub(ipt, smoothed)
+        torch._foreach_abs_(uncertain)
+        torch._foreach_mul_(uncertain, [beta2c] * size)
+        unc = [state["unc"] for state in self.state]
+        torch._foreach_add_(uncertain, torch._foreach_mul(unc, [beta2] * size))
+        torch._foreach_copy_(old, smoothed)
+        torch._foreach_copy_(unc, uncertain)
 
-    def scores(self) -> list[torch.Tensor]:
-        """Per matrix, (members, rank): each triplet's importance (PEFT's mask_to_budget); +inf where a member has
-        no triplet (past its rank, or a matrix it does not adapt), so it is never counted or masked."""
-        result = []
-        for index, module in enumerate(self.modules):
-            a, e, b = (state["ipt"] * state["unc"] for state in self.state[3 * index : 3 * index + 3])
-            total = e.squeeze(-1) + (a.mean(dim=2) + b.mean(dim=1))
-            result.append(total.masked_fill(~module.rank_mask, float("inf")))
-        return result
+    def scores(self) -> torch.Tensor:
+        """(matrices, members, R): each triplet's importance (PEFT's mask_to_budget); +inf where a member has no
+        triplet (past its rank, or a matrix it does not adapt), so it is never counted or masked."""
+        parts: dict[int, list] = {A: [], E: [], B: []}
+        for (kind, indices), state in zip(self.groups, self._state):
+            product = state["ipt"] * state["unc"]  # (matrices, members, ...)
+            score = product.mean(dim=3) if kind == A else product.mean(dim=2) if kind == B else product.squeeze(3)
+            if score.shape[-1] < self.rank:
+                score = F.pad(score, (0, self.rank - score.shape[-1]), value=float("inf"))
+            parts[kind].append((indices, score))
+        a, e, b = (self._in_module_order(parts[kind]) for kind in (A, E, B))
+        return (e + (a + b)).masked_fill(~self._rank_mask_on(e.device), float("inf"))
+
+    def _in_module_order(self, parts: list) -> torch.Tensor:
+        order = [i for indices, _ in parts for i in indices]
+        scores = parts[0][1] if len(parts) == 1 else torch.cat([score for _, score in parts])
+        if order == list(range(len(self.modules))):
+            return scores
+        key = ("order", tuple(order), scores.device)
+        if key not in self._cache:
+            self._cache[key] = self._members(torch.tensor(order).argsort().tolist(), scores.device, torch.long)
+        return scores.index_select(0, self._cache[key])
+
+    def _rank_mask_on(self, device) -> torch.Tensor:
+        key = ("rank mask", device)
+        if key not in self._cache:
+            self._cache[key] = self._rank_mask().to(device)
+        return self._cache[key]
 
     def _mask_to_budget(self, budgets: dict[int, int]) -> None:
         """For each member in `budgets`: the triplets whose importance is at most the (b₀ − b)-th smallest of its own
-        get Λ = 0 (PEFT: kthvalue over the concatenated scores, masked where ≤ the threshold)."""
+        get Λ = 0 (PEFT: kthvalue over the concatenated scores, masked where ≤ the threshold). Every member's scores
+        are sorted at once; the others keep their pattern (k = −1)."""
         scores = self.scores()
-        everything = torch.cat(scores, dim=1)
-        device = everything.device
-        members = sorted(budgets)
-        ks = torch.tensor([self.init_budget[m] - budgets[m] for m in members], device=device)
-        ordered = everything[members].sort(dim=1).values
-        thresholds = torch.full((self.count,), -float("inf"), device=device)
-        thresholds[members] = ordered.gather(1, (ks - 1).clamp(min=0)[:, None]).squeeze(1)
-        thresholds[members] = torch.where(ks > 0, thresholds[members], -float("inf"))
-        rows = self._rows(members, device)
-        for index, (module, score) in enumerate(zip(self.modules, scores)):
-            kept = (score > thresholds[:, None]) & module.rank_mask
-            self.kept[index] = torch.where(rows[:, None], kept, self.kept[index])
+        device = scores.device
+        ks = to_device(torch.tensor([self.init_budget[m] - budgets[m] if m in budgets else -1
+                                     for m in range(self.count)]), device)  # changes every step: not kept
+        ordered = scores.transpose(0, 1).reshape(self.count, -1).sort(dim=1).values
+        thresholds = ordered.gather(1, (ks - 1).clamp(min=0)[:, None]).squeeze(1)
+        thresholds = torch.where(ks > 0, thresholds, -float("inf"))
+        kept = (scores > thresholds[:, None]) & self._rank_mask_on(device)
+        self.kept = torch.where((ks >= 0)[:, None], kept, self.kept)
 
     def _apply(self, members: list[int]) -> None:
-        """Λ = 0 where the members' kept pattern says masked."""
-        rows = self._rows(members, self.kept[0].device)
-        for module, kept in zip(self.modules, self.kept):
-            module.lora_E.masked_fill_((rows[:, None] & ~kept)[..., None], 0.0)
+        """Λ = 0 where the members' kept pattern says masked: one masked_fill per group of Λs of one shape."""
+        device = self.kept.device
+        rows = self._members([m in members for m in range(self.count)], device, torch.bool)
+        masked = (rows[:, None] & ~self.kept)[..., None]  # (matrices, members, R, 1)
+        for kind, indices in self.groups:
+            if kind != E:
+                continue
+            lambdas = [self.modules[i].lora_E for i in indices]
+            rank = lambdas[0].shape[1]
+            which = masked if len(indices) == len(self.modules) else masked.index_select(
+                0, self._members(indices, device, torch.long))
+            filled = torch.stack(lambdas).masked_fill(which[:, :, :rank], 0.0)
+            torch._foreach_copy_(lambdas, filled.unbind(0))
 
     def _reset(self, members: list[int]) -> None:
-        if self.state is None:
+        if self._state is None:
             return
-        rows = self._rows(members, self.state[0]["ipt"].device)
-        for state in self.state:
-            shape = (self.count, *[1] * (state["ipt"].dim() - 1))
+        rows = self._members([m in members for m in range(self.count)], self._state[0]["ipt"].device, torch.bool)
+        for state in self._state:
+            shape = (1, self.count, *[1] * (state["ipt"].dim() - 2))
             for key in ("ipt", "unc"):
-                state[key] = state[key].masked_fill(rows.view(shape), 0.0)
+                state[key].masked_fill_(rows.view(shape), 0.0)
 
     def rank_pattern(self, slot: int) -> list[list[bool]]:
         """Member `slot`'s kept triplets, per adapted matrix it has (in the modules' order), on its own rank."""
@@ -168,19 +237,32 @@ class Budget:
 
     def regulariser(self, members: Members) -> torch.Tensor:
         """(active members,): γ · mean over the member's adapted matrices of ‖QQᵀ − I‖_F and ‖PᵀP − I‖_F (PEFT's
-        AdaLoraModel.forward; 0 for members without AdaLoRA). Each member's term reaches only its own slots."""
+        AdaLoraModel.forward; 0 for members without AdaLoRA). Each member's term reaches only its own slots: computed
+        for every slot at once (a member's slots of a matrix it does not adapt are zeros, and so is its identity),
+        one pair of batched products per shape, summed over the matrices in their order."""
         device = self.modules[0].lora_A.device
-        total = torch.zeros(members.active_count, device=device)
-        for module in self.modules:
-            selection = members.select(module.users, device)
-            if not selection.count:
+        norms: dict[int, list] = {A: [], B: []}
+        for kind, indices in self.groups:
+            if kind == E:
                 continue
-            a = members.slots_of(module.lora_A, selection)
-            b = members.slots_of(module.lora_B, selection)
-            identity = torch.diag_embed(members.slots_of(module.rank_mask, selection).to(a.dtype))
-            norms = (torch.linalg.matrix_norm(a @ a.transpose(1, 2) - identity)
-                     + torch.linalg.matrix_norm(b.transpose(1, 2) @ b - identity))
-            total = total.index_add(0, selection.positions, norms)
-        weights = [float(self.users[m].adalora_orth_reg) / (2 * self.matrices[m]) if m in self.users else 0.0
-                   for m in members.active_slots()]
-        return total * torch.tensor(weights, device=device)
+            stacked = torch.stack([self.modules[i].triplets()[kind] for i in indices])  # (matrices, members, ...)
+            flat = stacked.flatten(0, 1)
+            gram = torch.bmm(flat, flat.transpose(1, 2)) if kind == A else torch.bmm(flat.transpose(1, 2), flat)
+            norm = torch.linalg.matrix_norm(gram - self._identity(indices, gram, device))
+            norms[kind].append((indices, norm.view(len(indices), self.count, 1)))
+        total = (self._in_module_order(norms[A]) + self._in_module_order(norms[B])).squeeze(2).sum(0)
+        return members.pick(total * self._weights(device))
+
+    def _identity(self, indices: list[int], gram: torch.Tensor, device) -> torch.Tensor:
+        """(matrices · members, r, r): each member's own triplets of those matrices on the diagonal."""
+        key = ("identity", tuple(indices), device, gram.dtype)
+        if key not in self._cache:
+            rank = gram.shape[-1]
+            mask = self._rank_mask_on(device)[indices][:, :, :rank].flatten(0, 1)
+            self._cache[key] = torch.diag_embed(mask.to(gram.dtype))
+        return self._cache[key]
+
+    def _weights(self, device) -> torch.Tensor:
+        """γ / (2 · the member's adapted matrices), per member slot (0 without AdaLoRA)."""
+        return self._members([float(self.users[m].adalora_orth_reg) / (2 * self.matrices[m]) if m in self.users
+                              else 0.0 for m in range(self.count)], device)

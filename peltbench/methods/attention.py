@@ -32,7 +32,7 @@ def attention(module, query, key, value, attention_mask, prefix=None, position_b
     """SDPA attention (query, key, value: (rows, heads, tokens, head_dim)) with the rows' prefixes prepended.
 
     `prefix = (key_values, gate, classes, members)`: key_values (2, members with a prefix, heads, L, head_dim), gate
-    (those members, rows per member) or None, and the classes of members by prefix length: (length, which members
+    (those members, rows per member, 1) or None, and the classes of members by prefix length: (length, which members
     with a prefix, their positions among the `members` blocks of rows); see PrefixEncoder. `position_bias`: scores added
     before the softmax (rows, heads, tokens, tokens): DeBERTa's relative attention. With dropout (training), the
     probabilities are computed here and each member's own masks applied (methods/randomness.py); otherwise SDPA.
@@ -111,7 +111,7 @@ def _prepend(key_values, gate, users, length, key, value, mask, bias):
     count, rows = prefixes.shape[1], key.shape[0] // prefixes.shape[1]
     if gate is not None:
         gate = gate if users is None else gate.index_select(0, users)
-        prefixes = prefixes * gate[None, :, :, None, None, None].to(prefixes.dtype)
+        prefixes = prefixes * gate.view(1, *gate.shape[:2], 1, 1, 1).to(prefixes.dtype)
     else:
         prefixes = prefixes.expand(-1, -1, rows, -1, -1, -1)
     key = torch.cat([prefixes[0].to(key.dtype), key.view(count, rows, *key.shape[1:])], dim=3).flatten(0, 1)

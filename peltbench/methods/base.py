@@ -16,7 +16,7 @@ optimiser and the gradient clipping are per member (peltbench.train).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +39,16 @@ class Members:
     def __init__(self, count: int) -> None:
         self.count = count
         self.active: torch.Tensor | None = None
+        self._active_slots = list(range(count))  # the same on the host: asking for it never waits on a device
+        self._active_span: slice | None = None   # the active slots when they are consecutive (a view, not a copy)
         self._selections: dict[tuple[int, ...], Selection] = {}
-        self.token_mask: torch.Tensor | None = None
+        self._token_mask: torch.Tensor | None = None
+        self._pooling: dict = {}  # the gates' masked-mean weights of the current token mask, per selection
         self.padded_pooling = False
         self.prefixes: dict[int, tuple] | None = None  # per-forward prefix keys/values, see prefix.py
+        # What the modules compute once per forward pass for all of them (rotation.py: every rotation's matrices);
+        # None outside PeltModel.forward (a module then computes its own)
+        self.per_pass: dict | None = None
         self._gate_log: list | None = None
         self._gate_rows: torch.Tensor | None = None
         self._positional = False
@@ -52,67 +58,99 @@ class Members:
 
     @property
     def active_count(self) -> int:
-        return self.count if self.active is None else len(self.active)
+        return len(self._active_slots)
+
+    @property
+    def token_mask(self) -> torch.Tensor | None:
+        return self._token_mask
+
+    @token_mask.setter
+    def token_mask(self, mask: torch.Tensor | None) -> None:
+        self._token_mask, self._pooling = mask, {}
+
+    def pooling(self, selection: Selection, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The selected members' token mask as `dtype` (rows, tokens) and its real tokens per row (at least 1), for
+        the gates' masked mean: made once per forward pass, not once per gate. None: no mask (or padded pooling)."""
+        if self._token_mask is None or self.padded_pooling:
+            return None
+        key = (selection.users, selection.blocks, dtype)
+        if key not in self._pooling:
+            mask = self.gather(selection, self._token_mask).to(dtype)
+            self._pooling[key] = mask, mask.sum(dim=1).clamp(min=1)
+        return self._pooling[key]
 
     def set_active(self, slots: list[int] | None, device: torch.device | None = None) -> None:
-        if slots is None or list(slots) == list(range(self.count)):
-            self.active = None
-        else:
-            self.active = torch.tensor(list(slots), dtype=torch.long, device=device)
+        slots = list(range(self.count)) if slots is None else [int(slot) for slot in slots]
+        self._active_slots = slots
+        self.active = None if slots == list(range(self.count)) else torch.tensor(slots, dtype=torch.long, device=device)
+        self._active_span = _span(slots)
         self._selections = {}
 
     def select(self, users: tuple[int, ...], device: torch.device, within: Selection | None = None) -> Selection:
         """Which of the active members use a component (its `users`), as positions among the active members' blocks
-        of rows, or, `within` a selection, among that selection's blocks. Computed once per set of active members."""
+        of rows, or, `within` a selection, among that selection's blocks. Computed once per set of active members,
+        on the host: no step waits on the device for it."""
         key = (users, None if within is None else within.users)
         if key not in self._selections:
-            rows = self.active_slots()
+            rows = self._active_slots
             if within is not None:
                 rows = [slot for slot in rows if slot in within.users]
             positions = [i for i, slot in enumerate(rows) if slot in users]
-            run = positions and positions == list(range(positions[0], positions[-1] + 1))
+            slots = [rows[i] for i in positions]
             self._selections[key] = Selection(
                 users=users, every=len(positions) == len(rows), count=len(positions),
-                positions=torch.tensor(positions, dtype=torch.long, device=device),
-                span=slice(positions[0], positions[-1] + 1) if run else None,
+                positions=torch.tensor(positions, dtype=torch.long, device=device), span=_span(positions),
                 slots=None if self.active is None and len(positions) == self.count else
-                torch.tensor([rows[i] for i in positions], dtype=torch.long, device=device))
+                torch.tensor(slots, dtype=torch.long, device=device), slot_span=_span(slots),
+                blocks=len(rows))
         return self._selections[key]
 
     def gather(self, selection: Selection, x: torch.Tensor) -> torch.Tensor:
-        """The selected members' rows of x (rows, ...), member after member."""
+        """The selected members' rows of x (rows, ...), member after member: x itself, a view (consecutive members)
+        or one index_select."""
         if selection.every:
             return x
+        n = x.shape[0] // selection.blocks
         if selection.span is not None:
-            return self.split(x)[selection.span].flatten(0, 1)
-        return self.split(x).index_select(0, selection.positions).flatten(0, 1)
+            return x[selection.span.start * n : selection.span.stop * n]
+        return x.index_select(0, selection.rows(n, x.device))
 
     def add_rows(self, selection: Selection, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them); the other rows
-        are x's, untouched. In place when only some members are selected (no copy of the others' rows): x must be
-        an output no backward pass reads (a Linear's, a dropout's). Under autocast x and delta may differ in dtype
-        (a LayerNorm's fp32 output, a bf16 matmul's delta): in place, delta is cast to x's dtype, as `+=` does."""
-        grouped = self.split(x)
-        delta = delta.reshape(selection.count, *grouped.shape[1:])  # a view: delta may also come member by member
+        """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them, or member by member
+        (selected members, rows per member, ...)); the other rows are x's. One operator: x + delta, or, for some
+        members, x.index_add (out of place: its backward passes the gradient through and indexes delta's). Under
+        autocast x and delta may differ in dtype (a LayerNorm's fp32 output, a bf16 matmul's delta): delta takes x's
+        dtype where only some members are selected, as an in-place `+=` would."""
         if selection.every:
-            return (grouped + delta).view(x.shape)
-        if selection.span is not None:
-            grouped[selection.span] += delta
-            return x
-        return grouped.index_add_(0, selection.positions, delta.to(x.dtype)).view(x.shape)
+            if delta.shape != x.shape:
+                delta = delta.reshape(x.shape)
+            return x + delta
+        n = x.shape[0] // selection.blocks
+        if delta.shape[0] != selection.count * n or delta.dim() != x.dim():
+            delta = delta.reshape(selection.count * n, *x.shape[1:])
+        return x.index_add(0, selection.rows(n, x.device), delta.to(x.dtype))
 
     def slots_of(self, tensor: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
-        """A member-stacked tensor's slots for the selected members (default: every active member)."""
+        """A member-stacked tensor's slots for the selected members (default: every active member): the tensor itself,
+        a view (consecutive slots) or one index_select."""
         if selection is None:
             return self.pick(tensor)
-        return tensor if selection.slots is None else tensor.index_select(0, selection.slots.to(tensor.device))
+        if selection.slots is None:
+            return tensor
+        if selection.slot_span is not None:
+            return tensor[selection.slot_span]
+        return tensor.index_select(0, selection.slots.to(tensor.device))
 
     def active_slots(self) -> list[int]:
-        return list(range(self.count)) if self.active is None else self.active.tolist()
+        return self._active_slots
 
     def pick(self, tensor: torch.Tensor) -> torch.Tensor:
         """The active members' slots of a tensor with a leading member dimension."""
-        return tensor if self.active is None else tensor.index_select(0, self.active.to(tensor.device))
+        if self.active is None:
+            return tensor
+        if self._active_span is not None:
+            return tensor[self._active_span]
+        return tensor.index_select(0, self.active.to(tensor.device))
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, ...) → (active members, rows per member, ...)."""
@@ -195,6 +233,41 @@ class Selection:
     positions: torch.Tensor
     span: slice | None  # the positions when they are consecutive: rows are then a view, not a copy
     slots: torch.Tensor | None
+    slot_span: slice | None = None  # the slots when they are consecutive: a parameter's slots are then a view
+    blocks: int = 0  # blocks of rows the positions count in: the active members, or a `within` selection's
+    _rows: dict = field(default_factory=dict, repr=False)
+
+    def flags(self, device: torch.device) -> torch.Tensor:
+        """(blocks,) float: 1 for the selected members' blocks, 0 for the others' (made once per device)."""
+        key = ("flags", device)
+        if key not in self._rows:
+            flags = torch.zeros(self.blocks, dtype=torch.float32)
+            flags[self.positions.cpu()] = 1.0
+            self._rows[key] = to_device(flags, device)
+        return self._rows[key]
+
+    def rows(self, n: int, device: torch.device) -> torch.Tensor:
+        """The selected members' rows, at n rows per member (made once per n and device)."""
+        key = (n, device)
+        if key not in self._rows:
+            positions = self.positions.to(device)
+            self._rows[key] = (positions[:, None] * n + torch.arange(n, device=device)).flatten()
+        return self._rows[key]
+
+
+def _span(positions: list[int]) -> slice | None:
+    """The positions as a slice where they are consecutive (and not empty), else None."""
+    if positions and positions == list(range(positions[0], positions[-1] + 1)):
+        return slice(positions[0], positions[-1] + 1)
+    return None
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    """A small host tensor on `device` without the host waiting for the device: on CUDA through pinned memory,
+    asynchronously (a plain copy from pageable memory waits for the queued work)."""
+    if device is None or torch.device(device).type != "cuda":
+        return tensor.to(device) if device is not None else tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def draw(target: torch.Tensor, init) -> None:
@@ -225,13 +298,15 @@ class MemberLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
         """x: the rows of the selected members (default: every active member), member after member."""
+        count = self.members.active_count if selection is None else selection.count
+        return self.grouped(x.reshape(count, -1, x.shape[-1]), selection).view(*x.shape[:-1], -1)
+
+    def grouped(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
+        """x: (selected members, rows, in) → (selected members, rows, out), one batched matmul."""
         weight = self.members.slots_of(self.weight, selection).transpose(1, 2)
-        rows = x.reshape(weight.shape[0], -1, x.shape[-1])
         if self.bias is None:
-            out = torch.bmm(rows, weight)
-        else:
-            out = torch.baddbmm(self.members.slots_of(self.bias, selection).unsqueeze(1), rows, weight)
-        return out.view(*x.shape[:-1], -1)
+            return torch.bmm(x, weight)
+        return torch.baddbmm(self.members.slots_of(self.bias, selection).unsqueeze(1), x, weight)
 
     def init_bert(self, slot: int, rows: int, columns: int) -> None:
         """BERT's init for a new Linear of `columns` → `rows` in this slot: weight N(0, 0.02), bias 0."""
@@ -257,13 +332,13 @@ class Gate(nn.Module):
         """x: the selected members' rows (default: every active member's) (rows, tokens, hidden) → g: (rows,)."""
         if selection is None:
             selection = self.members.select(tuple(range(self.members.count)), x.device)
-        per_token = torch.sigmoid(self.linear(x, selection)).squeeze(-1)
-        mask = self.members.token_mask
-        if mask is None or self.members.padded_pooling:
+        per_token = torch.sigmoid(self.linear(x, selection)).view(x.shape[:2])
+        pooling = self.members.pooling(selection, per_token.dtype)
+        if pooling is None:
             gate = per_token.mean(dim=1)
         else:
-            mask = self.members.gather(selection, mask).to(per_token.dtype)
-            gate = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+            mask, count = pooling
+            gate = (per_token * mask).sum(dim=1) / count
         self.members.observe_gate(self.submodule, self.layer, gate, selection, self.owners)
         return gate
 
@@ -281,17 +356,18 @@ class Coefficient(nn.Module):
         self.mixed = any(gated) and not all(gated)
         self.needs_constant = not all(gated) and any(c != 1.0 for c, g in zip(constants, gated) if not g)
         self.gated_members = list(gated)
-        self.register_buffer("gated", torch.tensor(gated, dtype=torch.bool), persistent=False)
-        self.register_buffer("constant", torch.tensor(constants, dtype=torch.float32), persistent=False)
+        self.register_buffer("gated", torch.tensor(gated, dtype=torch.bool).view(-1, 1, 1), persistent=False)
+        self.register_buffer("constant", torch.tensor(constants, dtype=torch.float32).view(-1, 1, 1), persistent=False)
 
     def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor | None:
-        """For the selected members' rows x: (members, rows per member) or (members, 1); None when it is 1 for all."""
+        """For the selected members' rows x: (members, rows per member, 1) or (members, 1, 1); None when it is 1 for
+        all."""
         slots = self.members.slots_of
         if self.gate is None:
-            return slots(self.constant, selection)[:, None] if self.needs_constant else None
-        gate = self.gate(x, selection).view(selection.count, -1)
+            return slots(self.constant, selection) if self.needs_constant else None
+        gate = self.gate(x, selection).view(selection.count, -1, 1)
         if self.mixed:
-            gate = torch.where(slots(self.gated, selection)[:, None], gate, slots(self.constant, selection)[:, None])
+            gate = torch.where(slots(self.gated, selection), gate, slots(self.constant, selection))
         return gate
 
     def init_member(self, slot: int) -> None:
@@ -303,12 +379,11 @@ class Coefficient(nn.Module):
 
 
 def scale_rows(out: torch.Tensor, coefficient: torch.Tensor | None) -> torch.Tensor:
-    """out (rows of some members, ...) times a per-member, per-row coefficient (members, rows per member or 1)."""
+    """out (rows of some members, ...) times a per-member, per-row coefficient (members, rows per member or 1, 1)."""
     if coefficient is None:
         return out
-    grouped = out.view(coefficient.shape[0], -1, *out.shape[1:])
-    shape = (*coefficient.shape, *[1] * (grouped.dim() - 2))
-    return (grouped * coefficient.reshape(shape).to(out.dtype)).view(out.shape)
+    grouped = out.view(*coefficient.shape[:2], -1)
+    return (grouped * coefficient.to(out.dtype)).view(out.shape)
 
 
 class MemberHead(nn.Module):
@@ -420,6 +495,7 @@ class PeltModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         self.members.token_mask, self.members.rows = attention_mask, input_ids.shape[0]
+        self.members.per_pass = {}
         try:
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
             if self.token_types and token_type_ids is not None:
@@ -432,6 +508,7 @@ class PeltModel(nn.Module):
         finally:
             self.members.token_mask = None
             self.members.prefixes = None
+            self.members.per_pass = None
             self.members.set_dropout_keys(None)
 
     def member_parameters(self) -> list[tuple[str, nn.Parameter, list[bool], bool]]:
@@ -552,10 +629,14 @@ class MemberBias(nn.Module):
         users = self.members.select(self.users, out.device)
         if not users.count:
             return out
-        shift = (self.members.slots_of(self.bias, users) - self.pretrained).to(out.dtype)
-        rows = out.reshape(-1, out.shape[-1])  # a Linear's output: no backward reads it
-        shift = shift[:, None].expand(-1, rows.shape[0] // self.members.active_count, -1)
-        return self.members.add_rows(users, rows, shift).view(out.shape)
+        # b_m - b on every active member's rows, times 0 for a member that does not train it (no gradient reaches
+        # its slot), so no row needs picking out
+        shift = self.members.pick(self.bias) - self.pretrained
+        if not users.every:
+            shift = shift * users.flags(out.device)[:, None]
+        shift = shift.to(out.dtype)
+        grouped = out.view(shift.shape[0], -1, out.shape[-1])  # a Linear's output: no backward reads it
+        return (grouped + shift[:, None]).view(out.shape)
 
 
 class MemberLayerNorm(nn.Module):
@@ -578,15 +659,20 @@ class MemberLayerNorm(nn.Module):
         self.users: tuple[int, ...] = ()  # the members that train the gain or the bias (set by `mark_users`)
 
     def forward(self, x: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
-        out = F.layer_norm(x, self.normalized_shape, self.pretrained_weight, self.pretrained_bias, self.eps)
         users = self.members.select(self.users, x.device, within=selection)
         if not users.count:
-            return out
-        rows = x.reshape((selection.count if selection is not None else self.members.active_count), -1, x.shape[-1])
-        mine = F.layer_norm(rows.index_select(0, users.positions), self.normalized_shape, None, None, self.eps)
-        own = torch.addcmul(self.members.slots_of(self.bias, users)[:, None].to(mine.dtype), mine,
-                            self.members.slots_of(self.weight, users)[:, None].to(mine.dtype))
-        return out.reshape(rows.shape).index_copy(0, users.positions, own.to(out.dtype)).view(out.shape)
+            return F.layer_norm(x, self.normalized_shape, self.pretrained_weight, self.pretrained_bias, self.eps)
+        # the members that train them: normalised, then their own gain and bias
+        rows = self.members.gather(users, x)
+        mine = F.layer_norm(rows, self.normalized_shape, None, None, self.eps)
+        grouped = mine.view(users.count, -1, mine.shape[-1])
+        own = torch.addcmul(self.members.slots_of(self.bias, users)[:, None].to(mine.dtype), grouped,
+                            self.members.slots_of(self.weight, users)[:, None].to(mine.dtype)).view(mine.shape)
+        if users.every:
+            return own
+        out = F.layer_norm(x, self.normalized_shape, self.pretrained_weight, self.pretrained_bias, self.eps)
+        n = x.shape[0] // users.blocks
+        return out.index_copy(0, users.rows(n, x.device), own.to(out.dtype))
 
 
 def member_affine(model: PeltModel) -> None:

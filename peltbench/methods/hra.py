@@ -53,9 +53,8 @@ def reflections(u: torch.Tensor, apply_gs: bool) -> torch.Tensor:
         return eye - 2 * unit @ unit.transpose(1, 2)
     unit = u / u.norm(dim=1, keepdim=True)
     weight = eye
-    for i in range(u.shape[-1]):
-        column = unit[..., i : i + 1]
-        weight = weight - 2 * (weight @ column) @ column.transpose(1, 2)
+    for column, row in zip(unit.split(1, dim=2), unit.transpose(1, 2).split(1, dim=1)):  # û_i, û_iᵀ
+        weight = weight - torch.bmm(2 * torch.bmm(weight, column), row)
     return weight
 
 

@@ -131,7 +131,8 @@ class LoRALinear(ProjectionDelta):
 
     def low_rank(self, rows: torch.Tensor, selection: Selection) -> torch.Tensor:
         """B(A x) for the selected members' rows, minus B₀(A₀ x) where a member started from PiSSA / OLoRA."""
-        product = self.lora_b(self.lora_a(rows, selection), selection)
+        grouped = rows.reshape(selection.count, -1, rows.shape[-1])
+        product = self.lora_b.grouped(self.lora_a.grouped(grouped, selection), selection).view(*rows.shape[:-1], -1)
         if self.lora_a0 is None:
             return product
         a0, b0 = self.initial(selection)

@@ -28,7 +28,7 @@ class ParallelAdapter(nn.Module):
         self.down = MemberLinear(members, hidden_size, bottleneck)
         self.up = MemberLinear(members, bottleneck, hidden_size)
         scales = [float(users[m].adapter_scale) if m in users else 0.0 for m in range(members.count)]
-        self.register_buffer("scale", torch.tensor(scales), persistent=False)
+        self.register_buffer("scale", torch.tensor(scales).view(-1, 1, 1), persistent=False)
 
     def selection(self, x: torch.Tensor) -> Selection:
         return self.members.select(self.users, x.device)
@@ -36,7 +36,7 @@ class ParallelAdapter(nn.Module):
     def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor:
         """x: the rows of the selected members (those with a parallel adapter)."""
         out = self.up(torch.relu(self.down(x, selection)), selection)
-        return scale_rows(out, self.members.slots_of(self.scale, selection)[:, None])
+        return scale_rows(out, self.members.slots_of(self.scale, selection))
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         draw(self.down.weight[slot, : method.bottleneck], kaiming)  # bias, Up: zeros (already)

@@ -48,19 +48,44 @@ class InputRotation(nn.Module):
         groups: dict[tuple, list[int]] = {}
         for m in sorted(users):
             groups.setdefault((shapes[m], kind.settings(users[m])), []).append(m)
-        self.groups = [(tuple(slots), shape, users[slots[0]]) for (shape, _), slots in groups.items()]
+        self.groups = [(tuple(slots), shape, users[slots[0]], settings) for (shape, settings), slots in groups.items()]
+        self.siblings: list[InputRotation] = [self]  # the model's rotations of this method (install): built together
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for users, shape, method in self.groups:
+        for index, (users, _, _, _) in enumerate(self.groups):
             selection = self.members.select(users, x.device)
             if not selection.count:
                 continue
-            weight = self.members.slots_of(self.weight, selection)[(slice(None), *(slice(0, n) for n in shape))]
-            blocks = self.matrices(weight, method)
+            blocks = self.blocks(index, selection)
             rows = self.members.gather(selection, x)
             rotated = rotate(rows, blocks.to(rows.dtype), selection.count)
             x = replace_rows(self.members, selection, x, rotated)
         return x
+
+    def weights(self, index: int, selection) -> torch.Tensor:
+        """The selected members' parameters of a group, cut to its shape."""
+        shape = self.groups[index][1]
+        return self.members.slots_of(self.weight, selection)[(slice(None), *(slice(0, n) for n in shape))]
+
+    def blocks(self, index: int, selection) -> torch.Tensor:
+        """The selected members' rotation blocks of a group. In a model's forward pass (Members.per_pass) they are
+        built once for every rotation of the model with the same members, shape and settings (each layer's q, v ...):
+        one batched `matrices` over all of them, the first time one is needed."""
+        users, shape, method, settings = self.groups[index]
+        cache = self.members.per_pass
+        if cache is None:
+            return self.matrices(self.weights(index, selection), method)
+        if (id(self), index) not in cache:
+            same = [(sibling, i) for sibling in self.siblings for i, group in enumerate(sibling.groups)
+                    if (group[0], group[1], group[3]) == (users, shape, settings)]
+            if len(same) == 1:
+                cache[(id(self), index)] = self.matrices(self.weights(index, selection), method)
+            else:
+                weights = torch.stack([sibling.weights(i, selection) for sibling, i in same])
+                blocks = self.matrices(weights.flatten(0, 1), method).unflatten(0, (len(same), selection.count))
+                for (sibling, i), matrices in zip(same, blocks.unbind(0)):
+                    cache[(id(sibling), i)] = matrices
+        return cache[(id(self), index)]
 
     def scale_output(self, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """bias + s_m ⊙ (out − bias) on the rows of the members that have a scale here."""
@@ -75,10 +100,13 @@ class InputRotation(nn.Module):
 
 
 def rotate(rows: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
-    """x R for each member's rows, block by block: rows (count · n, ..., features), blocks (count, r, b, b)."""
+    """x R for each member's rows, block by block: rows (count · n, ..., features), blocks (count, r, b, b). One
+    dense block (HRA, BOFT): one bmm; r blocks (OFT): one batched matmul over members and blocks."""
     members, r, b, _ = blocks.shape
-    grouped = rows.reshape(count, -1, r, b)
-    return torch.einsum("mnrk,mrkc->mnrc", grouped, blocks).reshape(rows.shape)
+    if r == 1:
+        return torch.bmm(rows.reshape(count, -1, b), blocks.view(count, b, b)).view(rows.shape)
+    grouped = rows.reshape(count, -1, r, b).transpose(1, 2)  # (count, r, rows · tokens, b)
+    return torch.matmul(grouped, blocks).transpose(1, 2).reshape(rows.shape)
 
 
 def replace_rows(members: Members, selection, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -86,9 +114,8 @@ def replace_rows(members: Members, selection, x: torch.Tensor, rows: torch.Tenso
     autocast the rotated rows (a bf16 matmul's) take x's dtype, which the projection autocasts again."""
     if selection.every:
         return rows
-    grouped = members.split(x)
-    rows = rows.reshape(selection.count, *grouped.shape[1:]).to(x.dtype)
-    return grouped.index_copy(0, selection.positions, rows).view(x.shape)
+    n = x.shape[0] // members.active_count
+    return x.index_copy(0, selection.rows(n, x.device), rows.to(x.dtype))
 
 
 def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str) -> None:
@@ -98,6 +125,7 @@ def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str
     linears: dict[str, list[str]] = {}
     for target in TARGETS:
         linears.setdefault(model.arch.projections[target][0], []).append(target)
+    made = []
     for layer in model.layers:
         attention = model.attention(layer)
         for name, blocks in linears.items():
@@ -114,6 +142,9 @@ def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str
                 projection.register_forward_hook(_scale_output)
                 projection._rotates_input = True
             mark(model, rotation, on_linear)
+            made.append(rotation)
+    for rotation in made:
+        rotation.siblings = made
 
 
 def member_rotations(model: PeltModel, parameter: str, slot: int) -> list[InputRotation]:
