@@ -31,10 +31,12 @@ py=${VENV:-.venv}/bin/python   # the environment make install made: pip, MiniLM
 echo "pack.sh: for a node whose python3 is Python $PY on $ARCH, glibc $GLIBC or newer, with a torch: everything else" \
   "peltbench needs is carried (PY=, ARCH=, GLIBC= for another node)"
 if [[ -e $OUT ]]; then
-  [[ -f $OUT/packed.txt || -z $(ls -A "$OUT") ]] || fail "OUT=$OUT exists and holds no earlier pack: choose another OUT"
+  [[ -f $OUT/.peltbench-pack || -f $OUT/packed.txt || -z $(ls -A "$OUT") ]] \
+    || fail "OUT=$OUT exists and holds no earlier pack: choose another OUT"
   rm -rf "$OUT"
 fi
 mkdir -p "$OUT/tools"
+touch "$OUT/.peltbench-pack"   # ours, even if this pack stops half-way: a later one replaces it
 
 step="resolving and fetching the wheels (offline.py wheels)"
 $py "$here/offline.py" wheels "$OUT" --python "$PY" --arch "$ARCH" --glibc "$GLIBC" --extra "$EXTRA" \
