@@ -341,12 +341,24 @@ def collate_group(sets: list[Encoded], rows: list[list[int]], pad_id: int, devic
     """
     import torch  # here: a sweep's preflight checks its data files (check_task_data) before torch loads
 
+    block, labels = collate_host(sets, rows, pad_id, width)
+    block, labels = torch.from_numpy(block), torch.from_numpy(labels)
+    if device.type == "cuda":  # asynchronous copies: the step does not wait for the work queued before it
+        block, labels = block.pin_memory(), labels.pin_memory()
+    input_ids, attention_mask, token_type_ids = block.to(device, non_blocking=True).unbind(0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+            "labels": labels.to(device, non_blocking=True)}
+
+
+def collate_host(sets: list[Encoded], rows: list[list[int]], pad_id: int,
+                 width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`collate_group`'s batch on the host: (3, rows, width) int64 (input ids, attention mask, token types: one copy
+    to the device), and the labels."""
     lengths = [len(s.input_ids[r]) for s, chosen in zip(sets, rows) for r in chosen]
     width = max(lengths) if width is None else width
-    count = len(lengths)
-    input_ids = np.full((count, width), pad_id, dtype=np.int64)
-    token_type_ids = np.zeros((count, width), dtype=np.int64)
-    attention_mask = np.zeros((count, width), dtype=np.int64)
+    block = np.zeros((3, len(lengths), width), dtype=np.int64)
+    input_ids, attention_mask, token_type_ids = block
+    input_ids[:] = pad_id
     labels = []
     n = 0
     for encoded, chosen in zip(sets, rows):
@@ -357,10 +369,4 @@ def collate_group(sets: list[Encoded], rows: list[list[int]], pad_id: int, devic
             attention_mask[n, :length] = 1
             n += 1
         labels.append(encoded.labels[list(chosen)])
-    batch = {
-        "input_ids": torch.from_numpy(input_ids),
-        "attention_mask": torch.from_numpy(attention_mask),
-        "token_type_ids": torch.from_numpy(token_type_ids),
-        "labels": torch.from_numpy(np.concatenate(labels)),
-    }
-    return {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
+    return block, np.concatenate(labels)

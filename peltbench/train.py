@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .data import Encoded, collate_group
+from .data import Encoded, collate_group, collate_host
 from .methods import after_step, load_member_state, member_state, plan_training, regulariser
 from .methods.randomness import step_keys
 from .metrics import compute_metrics
@@ -247,12 +247,11 @@ class _DataOrder:
 
 def _train_steps(model, members, active, task, group, optimizer, clip, data, first_step, count):
     """`count` steps of the active members from global step `first_step`; per member its mean loss over the rows it
-    saw, and the first step (counted from `first_step`) whose loss was not finite (-1)."""
+    saw, and the first step (counted from `first_step`) whose loss was not finite (-1). The losses stay on the device
+    until the period ends: one copy to the host then (`_period_losses`), none inside a step."""
     model.train()
     settings = [member.settings for member in members]
-    total = torch.zeros(len(active), device=group.device)
-    first_bad = torch.full((len(active),), -1, dtype=torch.long, device=group.device)
-    seen = 0
+    step_losses, step_rows = [], []
     passes = member_passes(len(active), group)
     for step in progress(range(count), "train", unit="step", advances_outer=True):
         rows = [data.rows(m, first_step + step, group.batch_size) for m in active]
@@ -264,24 +263,32 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
                                       group, settings, first_step + step))
         if len(passes) > 1:
             model.members.set_active(active, group.device)
-        losses = losses[0] if len(losses) == 1 else torch.cat(losses)
         clip_per_member(optimizer, clip)
         optimizer.step(first_step + step)
         after_step(model, first_step + step)  # reads this step's gradients (AdaLoRA's importance)
         optimizer.zero_grad()
-        with torch.no_grad():
-            bad = ~torch.isfinite(losses)
-            first_bad = torch.where(bad & (first_bad < 0), step, first_bad)
-            total += losses.detach() * len(rows[0])
-        seen += len(rows[0])
-    total = (total / seen).tolist()
-    return total, first_bad.tolist()
+        step_losses.append(losses[0] if len(losses) == 1 else torch.cat(losses))
+        step_rows.append(len(rows[0]))
+    return _period_losses(step_losses, step_rows)
+
+
+def _period_losses(step_losses: list[torch.Tensor], step_rows: list[int]) -> tuple[list[float], list[int]]:
+    """Each member's mean loss over a period's rows (its losses weighted by each step's rows, summed step after step in
+    float32), and the first step whose loss was not finite (-1): from one copy of the period's losses to the host."""
+    values = torch.stack(step_losses).float().cpu().numpy()
+    total = np.zeros(values.shape[1], dtype=np.float32)
+    first_bad = np.full(values.shape[1], -1)
+    with np.errstate(all="ignore"):
+        for step, (losses, rows) in enumerate(zip(values, step_rows)):
+            total = total + losses * np.float32(rows)
+            first_bad = np.where(~np.isfinite(losses) & (first_bad < 0), step, first_bad)
+        return (total / np.float32(sum(step_rows))).tolist(), first_bad.tolist()
 
 
 def _train_pass(model, members, chosen, rows, task, group, settings, step) -> torch.Tensor:
     """Forward and backward of the `chosen` members' rows of a step (the model's active members); their losses."""
     sets = [members[m].train for m in chosen]
-    losses = 0.0
+    losses = None
     for piece in pieces(sets, rows, group):  # one forward and backward per piece (one piece: the whole batch)
         batch = collate_group(sets, piece, group.pad_id, group.device, group.pad_to)
         model.members.set_dropout_keys(step_keys(settings, chosen, step, piece, model.members.dropout_sites,
@@ -290,9 +297,11 @@ def _train_pass(model, members, chosen, rows, task, group, settings, step) -> to
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
         loss = member_losses(logits, batch["labels"], len(chosen), task)
         extra = regulariser(model)  # a component's term of each member's loss (AdaLoRA's orthogonality)
-        share = (loss if extra is None else loss + extra) * (len(piece[0]) / len(rows[0]))
+        share = loss if extra is None else loss + extra
+        if len(piece[0]) != len(rows[0]):  # a piece of the step: its share of each member's rows
+            share = share * (len(piece[0]) / len(rows[0]))
         share.sum().backward()
-        losses = losses + share.detach()
+        losses = share.detach() if losses is None else losses + share.detach()
     return losses
 
 
@@ -343,36 +352,10 @@ def member_losses(logits: torch.Tensor, labels: torch.Tensor, members: int, task
     return per_row.view(members, -1).mean(dim=1)
 
 
-@torch.no_grad()
 def clip_per_member(optimizer: MemberAdamW, max_norm: torch.Tensor) -> None:
-    """Clip each member's gradient to its own global norm (torch.nn.utils.clip_grad_norm_ per member).
-
-    Only the slots a member trains count: gradients that reached other members' untrained slots are zeroed (within
-    the parameter's trained span; the optimiser reads no slot outside it)."""
-    entries = [(e, p.grad[e.span]) for e, p in zip(optimizer.entries, optimizer.params) if p.grad is not None]
-    if not entries:
-        return
-    norms = []
-    for entry, grad in entries:
-        if entry.mask is not None:
-            grad.mul_(entry.mask)
-        flat = grad.reshape(grad.shape[0], -1) if entry.stacked else grad.view(1, -1)
-        norm = torch.linalg.vector_norm(flat, dim=1)
-        norms.append(F.pad(norm, (entry.first, optimizer.members - entry.first - len(norm))))
-    total = torch.linalg.vector_norm(torch.stack(norms), dim=0)
-    coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    torch._foreach_mul_([g for _, g in entries], [optimizer.member_view(coefficient[e.span], e) for e, _ in entries])
-
-
-@dataclass(eq=False)
-class _Entry:
-    stacked: bool
-    dims: int                    # the parameter's number of dimensions
-    flags: torch.Tensor          # (members in the span,) float: 1 where the member trains this parameter
-    flags_key: tuple             # the same flags as a tuple, with the span
-    mask: torch.Tensor | None    # flags shaped to the parameter's span, when some member in it does not train it
-    span: slice = field(default_factory=lambda: slice(None))  # the member slots from the first that trains it to the last (all: unstacked)
-    first: int = 0               # the span's first slot
+    """Clip each member's gradient to its own global norm (torch.nn.utils.clip_grad_norm_ per member):
+    `MemberAdamW.clip`."""
+    optimizer.clip(max_norm)
 
 
 class MemberAdamW:
@@ -383,82 +366,199 @@ class MemberAdamW:
     Face's linear schedule with no warm-up, from the member's lr down to 0 over its planned epochs.
     A member that does not train a slot, or has left the group, gets learning rate 0 there.
 
-    A parameter is updated over its span of member slots only, from the first member that trains it to the last (a
-    view: the runner seats members with the same components side by side, methods.layout_key): in a mixed group each
+    A parameter is updated over its span of member slots only, from the first member that trains it to the last (the
+    runner seats members with the same components side by side, methods.layout_key): in a mixed group each
     component's tensors have a slot for every member, and the optimiser's work stays what the members that train
     them would do apart, not the group's size times each component's.
+
+    A step is a few operators for the whole group, whatever its number of tensors (issue 38): the parameters of one
+    dtype and device form a `_Bank`, whose gradients are copied with one `_foreach_copy_` into one flat buffer (each
+    parameter's whole gradient: `p.grad` is then a view of it, clipped, for what reads it after the step), and their
+    spans with one more into one flat buffer of the spans only, which the clipping and AdamW work on as one tensor,
+    each (parameter, member) slot a segment of it: per-segment norms with one `_foreach_norm`, per-member values spread
+    over the segments with one `repeat_interleave`. The moments are flat buffers of the spans; one `_foreach_add_`
+    adds the update to the parameters. Every view is made once, when the optimiser is built, and the learning rates
+    are computed on the host (Python floats, as before): no step reads a value from the device.
     """
 
     def __init__(self, model, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.members = model.members.count
-        self.params, self.entries = [], []
-        for _, parameter, flags, stacked in model.member_parameters():
-            first, span = 0, slice(None)
-            if stacked:  # the slots from the first member that trains it to the last
-                first, last = flags.index(True), len(flags) - flags[::-1].index(True)
-                flags = flags[first:last]
-                if last - first < self.members:
-                    span = slice(first, last)
-            entry = _Entry(stacked, parameter.dim(), torch.tensor(flags, dtype=torch.float32, device=parameter.device),
-                           (first, tuple(flags)), None, span, first)
-            if stacked and not all(flags):
-                entry.mask = self.member_view(entry.flags, entry).to(parameter.dtype)
-            self.params.append(parameter)
-            self.entries.append(entry)
-        self.exp_avg = [torch.zeros_like(p[e.span]) for p, e in zip(self.params, self.entries)]
-        self.exp_avg_sq = [torch.zeros_like(p[e.span]) for p, e in zip(self.params, self.entries)]
         self.betas, self.eps, self.count = betas, eps, 0
-        self.lr = torch.zeros(self.members, dtype=torch.float64)
-        self.total_steps = torch.ones(self.members, dtype=torch.float64)
-        self.training = torch.zeros(self.members, dtype=torch.bool)
+        self.lr = [0.0] * self.members
+        self.total_steps = [1.0] * self.members
+        self.training = [False] * self.members
+        grouped: dict[tuple, list] = {}
+        for _, parameter, flags, stacked in model.member_parameters():
+            grouped.setdefault((parameter.dtype, parameter.device), []).append((parameter, flags, stacked))
+        self.banks = [_Bank(entries, self.members) for entries in grouped.values()]
+        self.params = [parameter for bank in self.banks for parameter in bank.params]
+        self._gathered = False
 
     def schedule(self, member: int, lr: float, total_steps: int) -> None:
-        self.lr[member], self.total_steps[member], self.training[member] = lr, max(total_steps, 1), True
+        self.lr[member], self.total_steps[member], self.training[member] = float(lr), float(max(total_steps, 1)), True
 
     def leave(self, member: int) -> None:
         self.training[member] = False
 
     def lr_at(self, member: int, step: int) -> float:
         """The learning rate of `member` at (0-based) step `step`: linear decay to 0, no warm-up."""
-        total = float(self.total_steps[member])
-        return float(self.lr[member]) * max(0.0, (total - step) / total)
+        total = self.total_steps[member]
+        return self.lr[member] * max(0.0, (total - step) / total)
 
-    def member_view(self, values: torch.Tensor, entry: _Entry) -> torch.Tensor:
-        """Values of the members in a parameter's span (`entry.span`) shaped to broadcast over it; member 0's value
-        for an unstacked parameter."""
-        return values.view(len(values), *[1] * (entry.dims - 1)) if entry.stacked else values[0]
+    @torch.no_grad()
+    def clip(self, max_norm: torch.Tensor) -> None:
+        """Clip each member's gradient to its own global norm (torch.nn.utils.clip_grad_norm_ per member).
+
+        Only the slots a member trains count: gradients that reached other members' untrained slots are zeroed (within
+        the parameter's trained span; the optimiser reads no slot outside it)."""
+        banks = self._gather()
+        if not banks:
+            return
+        tables = [bank.norm_table() for bank in banks]
+        total = torch.linalg.vector_norm(tables[0] if len(tables) == 1 else torch.cat(tables), dim=0)
+        coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for bank in banks:
+            bank.scale(coefficient)
 
     @torch.no_grad()
     def step(self, step: int) -> None:
-        lrs = torch.tensor([self.lr_at(m, step) if self.training[m] else 0.0 for m in range(self.members)],
-                           dtype=torch.float32)
+        banks = self._gather()
+        self._gathered = False
         self.count += 1
         beta1, beta2 = self.betas
-        step_size = (lrs / (1 - beta1**self.count)).to(self.params[0].device)
-        indices = [i for i, p in enumerate(self.params) if p.grad is not None]
-        params = [self.params[i][self.entries[i].span] for i in indices]
-        grads = [self.params[i].grad[self.entries[i].span] for i in indices]
-        exp_avg = [self.exp_avg[i] for i in indices]
-        exp_avg_sq = [self.exp_avg_sq[i] for i in indices]
-        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, 1 - beta2)
-        denominator = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_div_(denominator, math.sqrt(1 - beta2**self.count))
-        torch._foreach_add_(denominator, self.eps)
-        scaled: dict[tuple, torch.Tensor] = {}  # -step size per member, once per distinct span and pattern of flags
-        for i in indices:
-            entry = self.entries[i]
-            if entry.flags_key not in scaled:
-                scaled[entry.flags_key] = -(step_size[entry.span] if entry.stacked else step_size) * entry.flags
-        sizes = [self.member_view(scaled[self.entries[i].flags_key], self.entries[i]) for i in indices]
-        updates = torch._foreach_mul(exp_avg, sizes)
-        torch._foreach_div_(updates, denominator)
-        torch._foreach_add_(params, updates)
+        # each member's step size, as torch.optim.AdamW computes it (lr / (1 − β₁ᵗ) in float32; 0 where it has left)
+        lrs = np.array([self.lr_at(m, step) if self.training[m] else 0.0 for m in range(self.members)], np.float32)
+        step_sizes = lrs / np.float32(1 - beta1**self.count)
+        for bank in banks:
+            bank.adamw(step_sizes, beta1, beta2, math.sqrt(1 - beta2**self.count), self.eps)
 
     def zero_grad(self) -> None:
         for parameter in self.params:
             parameter.grad = None
+        for bank in self.banks:
+            bank.release()
+        self._gathered = False
+
+    def _gather(self) -> list[_Bank]:
+        """The banks with gradients this step, their gradients gathered (once per step)."""
+        if not self._gathered:
+            self._present = [bank for bank in self.banks if bank.gather()]
+            self._gathered = True
+        return self._present
+
+
+class _Bank:
+    """The trained parameters of one dtype and device, and their optimiser state as flat buffers (MemberAdamW).
+
+    `grads`: every parameter's whole gradient, one after the other (`p.grad` is a view of it after `gather`);
+    `spans`: the gradients of each parameter's span of member slots (clipped there), `exp_avg`, `exp_avg_sq`: the
+    moments, in the same layout. The two gradient buffers hold memory only from `gather` to `zero_grad` (`release`). A segment is one (parameter, member) slot of a span; `members` (segments,) says whose,
+    `lengths` its size, `trained` whether that member trains the parameter."""
+
+    def __init__(self, entries: list[tuple[torch.Tensor, list[bool], bool]], members: int) -> None:
+        self.params = [parameter for parameter, _, _ in entries]
+        self.count = members
+        first = entries[0][0]
+        dtype, device = first.dtype, first.device
+        self.grads = torch.empty(sum(p.numel() for p in self.params), dtype=dtype, device=device)
+        spans, segments, offset = [], [], 0
+        self.slots: list[tuple[int, int]] = []  # each parameter's span of member slots
+        for index, (parameter, flags, stacked) in enumerate(entries):
+            if stacked:  # the slots from the first member that trains it to the last
+                start, stop = flags.index(True), len(flags) - flags[::-1].index(True)
+            else:        # a backbone weight (fine-tuning, a group of one): one slot, member 0's
+                start, stop = 0, 1
+            spans.append((start, stop, stacked))
+            self.slots.append((start, stop))
+            size = parameter[0].numel() if stacked else parameter.numel()
+            segments += [(index, m, size, bool(flags[m])) for m in range(start, stop)]
+        self.span_size = sum(size for *_, size, _ in segments)
+        self.spans = torch.empty(self.span_size, dtype=dtype, device=device)
+        self.exp_avg = torch.zeros(self.span_size, dtype=dtype, device=device)
+        self.exp_avg_sq = torch.zeros(self.span_size, dtype=dtype, device=device)
+        # the views, made once: each parameter's gradient in `grads`, its span there and in `spans`, its span itself
+        self.grad_views, self.grad_spans, self.span_views, self.param_spans = [], [], [], []
+        at = 0
+        for parameter, (start, stop, stacked) in zip(self.params, spans):
+            whole = self.grads[offset : offset + parameter.numel()].view(parameter.shape)
+            offset += parameter.numel()
+            span = slice(start, stop) if stacked else slice(None)
+            shape = (stop - start, *parameter.shape[1:]) if stacked else parameter.shape
+            self.grad_views.append(whole)
+            self.grad_spans.append(whole[span])
+            self.span_views.append(self.spans[at : at + math.prod(shape)].view(shape))
+            at += math.prod(shape)
+            self.param_spans.append(parameter.detach()[span])
+        self.segment_views = []  # each segment of `spans`, for its norm
+        position = 0
+        for index, m, size, _ in segments:
+            self.segment_views.append(self.spans[position : position + size])
+            position += size
+        trained = [s for s, segment in enumerate(segments) if segment[3]]
+        self.trained_views = [self.segment_views[s] for s in trained]
+        self.untrained_grads = [self.grad_spans[index].view(-1, size)[m - spans[index][0]]
+                                for index, m, size, is_trained in segments if not is_trained]
+        self.norm_index = torch.tensor([segments[s][0] * members + segments[s][1] for s in trained], device=device)
+        self.segment_index = torch.tensor([m for _, m, _, _ in segments], device=device)
+        self.lengths = torch.tensor([size for *_, size, _ in segments], device=device)
+        self.segment_members = np.array([m for _, m, _, _ in segments])
+        self.trained = np.array([is_trained for *_, is_trained in segments], dtype=np.float32)
+        self.release()
+
+    def release(self) -> None:
+        """Hand back the memory of the gradient buffers between steps (their views stay valid: `acquire`), so the
+        optimiser keeps nothing but its moments while the next forward and backward pass run."""
+        for buffer in (self.grads, self.spans):
+            buffer.untyped_storage().resize_(0)
+
+    def acquire(self) -> None:
+        for buffer in (self.grads, self.spans):
+            if buffer.untyped_storage().nbytes() == 0:
+                buffer.untyped_storage().resize_(buffer.numel() * buffer.element_size())
+
+    def gather(self) -> bool:
+        """Copy this step's gradients into the flat buffers (untrained slots of a span zeroed); False if none."""
+        present = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not present:
+            return False
+        self.acquire()
+        if len(present) == len(self.params):
+            torch._foreach_copy_(self.grad_views, [p.grad for p in self.params])
+        else:  # a component none of whose members is training any more: its slots are zero (and stay unused)
+            torch._foreach_copy_([self.grad_views[i] for i in present], [self.params[i].grad for i in present])
+            torch._foreach_zero_([self.grad_views[i] for i in range(len(self.params)) if i not in set(present)])
+        if self.untrained_grads:
+            torch._foreach_zero_(self.untrained_grads)
+        torch._foreach_copy_(self.span_views, self.grad_spans)
+        for i in present:
+            self.params[i].grad = self.grad_views[i]
+        return True
+
+    def norm_table(self) -> torch.Tensor:
+        """(parameters, members): each member's gradient norm in each parameter, 0 where it trains none."""
+        norms = torch.stack(torch._foreach_norm(self.trained_views))
+        table = torch.zeros(len(self.params) * self.count, dtype=norms.dtype, device=norms.device)
+        return table.index_copy_(0, self.norm_index, norms).view(len(self.params), self.count)
+
+    def spread(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-segment values (segments,) as one value per element of `spans`."""
+        return torch.repeat_interleave(values, self.lengths, output_size=self.span_size)
+
+    def scale(self, coefficient: torch.Tensor) -> None:
+        """Each member's span gradients times its clipping coefficient; `p.grad` clipped too."""
+        self.spans.mul_(self.spread(coefficient.index_select(0, self.segment_index)))
+        torch._foreach_copy_(self.grad_spans, self.span_views)
+
+    def adamw(self, step_sizes: np.ndarray, beta1: float, beta2: float, correction2: float, eps: float) -> None:
+        self.exp_avg.lerp_(self.spans, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(self.spans, self.spans, value=1 - beta2)
+        denominator = self.exp_avg_sq.sqrt().div_(correction2).add_(eps)
+        sizes = torch.from_numpy(-(step_sizes[self.segment_members]) * self.trained)  # −step size per segment, 0 where
+        if self.spans.device.type == "cuda":                                         # the member does not train it
+            sizes = sizes.pin_memory()  # an asynchronous copy: the step does not wait for the work queued before it
+        sizes = self.spread(sizes.to(self.spans.device, non_blocking=True))
+        torch.mul(self.exp_avg, sizes, out=self.spans).div_(denominator)  # the update, in place of the gradients
+        torch._foreach_add_(self.param_spans, self.span_views)
 
 
 def _finish(model, members, stopping, test, task, group, evaluation, period, on_done) -> None:
@@ -506,12 +606,13 @@ def _prune(members, pruned: dict[int, dict], evaluation, period, on_done) -> Non
 
 
 class EvaluationSet:
-    """One member's evaluation rows: padded, length-sorted batches, built once and kept on the device."""
+    """One member's evaluation rows: padded, length-sorted batches, built once on the host (`collate_host`: each
+    evaluation pass copies the members' stacked chunks to the device at once)."""
 
     def __init__(self, encoded: Encoded, group: GroupSettings) -> None:
         order = sorted(range(len(encoded)), key=lambda r: len(encoded.input_ids[r]))
         chunks = [order[i : i + group.eval_batch_size] for i in range(0, len(order), group.eval_batch_size)]
-        self.batches = [collate_group([encoded], [chunk], group.pad_id, group.device, group.pad_to) for chunk in chunks]
+        self.batches = [collate_host([encoded], [chunk], group.pad_id, group.pad_to)[0] for chunk in chunks]
         self.lengths = [[len(encoded.input_ids[r]) for r in chunk] for chunk in chunks]
         self.order = order
         self.labels = encoded.labels
@@ -527,28 +628,31 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
     Batch i holds every member's i-th length-sorted chunk; a member with fewer rows there repeats its first
     row to fill its block, and those rows are ignored. Returns the scores per member and the wall time (and
     with keep=True each member's outputs, rows × classes (STS-B: × 1) in the set's own row order: `predicted`).
+    The outputs stay on the device until the last pass: one copy to the host then.
     """
     start = _now(group.device)
     model.eval()
-    outputs: list[list[torch.Tensor]] = [[] for _ in sets]
+    passes: list[tuple[torch.Tensor, list[int]]] = []
     count = max(len(s.batches) for s in sets)
     for i in progress(range(count), label, unit="batch"):
         for parts in _evaluation_pieces(sets, i, group):
             batch, sizes = _stack_blocks(parts, group.pad_id, group.device)
             model.members.set_gate_rows(batch["real"])
             with _autocast(group):
-                logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-            block = logits.shape[0] // len(sets)
-            for position, size in enumerate(sizes):
-                if size:
-                    outputs[position].append(logits[position * block : position * block + size])
+                passes.append((model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]), sizes))
     model.members.set_gate_rows(None)
-    host = torch.cat([torch.cat(parts) for parts in outputs]).float().cpu().numpy()  # one device-to-host copy
-    scores, kept, offset = [], [], 0
-    for s in sets:
+    host = torch.cat([logits for logits, _ in passes]).float().cpu().numpy()  # one device-to-host copy
+    outputs: list[list[np.ndarray]] = [[] for _ in sets]
+    offset = 0
+    for logits, sizes in passes:
+        block = logits.shape[0] // len(sets)
+        for position, size in enumerate(sizes):
+            outputs[position].append(host[offset + position * block : offset + position * block + size])
+        offset += logits.shape[0]
+    scores, kept = [], []
+    for s, parts in zip(sets, outputs):
         values = np.empty((len(s), host.shape[1]), dtype=np.float32)
-        values[s.order] = host[offset : offset + len(s)]
-        offset += len(s)
+        values[s.order] = np.concatenate(parts)
         scores.append(compute_metrics(task.metrics, task.main_metric, predicted(values, task), s.labels))
         kept.append(values)
     seconds = _now(group.device) - start
@@ -560,40 +664,45 @@ def predicted(outputs: np.ndarray, task: TaskSpec) -> np.ndarray:
     return outputs[:, 0] if task.is_regression else outputs.argmax(axis=1)
 
 
-def _evaluation_pieces(sets: list[EvaluationSet], i: int, group: GroupSettings) -> list[list[dict | None]]:
+def _evaluation_pieces(sets: list[EvaluationSet], i: int, group: GroupSettings) -> list[list[np.ndarray | None]]:
     """Every member's i-th chunk (None where it has none left), in one pass or in two length-sorted halves."""
     parts = [s.batches[i] if i < len(s.batches) else None for s in sets]
     lengths = [s.lengths[i] if i < len(s.batches) else [] for s in sets]
     halves = length_split(lengths, group)
     if halves is None:
         return [parts]
-
-    def cut(part, rows: slice, width: int):
-        return {key: part[key][rows, :width] for key in ("input_ids", "attention_mask", "token_type_ids")}
-    short = [cut(p, slice(0, h), l[h - 1]) if p is not None and h else None for p, l, h in zip(parts, lengths, halves)]
-    long = [cut(p, slice(h, None), l[-1]) if p is not None else None for p, l, h in zip(parts, lengths, halves)]
+    short = [p[:, :h, : l[h - 1]] if p is not None and h else None for p, l, h in zip(parts, lengths, halves)]
+    long = [p[:, h:, : l[-1]] if p is not None else None for p, l, h in zip(parts, lengths, halves)]
     return [short, long]
 
 
-def _stack_blocks(parts: list[dict | None], pad_id: int, device: torch.device) -> tuple[dict, list[int]]:
+def _stack_blocks(parts: list[np.ndarray | None], pad_id: int, device: torch.device) -> tuple[dict, list[int]]:
     """One batch from each member's chunk (None: it has no rows left), every block padded to the same rows and
-    width; `real` marks the rows that count, and the sizes say how many each member has."""
+    width, built on the host and copied to the device at once; `real` marks the rows that count, and the sizes say
+    how many each member has. A block with fewer rows repeats its first row; a member without rows takes the first
+    present member's."""
     present = [p for p in parts if p is not None]
-    rows = max(p["input_ids"].shape[0] for p in present)
-    width = max(p["input_ids"].shape[1] for p in present)
-    blocks: dict[str, list[torch.Tensor]] = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "real": []}
+    rows = max(p.shape[1] for p in present)
+    width = max(p.shape[2] for p in present)
+    block = np.zeros((3, len(parts) * rows, width), dtype=np.int64)  # input ids, attention mask, token types
+    block[0] = pad_id
+    real = np.zeros(len(parts) * rows, dtype=bool)
     sizes = []
-    for part in parts:
-        size = 0 if part is None else part["input_ids"].shape[0]
+    for position, part in enumerate(parts):
         source = present[0] if part is None else part
-        for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
-            tensor = F.pad(source[key], (0, width - source[key].shape[1]), value=fill)
-            if tensor.shape[0] < rows:
-                tensor = torch.cat([tensor, tensor[:1].expand(rows - tensor.shape[0], -1)])
-            blocks[key].append(tensor[:rows])
-        blocks["real"].append(torch.arange(rows, device=device) < size)
+        n, w = source.shape[1], source.shape[2]
+        target = block[:, position * rows : (position + 1) * rows]
+        target[:, :n, :w] = source
+        target[:, n:] = target[:, :1]  # filler rows: the block's first
+        size = 0 if part is None else n
+        real[position * rows : position * rows + size] = True
         sizes.append(size)
-    return {key: torch.cat(value) for key, value in blocks.items()}, sizes
+    block, real = torch.from_numpy(block), torch.from_numpy(real)
+    if device.type == "cuda":  # asynchronous copies
+        block, real = block.pin_memory(), real.pin_memory()
+    input_ids, attention_mask, token_type_ids = block.to(device, non_blocking=True).unbind(0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+            "real": real.to(device, non_blocking=True)}, sizes
 
 
 def _epoch_metrics(loss: float, scores: dict, lr: float, seconds: float, gates: dict | None) -> dict:

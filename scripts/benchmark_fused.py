@@ -292,6 +292,7 @@ class PhaseCount(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter = Counter()
+        self.names: Counter = Counter()  # (phase, operator)
         self.syncs: Counter = Counter()
         self.sites: Counter = Counter()
         self.stack: list[str] = []
@@ -326,6 +327,7 @@ class PhaseCount(TorchDispatchMode):
         kwargs = kwargs or {}
         self.ops[self.phase] += 1
         name = func._overloadpacket.__name__
+        self.names[(self.phase, name)] += 1
         if name in SYNCING or (name == "repeat_interleave" and kwargs.get("output_size") is None
                                and isinstance(args[0], torch.Tensor)):
             self.sync(name)
@@ -396,11 +398,11 @@ def phases_of(counter: PhaseCount, owners: dict):
                 setattr(owner, attribute, original)
 
 
-def profile_group(cfgs, task, tokenizer, device, bf16, steps: int) -> dict:
+def profile_group(cfgs, task, tokenizer, device, bf16, steps: int, memory: bool = False) -> dict:
     """One fused group with a GPU's batch shapes (every member in one pass, evaluation `eval_batch_size` rows per
     member): the operators and syncs of one training step by phase (after a first, untimed step), those of one
     evaluation pass of one batch per member, and (torch.profiler) the time of each phase over `steps` more steps:
-    the kernels' device time on CUDA, the CPU time on a CPU."""
+    the kernels' device time on CUDA, the CPU time on a CPU. `memory`: also one more step's peak (`step_peak`)."""
     import peltbench.train as train_module
 
     members, model, settings = build(cfgs, task, tokenizer, device, bf16, "cuda")
@@ -434,12 +436,51 @@ def profile_group(cfgs, task, tokenizer, device, bf16, steps: int) -> dict:
                 timing.after_backward = False
                 steps_from(2 + s, 1)
             sync(device)
+        peak = step_peak(lambda: steps_from(2 + steps, 1), device) if memory else None
     seconds = Counter()
     for event in profiler.events():
         if event.name.startswith("peltbench:"):
             total = event.device_time_total if device.type == "cuda" else event.cpu_time_total
             seconds[event.name.split(":", 1)[1]] += total / 1e6 / steps
-    return {"step": step, "evaluation": evaluation, "seconds": seconds, "members": len(members)}
+    return {"step": step, "evaluation": evaluation, "seconds": seconds, "members": len(members), "peak": peak,
+            "model_bytes": sum(t.nbytes for t in [*model.parameters(), *model.buffers()]),
+            "optimizer_bytes": optimizer_bytes(optimizer)}
+
+
+def step_peak(step, device) -> int:
+    """The most bytes of tensors alive at once during `step()`, as a GPU's caching allocator counts them
+    (max_memory_allocated): on CUDA that; on a CPU from torch.profiler's memory timeline (every tensor the step
+    allocated or used, the model's weights and the optimiser's state included)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    from torch.profiler._memory_profiler import Action
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                record_shapes=True, with_stack=True) as profiler:
+        step()
+    live = peak = 0
+    for _, action, _, size in profiler._memory_profile().timeline:
+        if action in (Action.PREEXISTING, Action.CREATE):
+            live += size
+        elif action == Action.DESTROY:
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+def optimizer_bytes(optimizer) -> int:
+    """The bytes of the tensors the optimiser keeps between steps (its moments and buffers; not the parameters)."""
+    seen, total = {p.data_ptr() for p in optimizer.params}, 0
+    for value in [*vars(optimizer).values(), *(vars(b) for b in getattr(optimizer, "banks", []))]:
+        for tensor in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]):
+            if isinstance(tensor, torch.Tensor) and tensor._base is None and tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                total += tensor.untyped_storage().nbytes()
+    return total
 
 
 def _first_rows(encoded, rows: int):
@@ -467,7 +508,7 @@ def profile_groups(args, task, tokenizer, device, bf16) -> None:
     print(head + f"{'syncs':>7}{'eval ops':>10}{'eval syncs':>11}")
     details = []
     for label, runs in groups:
-        result = profile_group(configs(args, runs), task, tokenizer, device, bf16, args.steps)
+        result = profile_group(configs(args, runs), task, tokenizer, device, bf16, args.steps, args.memory)
         step, evaluation = result["step"], result["evaluation"]
         columns = {column: sum(step.ops[p] for p in parts) for column, parts in COLUMNS.items()}
         print(f"{label:<36}{sum(step.ops.values()):>7}{columns['forward+loss']:>9}{columns['backward']:>7}"
@@ -481,6 +522,12 @@ def profile_groups(args, task, tokenizer, device, bf16) -> None:
         seconds = result["seconds"]
         print(f"{label:<36}{1e3 * sum(seconds.values()):>9.1f}  "
               + "".join(f"{1e3 * seconds[p]:>11.2f}" for p in PHASES if p not in ("loop", "loop after")))
+    if args.memory:
+        print(f"\npeak memory of a training step (every member in one pass; {'max_memory_allocated' if device.type == 'cuda' else 'torch.profiler memory timeline'}), MiB")
+        print(f"{'group':<36}{'peak':>9}{'weights':>9}{'optimiser':>11}")
+        for label, result in details:
+            print(f"{label:<36}{result['peak'] / 2**20:>9.1f}{result['model_bytes'] / 2**20:>9.1f}"
+                  f"{result['optimizer_bytes'] / 2**20:>11.1f}")
     print("\nevaluation pass (one batch per member): operators by phase; syncs and where they come from")
     for label, result in details:
         evaluation, step = result["evaluation"], result["step"]
@@ -490,6 +537,13 @@ def profile_groups(args, task, tokenizer, device, bf16) -> None:
             print(f"    step, {phase}: {n} x {what} at {site}")
         for (phase, what, site), n in sorted(evaluation.sites.items()):
             print(f"    evaluation, {phase}: {n} x {what} at {site}")
+        if args.operators is not None:
+            for phase in PHASES:
+                if args.operators and phase not in args.operators:
+                    continue
+                names = sorted(((n, name) for (p, name), n in step.names.items() if p == phase), reverse=True)
+                if names:
+                    print(f"    step, {phase}: " + ", ".join(f"{name} {n}" for n, name in names))
 
 
 def main(argv=None) -> None:
@@ -511,6 +565,12 @@ def main(argv=None) -> None:
                              "by phase with a GPU's batch shapes, an evaluation pass's, and each phase's time "
                              "(torch.profiler: kernel time on CUDA) over --steps steps (default 3)")
     parser.add_argument("--per-method", action="store_true", help="with --profile: also each method's runs alone")
+    parser.add_argument("--operators", nargs="*", metavar="PHASE",
+                        help="with --profile: the operators of these phases of a step by name and count (all phases "
+                             "if none named)")
+    parser.add_argument("--memory", action="store_true",
+                        help="with --profile: a training step's peak memory (a GPU's batch shapes), the weights' and "
+                             "the optimiser state's")
     parser.add_argument("--system-malloc", action="store_true",
                         help="leave the C allocator's defaults (no peltbench.allocator.kept_memory): what it saves")
     args = parser.parse_args(argv)

@@ -218,9 +218,10 @@ def test_evaluation_batches_are_length_sorted_and_cover_every_row(glue_dir, tiny
     assert sorted(evaluation.order) == list(range(len(split)))
     lengths = [len(encoded.input_ids[r]) for r in evaluation.order]
     assert lengths == sorted(lengths)
-    assert [b["input_ids"].shape[0] for b in evaluation.batches] == [5] * (len(split) // 5) + [len(split) % 5] * bool(len(split) % 5)
-    widths = [b["attention_mask"].sum(1).max().item() for b in evaluation.batches]
-    assert [b["input_ids"].shape[1] for b in evaluation.batches] == widths  # each batch padded to its own longest row
+    # each batch on the host: (input ids, attention mask, token types) × rows × width
+    assert [b.shape[1] for b in evaluation.batches] == [5] * (len(split) // 5) + [len(split) % 5] * bool(len(split) % 5)
+    widths = [b[1].sum(1).max() for b in evaluation.batches]
+    assert [b.shape[2] for b in evaluation.batches] == widths  # each batch padded to its own longest row
 
 
 # ---------------------------------------------------------------- labels checked everywhere, files named

@@ -135,8 +135,8 @@ def test_member_adamw_and_clipping_equal_torch_per_member():
     methods = [method("adapter", {}), method("lora", {}), method("adapter", {"bottleneck": 8})]
     group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone()] * 3)
     optimizer = MemberAdamW(group)  # the adapters' span is every slot, LoRA's masked; LoRA's span is its own slot
-    assert {(e.span.start, e.span.stop) for e in optimizer.entries} == {(None, None), (1, 2)}
-    assert any(e.mask is not None and e.span.start is None for e in optimizer.entries)
+    assert {slots for bank in optimizer.banks for slots in bank.slots} == {(0, 3), (1, 2)}
+    assert any(bank.untrained_grads for bank in optimizer.banks)  # the adapters' slot of the LoRA member
     lrs, totals = [1e-2, 3e-3, 5e-2], [5, 5, 3]
     for m in range(3):
         optimizer.schedule(m, lrs[m], totals[m])
@@ -408,7 +408,7 @@ def test_a_step_a_few_members_at_a_time_trains_what_one_pass_trains():
         optimizer = MemberAdamW(model)
         for m in range(len(members)):
             optimizer.schedule(m, members[m].settings.lr, 10)
-        spans = {name: (e.span.start, e.span.stop) for (name, *_), e in zip(model.member_parameters(), optimizer.entries)}
+        spans = dict(zip([name for name, *_ in model.member_parameters()], optimizer.banks[0].slots))
         initial = {name: p.detach().clone() for name, p, _, _ in model.member_parameters()}
         gradients, step = {}, optimizer.step
 

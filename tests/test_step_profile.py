@@ -41,7 +41,7 @@ def tiny_group(names, rows: int = 8):
 
     def steps(first: int, count: int = 1):
         return train._train_steps(model, members, active, task, group, *started[1:], first, count)
-    owners = {"model": model, "members": model.members, "optimizer": started[1], "order": started[3]}
+    owners = {"model": model, "members": model.members, "optimizer": started[1], "order": started[3], "data": data}
     return steps, owners
 
 
@@ -74,3 +74,52 @@ def test_the_profile_finds_host_syncs_and_says_where():
         x.tolist()
     assert counter.syncs == {"optimizer": 2, "loop": 1}
     assert any("_local_scalar_dense" in what and "test_step_profile.py" in site for _, what, site in counter.sites)
+
+
+SHARED = ("data", "loop", "clip", "optimizer", "zero_grad", "loop after")  # the step's machinery, not the components'
+
+
+def profiled_step(names, first: int = 1, count: int = 1, rows: int = 8):
+    steps, owners = tiny_group(names, rows)
+    steps(0)
+    counter = bench.PhaseCount()
+    with bench.phases_of(counter, owners), counter:
+        steps(first, count)
+    return counter
+
+
+def test_the_optimiser_clipping_and_bookkeeping_cost_a_few_operators_whatever_the_group():
+    """Clipping, AdamW, zero_grad, the loss bookkeeping and the collation: the same few operators for 2 LoRA members
+    as for a group of 8 members of 6 methods (many more tensors, members that train only some of them)."""
+    small = profiled_step([("lora", {}), ("lora", {})])
+    large = profiled_step([*NAMES, ("ia3", {}), ("ln", {}), ("unipelt_apl", {})])
+    counts = [{phase: counter.ops[phase] for phase in SHARED} for counter in (small, large)]
+    assert sum(counts[1].values()) <= 45, counts[1]
+    assert sum(counts[1].values()) <= sum(counts[0].values()) + 3, counts  # + zeroing untrained slots, a 2nd piece
+
+
+def test_a_period_reads_one_value_back_from_the_device_at_its_end():
+    """No `.item()`, `.tolist()`, `.cpu()` or data-dependent shape inside the steps: the losses come back once, when
+    the period ends (the optimiser's learning rates are host floats). Steps 1-3 of 4 per epoch: the data order's
+    new permutation (a host tensor) is drawn at step 4."""
+    counter = profiled_step(NAMES, first=1, count=3, rows=16)
+    ours = {phase: n for phase, n in counter.syncs.items() if phase in SHARED}
+    assert ours == {"loop after": 1}, sorted(counter.sites)
+
+
+def test_an_evaluation_pass_assembles_its_batch_in_a_few_operators_whatever_the_group():
+    """The members' chunks are stacked on the host and copied at once; the outputs come back in one copy."""
+    task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
+    outside = []
+    for names in ([("lora", {})], NAMES):
+        steps, owners = tiny_group(names)
+        model = owners["model"]
+        group = train.GroupSettings(eval_batch_size=4)
+        sets = [train.EvaluationSet(train.Encoded(d.input_ids[:6], d.token_type_ids[:6], d.labels[:6]), group)
+                for d in owners["data"]]
+        counter = bench.PhaseCount()
+        with bench.phases_of(counter, owners), counter:
+            train.evaluate(model, sets, task, group, "dev")
+        outside.append(sum(counter.ops.values()) - counter.ops["forward"])
+        assert sum(counter.syncs.values()) == 1
+    assert outside[0] == outside[1] <= 20, outside  # 2 passes: their batches, gate rows; the outputs
