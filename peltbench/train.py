@@ -452,8 +452,9 @@ class _Bank:
 
     `grads`: every parameter's whole gradient, one after the other (`p.grad` is a view of it after `gather`);
     `spans`: the gradients of each parameter's span of member slots (clipped there), `exp_avg`, `exp_avg_sq`: the
-    moments, in the same layout. The two gradient buffers hold memory only from `gather` to `zero_grad` (`release`). A segment is one (parameter, member) slot of a span; `members` (segments,) says whose,
-    `lengths` its size, `trained` whether that member trains the parameter."""
+    moments, in the same layout. The two gradient buffers hold memory only from `gather` to `zero_grad` (`release`).
+    A segment is one (parameter, member) slot of a span: `segment_index` says whose (on the device, as
+    `segment_members` on the host), `lengths` its size, `trained` whether that member trains the parameter."""
 
     def __init__(self, entries: list[tuple[torch.Tensor, list[bool], bool]], members: int) -> None:
         self.params = [parameter for parameter, _, _ in entries]
@@ -489,20 +490,18 @@ class _Bank:
             self.span_views.append(self.spans[at : at + math.prod(shape)].view(shape))
             at += math.prod(shape)
             self.param_spans.append(parameter.detach()[span])
-        self.segment_views = []  # each segment of `spans`, for its norm
-        position = 0
-        for index, m, size, _ in segments:
-            self.segment_views.append(self.spans[position : position + size])
-            position += size
+        starts = np.cumsum([0, *(size for *_, size, _ in segments)])
         trained = [s for s, segment in enumerate(segments) if segment[3]]
-        self.trained_views = [self.segment_views[s] for s in trained]
+        self.trained_views = [self.spans[starts[s] : starts[s + 1]] for s in trained]  # for their norms
         self.untrained_grads = [self.grad_spans[index].view(-1, size)[m - spans[index][0]]
                                 for index, m, size, is_trained in segments if not is_trained]
         self.norm_index = torch.tensor([segments[s][0] * members + segments[s][1] for s in trained], device=device)
         self.segment_index = torch.tensor([m for _, m, _, _ in segments], device=device)
         self.lengths = torch.tensor([size for *_, size, _ in segments], device=device)
         self.segment_members = np.array([m for _, m, _, _ in segments])
+        self.segment_params = np.array([index for index, *_ in segments])
         self.trained = np.array([is_trained for *_, is_trained in segments], dtype=np.float32)
+        self.missing: list[int] = []  # the parameters without a gradient this step
         self.release()
 
     def release(self) -> None:
@@ -522,11 +521,12 @@ class _Bank:
         if not present:
             return False
         self.acquire()
-        if len(present) == len(self.params):
+        self.missing = [i for i, p in enumerate(self.params) if p.grad is None]
+        if not self.missing:
             torch._foreach_copy_(self.grad_views, [p.grad for p in self.params])
-        else:  # a component none of whose members is training any more: its slots are zero (and stay unused)
+        else:  # a component none of whose members is in the pass any more: zeros, and no update (`adamw`)
             torch._foreach_copy_([self.grad_views[i] for i in present], [self.params[i].grad for i in present])
-            torch._foreach_zero_([self.grad_views[i] for i in range(len(self.params)) if i not in set(present)])
+            torch._foreach_zero_([self.grad_views[i] for i in self.missing])
         if self.untrained_grads:
             torch._foreach_zero_(self.untrained_grads)
         torch._foreach_copy_(self.span_views, self.grad_spans)
@@ -553,8 +553,11 @@ class _Bank:
         self.exp_avg.lerp_(self.spans, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(self.spans, self.spans, value=1 - beta2)
         denominator = self.exp_avg_sq.sqrt().div_(correction2).add_(eps)
-        sizes = torch.from_numpy(-(step_sizes[self.segment_members]) * self.trained)  # −step size per segment, 0 where
-        if self.spans.device.type == "cuda":                                         # the member does not train it
+        sizes = -(step_sizes[self.segment_members]) * self.trained  # −step size per segment, 0 where the member does not
+        if self.missing:                                               # train it or the parameter got no gradient
+            sizes = np.where(np.isin(self.segment_params, self.missing), np.float32(0), sizes)
+        sizes = torch.from_numpy(sizes)
+        if self.spans.device.type == "cuda":
             sizes = sizes.pin_memory()  # an asynchronous copy: the step does not wait for the work queued before it
         sizes = self.spread(sizes.to(self.spans.device, non_blocking=True))
         torch.mul(self.exp_avg, sizes, out=self.spans).div_(denominator)  # the update, in place of the gradients

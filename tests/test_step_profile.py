@@ -123,3 +123,29 @@ def test_an_evaluation_pass_assembles_its_batch_in_a_few_operators_whatever_the_
         outside.append(sum(counter.ops.values()) - counter.ops["forward"])
         assert {phase: n for phase, n in counter.syncs.items() if phase != "forward"} == {"loop": 1}  # the outputs
     assert outside[0] == outside[1] <= 20, outside  # 2 passes: their batches, gate rows; the outputs
+
+
+def test_a_parameter_without_a_gradient_is_left_as_it_is():
+    """As torch.optim.AdamW skips a parameter whose .grad is None (a component none of whose members is in the pass
+    any more), the flat optimiser leaves it unchanged while the others step; between steps it keeps only its
+    moments (the gradient buffers' storage is handed back)."""
+    methods = [method("adapter", {}), method("lora", {})]
+    model = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone()] * 2)
+    optimizer = train.MemberAdamW(model)
+    for m in range(2):
+        optimizer.schedule(m, 1e-2, 10)
+    parameters = [p for _, p, _, _ in model.member_parameters()]
+    generator = torch.Generator().manual_seed(0)
+    for step in range(2):
+        for p in parameters:
+            p.grad = torch.randn(p.shape, generator=generator)
+        parameters[0].grad = None
+        before = [p.detach().clone() for p in parameters]
+        train.clip_per_member(optimizer, torch.ones(2))
+        optimizer.step(step)
+        optimizer.zero_grad()
+        assert torch.equal(parameters[0], before[0])
+        assert all(not torch.equal(p, b) for p, b in zip(parameters[1:], before[1:]))
+    kept = sum(2 * bank.span_size * bank.exp_avg.element_size()  # the moments, and the segments' indices
+               + sum(t.nbytes for t in (bank.norm_index, bank.segment_index, bank.lengths)) for bank in optimizer.banks)
+    assert bench.optimizer_bytes(optimizer) == kept
