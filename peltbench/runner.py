@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
-from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit
+from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit, few_shot_warning
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
 from .methods import (added_tokens, build_pelt_model, count_method, layout_key, load_member_head, load_member_state,
                       member_frozen, member_head, member_state)
@@ -168,6 +168,9 @@ class _Run:
             self.finished = self.done(say=False)  # written by whoever held the claim until now?
         if self.finished is None:
             log.info("run: %s", self.path.parent)
+            warning = few_shot_warning(self.cfg)
+            if warning:
+                log.warning("%s", warning)
             return None
         _release(self)  # finished by whoever held the claim until now
         drop_dead_claim(self.path)
