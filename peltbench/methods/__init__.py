@@ -147,7 +147,13 @@ def regulariser(model: PeltModel) -> torch.Tensor | None:
     """What the components add to each active member's loss, (active members,), or None where none adds anything."""
     terms = [COMPONENTS[name].regulariser(model) for name in model.components
              if hasattr(COMPONENTS[name], "regulariser")]
-    return sum(terms) if terms else None
+    terms = [term for term in terms if term is not None]  # None: no active member has that term
+    if not terms:
+        return None
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
 
 
 def after_step(model: PeltModel, step: int) -> None:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import unwrapped
-from .base import Coefficient, Members, PeltModel, draw, mark, scale_rows
+from .base import Coefficient, Members, PeltModel, draw, mark, scale_grouped
 from .lora import FusedProjection, frozen_linear, site
 
 # The matrices AdaLoRA may adapt: q, k, v (architectures.projections) and the attention output and FFN Linears
@@ -63,7 +63,10 @@ class SVDLinear(nn.Module):
         scaled_a = slots(self.lora_A, selection) * slots(self.lora_E, selection)  # PEFT: lora_A * lora_E
         grouped = rows.reshape(selection.count, -1, rows.shape[-1])
         delta = torch.bmm(torch.bmm(grouped, scaled_a.transpose(1, 2)), slots(self.lora_B, selection).transpose(1, 2))
-        delta = scale_rows(delta.view(*rows.shape[:-1], -1), self.coefficient(rows, selection))
+        coefficient = self.coefficient(rows, selection)
+        if coefficient is not None:
+            delta = scale_grouped(delta, coefficient)
+        delta = delta.view(*rows.shape[:-1], -1)
         if self.block is not None:
             delta = F.pad(delta, (self.block.start, out.shape[-1] - self.block.stop))
         return self.members.add_rows(selection, out, delta)

@@ -33,7 +33,9 @@ class Budget:
 
     Tensors of one kind (A, E, B) and one shape are handled together (`groups`): their importance state is one
     tensor (matrices of the group, members, ...), of which each parameter's state is a view. Scores and masks are
-    (matrices, members, R), R the largest rank, +inf (never masked) past a matrix's rank."""
+    (matrices, members, R), R the largest rank, +inf (never masked) past a matrix's rank. "Members" here are the
+    slots from the first AdaLoRA member to the last (`first`, `width`): in a mixed group the state is not kept for
+    the others."""
 
     def __init__(self, modules: list, users: dict[int, DictConfig], count: int) -> None:
         self.modules = modules
@@ -44,6 +46,8 @@ class Budget:
         self.target_budget = {m: int(method.adalora_target_rank) * matrices[m] for m, method in users.items()}
         self.matrices = matrices
         self.rank = max(module.rank_mask.shape[1] for module in modules)
+        self.first, self.width = min(users), max(users) + 1 - min(users)
+        self.slots = list(range(self.first, self.first + self.width))
         self.kept = self._rank_mask()  # (matrices, members, R): triplets not masked (plan)
         self.state: list[dict[str, torch.Tensor]] | None = None  # per parameter, views into `_state`
         self._state: list[dict[str, torch.Tensor]] | None = None  # per group
@@ -59,10 +63,15 @@ class Budget:
         """Every P, Λ, Q, in the order of the groups (the order of `state`)."""
         return [self.modules[i].triplets()[kind] for kind, indices in self.groups for i in indices]
 
-    def _rank_mask(self) -> torch.Tensor:
-        """(matrices, members, R): each member's own triplets of each matrix."""
-        return torch.stack([F.pad(module.rank_mask, (0, self.rank - module.rank_mask.shape[1]))
+    def _rank_mask(self, every: bool = False) -> torch.Tensor:
+        """(matrices, members, R): each member's own triplets of each matrix (`every` member slot, or the span)."""
+        mask = torch.stack([F.pad(module.rank_mask, (0, self.rank - module.rank_mask.shape[1]))
                             for module in self.modules])
+        return mask if every else self._span(mask, 1)
+
+    def _span(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """A member-stacked tensor's slots of the AdaLoRA span (the tensor itself where that is every slot)."""
+        return tensor if self.width == self.count else tensor.narrow(dim, self.first, self.width)
 
     def plan(self, total_steps: list[int]) -> None:
         """Each member's schedule from its planned number of steps (PEFT's total_step). Training starts with every
@@ -131,8 +140,8 @@ class Budget:
         if key not in self._cache:
             values = []
             for name in ("beta1", "beta2"):
-                beta = [float(self.users[m][f"adalora_{name}"]) if m in members else 1.0 for m in range(self.count)]
-                values += [beta, [1 - b if m in members else 0.0 for m, b in enumerate(beta)]]
+                beta = [float(self.users[m][f"adalora_{name}"]) if m in members else 1.0 for m in self.slots]
+                values += [beta, [1 - b if m in members else 0.0 for m, b in zip(self.slots, beta)]]
             self._cache[key] = [to_device(torch.tensor(v), device).view(-1, 1, 1) for v in values]
         return self._cache[key]
 
@@ -141,7 +150,7 @@ class Budget:
         foreach operator per term over every parameter (the others' rows get β = 1 and keep their values)."""
         parameters = self.parameters()
         if self._state is None:
-            self._state = [{key: torch.zeros(len(indices), *self.modules[0].lora_A.shape[:1],
+            self._state = [{key: torch.zeros(len(indices), self.width,
                                              *self.modules[indices[0]].triplets()[kind].shape[1:],
                                              device=parameters[0].device) for key in ("ipt", "unc")}
                            for kind, indices in self.groups]
@@ -149,8 +158,8 @@ class Budget:
                           for group, (_, indices) in zip(self._state, self.groups) for i in range(len(indices))]
         beta1, beta1c, beta2, beta2c = self._betas(members, parameters[0].device)
         size = len(parameters)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
-        ipt = torch._foreach_mul(parameters, grads)
+        grads = [self._span(p.grad if p.grad is not None else torch.zeros_like(p)) for p in parameters]
+        ipt = torch._foreach_mul([self._span(p) for p in parameters], grads)
         torch._foreach_abs_(ipt)
         old = [state["ipt"] for state in self.state]
         smoothed = torch._foreach_mul(old, [beta1] * size)
@@ -199,8 +208,8 @@ class Budget:
         scores = self.scores()
         device = scores.device
         ks = to_device(torch.tensor([self.init_budget[m] - budgets[m] if m in budgets else -1
-                                     for m in range(self.count)]), device)  # changes every step: not kept
-        ordered = scores.transpose(0, 1).reshape(self.count, -1).sort(dim=1).values
+                                     for m in self.slots]), device)  # changes every step: not kept
+        ordered = scores.transpose(0, 1).reshape(self.width, -1).sort(dim=1).values
         thresholds = ordered.gather(1, (ks - 1).clamp(min=0)[:, None]).squeeze(1)
         thresholds = torch.where(ks > 0, thresholds, -float("inf"))
         kept = (scores > thresholds[:, None]) & self._rank_mask_on(device)
@@ -209,8 +218,10 @@ class Budget:
     def _apply(self, members: list[int]) -> None:
         """Λ = 0 where the members' kept pattern says masked: one masked_fill per group of Λs of one shape."""
         device = self.kept.device
-        rows = self._members([m in members for m in range(self.count)], device, torch.bool)
-        masked = (rows[:, None] & ~self.kept)[..., None]  # (matrices, members, R, 1)
+        rows = self._members([m in members for m in self.slots], device, torch.bool)
+        masked = (rows[:, None] & ~self.kept)[..., None]  # (matrices, members of the span, R, 1)
+        if self.width < self.count:  # every slot: the others' Λ are never masked
+            masked = F.pad(masked, (0, 0, 0, 0, self.first, self.count - self.first - self.width))
         for kind, indices in self.groups:
             if kind != E:
                 continue
@@ -224,42 +235,50 @@ class Budget:
     def _reset(self, members: list[int]) -> None:
         if self._state is None:
             return
-        rows = self._members([m in members for m in range(self.count)], self._state[0]["ipt"].device, torch.bool)
+        rows = self._members([m in members for m in self.slots], self._state[0]["ipt"].device, torch.bool)
         for state in self._state:
-            shape = (1, self.count, *[1] * (state["ipt"].dim() - 2))
+            shape = (1, self.width, *[1] * (state["ipt"].dim() - 2))
             for key in ("ipt", "unc"):
                 state[key].masked_fill_(rows.view(shape), 0.0)
 
     def rank_pattern(self, slot: int) -> list[list[bool]]:
         """Member `slot`'s kept triplets, per adapted matrix it has (in the modules' order), on its own rank."""
         rank = int(self.users[slot].adalora_init_rank)
-        return [kept[slot, :rank].tolist() for module, kept in zip(self.modules, self.kept) if slot in module.users]
+        return [kept[slot - self.first, :rank].tolist() for module, kept in zip(self.modules, self.kept)
+                if slot in module.users]
 
-    def regulariser(self, members: Members) -> torch.Tensor:
+    def regulariser(self, members: Members) -> torch.Tensor | None:
         """(active members,): γ · mean over the member's adapted matrices of ‖QQᵀ − I‖_F and ‖PᵀP − I‖_F (PEFT's
-        AdaLoraModel.forward; 0 for members without AdaLoRA). Each member's term reaches only its own slots: computed
-        for every slot at once (a member's slots of a matrix it does not adapt are zeros, and so is its identity),
-        one pair of batched products per shape, summed over the matrices in their order."""
+        AdaLoraModel.forward; 0 for members without AdaLoRA); None when no active member has AdaLoRA. Each member's
+        term reaches only its own slots. For the active AdaLoRA members at once (a member's slots of a matrix it does
+        not adapt are zeros, and so is its identity): one pair of batched products per shape of tensor, summed over
+        the matrices in their order."""
         device = self.modules[0].lora_A.device
+        selection = members.select(tuple(sorted(self.users)), device)
+        if not selection.count:
+            return None
         norms: dict[int, list] = {A: [], B: []}
         for kind, indices in self.groups:
             if kind == E:
                 continue
             stacked = torch.stack([self.modules[i].triplets()[kind] for i in indices])  # (matrices, members, ...)
-            flat = stacked.flatten(0, 1)
+            flat = members.slots_of(stacked, selection, dim=1).flatten(0, 1)  # (matrices · members, ...)
             gram = torch.bmm(flat, flat.transpose(1, 2)) if kind == A else torch.bmm(flat.transpose(1, 2), flat)
-            norm = torch.linalg.matrix_norm(gram - self._identity(indices, gram, device))
-            norms[kind].append((indices, norm.view(len(indices), self.count, 1)))
+            norm = torch.linalg.matrix_norm(gram - self._identity(indices, members, selection, gram))
+            norms[kind].append((indices, norm.view(len(indices), selection.count, 1)))
         total = (self._in_module_order(norms[A]) + self._in_module_order(norms[B])).squeeze(2).sum(0)
-        return members.pick(total * self._weights(device))
+        total = total * members.slots_of(self._weights(device), selection)
+        if selection.every:
+            return total
+        return total.new_zeros(members.active_count).index_copy(0, selection.positions.to(device), total)
 
-    def _identity(self, indices: list[int], gram: torch.Tensor, device) -> torch.Tensor:
-        """(matrices · members, r, r): each member's own triplets of those matrices on the diagonal."""
-        key = ("identity", tuple(indices), device, gram.dtype)
+    def _identity(self, indices: list[int], members: Members, selection, gram: torch.Tensor) -> torch.Tensor:
+        """(matrices · selected members, r, r): each member's own triplets of those matrices on the diagonal."""
+        key = ("identity", tuple(indices), tuple(members.active_slots()), gram.device, gram.dtype)
         if key not in self._cache:
-            rank = gram.shape[-1]
-            mask = self._rank_mask_on(device)[indices][:, :, :rank].flatten(0, 1)
-            self._cache[key] = torch.diag_embed(mask.to(gram.dtype))
+            slots = [slot for slot in members.active_slots() if slot in self.users]
+            mask = self._rank_mask(every=True)[indices][:, slots, : gram.shape[-1]].flatten(0, 1)
+            self._cache[key] = torch.diag_embed(mask.to(gram.dtype)).to(gram.device)
         return self._cache[key]
 
     def _weights(self, device) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, ffn_output, mark, scale_rows
+from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, ffn_output, mark, scale_grouped
 
 GATE = "the adapter's output Up(ReLU(Down(x))), added to its FFN block: one gate per layer (§3.2)"
 
@@ -37,8 +37,10 @@ class Adapter(nn.Module):
 
     def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor:
         """x: the rows of the selected members (those with an adapter)."""
-        out = self.up(torch.relu(self.down(x, selection)), selection)
-        return scale_rows(out, self.coefficient(x, selection))
+        grouped = x.reshape(selection.count, -1, x.shape[-1])
+        out = self.up.grouped(torch.relu(self.down.grouped(grouped, selection)), selection)
+        coefficient = self.coefficient(x, selection)
+        return (out if coefficient is None else scale_grouped(out, coefficient)).view(x.shape)
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         hidden, bottleneck = self.up.weight.shape[1], method.bottleneck

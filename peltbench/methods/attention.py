@@ -127,7 +127,15 @@ def _prepend(key_values, gate, users, length, key, value, mask, bias):
 
 
 AttentionInterface.register(ATTENTION_NAME, attention)
-AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # same boolean masks as "sdpa"
+def _mask(*args, allow_is_bidirectional_skip: bool = False, **kwargs):
+    """The boolean masks of "sdpa". In a training step (gradients on) the mask is always made, on the device: the
+    shortcut that returns None for a batch without padding asks the device whether any row is padded (a host
+    synchronisation per forward pass), and training attends through its own masked softmax anyway (dropout)."""
+    skip = allow_is_bidirectional_skip and not torch.is_grad_enabled()
+    return sdpa_mask(*args, allow_is_bidirectional_skip=skip, **kwargs)
+
+
+AttentionMaskInterface.register(ATTENTION_NAME, _mask)
 
 
 class RelativeSelfAttention(nn.Module):

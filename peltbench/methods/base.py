@@ -15,6 +15,7 @@ optimiser and the gradient clipping are per member (peltbench.train).
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -75,7 +76,7 @@ class Members:
             return None
         key = (selection.users, selection.blocks, dtype)
         if key not in self._pooling:
-            mask = self.gather(selection, self._token_mask).to(dtype)
+            mask = self.gather(selection, self._token_mask, view=True).to(dtype)
             self._pooling[key] = mask, mask.sum(dim=1).clamp(min=1)
         return self._pooling[key]
 
@@ -102,18 +103,28 @@ class Members:
                 positions=torch.tensor(positions, dtype=torch.long, device=device), span=_span(positions),
                 slots=None if self.active is None and len(positions) == self.count else
                 torch.tensor(slots, dtype=torch.long, device=device), slot_span=_span(slots),
-                blocks=len(rows))
+                blocks=len(rows), slot_list=tuple(slots))
         return self._selections[key]
 
-    def gather(self, selection: Selection, x: torch.Tensor) -> torch.Tensor:
-        """The selected members' rows of x (rows, ...), member after member: x itself, a view (consecutive members)
-        or one index_select."""
+    def gather(self, selection: Selection, x: torch.Tensor, view: bool = False) -> torch.Tensor:
+        """The selected members' rows of x (rows, ...), member after member: x itself where every member is selected,
+        else a copy of their rows (one index_select), which is what a product saves for its backward pass, not all of
+        x; in a forward pass, one copy per x and selection, whichever module asks (q, k and v read the same rows).
+        `view`: a view where the members are consecutive, for a caller that only reads it (nothing saved)."""
         if selection.every:
             return x
         n = x.shape[0] // selection.blocks
-        if selection.span is not None:
+        if view and selection.span is not None:
             return x[selection.span.start * n : selection.span.stop * n]
-        return x.index_select(0, selection.rows(n, x.device))
+        cache = self.per_pass
+        if cache is None:
+            return x.index_select(0, selection.rows(n, x.device))
+        key = ("rows", id(x), selection.users, selection.blocks)
+        found = cache.get(key)
+        if found is None or found[0]() is not x:  # the weak reference: not a later tensor at the same address
+            found = (weakref.ref(x), x.index_select(0, selection.rows(n, x.device)))
+            cache[key] = found
+        return found[1]
 
     def add_rows(self, selection: Selection, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them, or member by member
@@ -128,18 +139,28 @@ class Members:
         n = x.shape[0] // selection.blocks
         if delta.shape[0] != selection.count * n or delta.dim() != x.dim():
             delta = delta.reshape(selection.count * n, *x.shape[1:])
-        return x.index_add(0, selection.rows(n, x.device), delta.to(x.dtype))
+        return _AddRows.apply(x, selection.rows(n, x.device), delta.to(x.dtype))
 
-    def slots_of(self, tensor: torch.Tensor, selection: Selection | None = None) -> torch.Tensor:
-        """A member-stacked tensor's slots for the selected members (default: every active member): the tensor itself,
-        a view (consecutive slots) or one index_select."""
+    def replace_rows(self, selection: Selection, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """x with the selected members' rows replaced by `rows` (as `gather` gives them): `rows` itself where every
+        member is selected, else one index_copy (out of place: x may be saved for a backward pass). Under autocast
+        `rows` takes x's dtype."""
+        if selection.every:
+            return rows
+        n = x.shape[0] // selection.blocks
+        return _ReplaceRows.apply(x, selection.rows(n, x.device), rows.to(x.dtype))
+
+    def slots_of(self, tensor: torch.Tensor, selection: Selection | None = None, dim: int = 0) -> torch.Tensor:
+        """A member-stacked tensor's slots (its dimension `dim`) for the selected members (default: every active
+        member): the tensor itself, a view (consecutive slots) or one index_select."""
         if selection is None:
-            return self.pick(tensor)
+            return self.pick(tensor) if dim == 0 else self.slots_of(tensor, self.select(
+                tuple(range(self.count)), tensor.device), dim)
         if selection.slots is None:
             return tensor
         if selection.slot_span is not None:
-            return tensor[selection.slot_span]
-        return tensor.index_select(0, selection.slots.to(tensor.device))
+            return tensor.narrow(dim, selection.slot_span.start, selection.slot_span.stop - selection.slot_span.start)
+        return tensor.index_select(dim, selection.slots.to(tensor.device))
 
     def active_slots(self) -> list[int]:
         return self._active_slots
@@ -194,7 +215,7 @@ class Members:
         slot, whether the gate is its own (in a mixed group an ungated member's rows pass through it unused)."""
         if self._gate_log is not None and not self._positional:
             slots = selection.slots if selection.slots is not None else torch.arange(self.count, device=values.device)
-            rows = None if self._gate_rows is None else self.gather(selection, self._gate_rows)
+            rows = None if self._gate_rows is None else self.gather(selection, self._gate_rows, view=True)
             self._gate_log.append((submodule, layer, values.detach(), slots, rows, owners.index_select(0, slots)))
 
     def stop_gate_recording(self) -> list[dict[str, list[float]] | None]:
@@ -222,6 +243,37 @@ class Members:
         return result
 
 
+class _AddRows(torch.autograd.Function):
+    """x.index_add(0, rows, delta), keeping only the index for the backward pass (autograd's own index_add keeps
+    delta too, for its shape)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows)
+        return x.index_add(0, rows, delta)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (rows,) = ctx.saved_tensors
+        return grad, None, grad.index_select(0, rows) if ctx.needs_input_grad[2] else None
+
+
+class _ReplaceRows(torch.autograd.Function):
+    """x.index_copy(0, rows, values), keeping only the index for the backward pass (autograd's own index_copy keeps
+    values too, for its shape)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows)
+        return x.index_copy(0, rows, values)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (rows,) = ctx.saved_tensors
+        return (grad.index_fill(0, rows, 0) if ctx.needs_input_grad[0] else None, None,
+                grad.index_select(0, rows) if ctx.needs_input_grad[2] else None)
+
+
 @dataclass
 class Selection:
     """The active members that use one component: their positions among the active members' blocks of rows, and
@@ -235,6 +287,7 @@ class Selection:
     slots: torch.Tensor | None
     slot_span: slice | None = None  # the slots when they are consecutive: a parameter's slots are then a view
     blocks: int = 0  # blocks of rows the positions count in: the active members, or a `within` selection's
+    slot_list: tuple[int, ...] = ()  # the selected members' slots, on the host
     _rows: dict = field(default_factory=dict, repr=False)
 
     def flags(self, device: torch.device) -> torch.Tensor:
@@ -253,6 +306,19 @@ class Selection:
             positions = self.positions.to(device)
             self._rows[key] = (positions[:, None] * n + torch.arange(n, device=device)).flatten()
         return self._rows[key]
+
+
+def rows_for(tensor: torch.Tensor, owners: tuple[int, ...], selection: Selection, cache: dict) -> torch.Tensor:
+    """The selected members' entries of a tensor that holds one entry per member in `owners` (not one per member of
+    the group): a view where they are consecutive there, else one index_select (its index made once)."""
+    positions = [owners.index(slot) for slot in selection.slot_list]
+    span = _span(positions)
+    if span is not None:
+        return tensor if span == slice(0, tensor.shape[0]) else tensor[span]
+    key = (tuple(positions), tensor.device)
+    if key not in cache:
+        cache[key] = to_device(torch.tensor(positions), tensor.device)
+    return tensor.index_select(0, cache[key])
 
 
 def _span(positions: list[int]) -> slice | None:
@@ -332,7 +398,8 @@ class Gate(nn.Module):
         """x: the selected members' rows (default: every active member's) (rows, tokens, hidden) → g: (rows,)."""
         if selection is None:
             selection = self.members.select(tuple(range(self.members.count)), x.device)
-        per_token = torch.sigmoid(self.linear(x, selection)).view(x.shape[:2])
+        grouped = x.reshape(selection.count, -1, x.shape[-1])
+        per_token = torch.sigmoid(self.linear.grouped(grouped, selection)).view(x.shape[:2])
         pooling = self.members.pooling(selection, per_token.dtype)
         if pooling is None:
             gate = per_token.mean(dim=1)
@@ -378,12 +445,12 @@ class Coefficient(nn.Module):
         return [] if self.gate is None else list(self.gate.parameters())
 
 
-def scale_rows(out: torch.Tensor, coefficient: torch.Tensor | None) -> torch.Tensor:
-    """out (rows of some members, ...) times a per-member, per-row coefficient (members, rows per member or 1, 1)."""
-    if coefficient is None:
-        return out
-    grouped = out.view(*coefficient.shape[:2], -1)
-    return (grouped * coefficient.to(out.dtype)).view(out.shape)
+def scale_grouped(grouped: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
+    """grouped (members, rows · tokens, features) times a per-member, per-row coefficient (members, rows per member
+    or 1, 1): one multiplication where it is per member."""
+    if coefficient.shape[1] == 1:
+        return grouped * coefficient.to(grouped.dtype)
+    return (grouped.view(*coefficient.shape[:2], -1) * coefficient.to(grouped.dtype)).view(grouped.shape)
 
 
 class MemberHead(nn.Module):
@@ -598,7 +665,7 @@ class FfnOutput(nn.Module):
             selection = self.adapter.selection(h)
             if selection.count:  # computed on the rows of the members that have it, added to those rows only
                 users = self.adapter.members.gather
-                x = users(selection, h) + users(selection, a)
+                x = users(selection, h, view=True) + users(selection, a, view=True)
                 if norm is not None:
                     x = norm(x, selection) if isinstance(norm, MemberLayerNorm) else norm(x)
                 out = self.adapter.members.add_rows(selection, out, self.adapter(x, selection))
@@ -663,7 +730,7 @@ class MemberLayerNorm(nn.Module):
         if not users.count:
             return F.layer_norm(x, self.normalized_shape, self.pretrained_weight, self.pretrained_bias, self.eps)
         # the members that train them: normalised, then their own gain and bias
-        rows = self.members.gather(users, x)
+        rows = self.members.gather(users, x, view=True)  # x is saved whole by the pretrained LayerNorm anyway
         mine = F.layer_norm(rows, self.normalized_shape, None, None, self.eps)
         grouped = mine.view(users.count, -1, mine.shape[-1])
         own = torch.addcmul(self.members.slots_of(self.bias, users)[:, None].to(mine.dtype), grouped,
@@ -671,8 +738,7 @@ class MemberLayerNorm(nn.Module):
         if users.every:
             return own
         out = F.layer_norm(x, self.normalized_shape, self.pretrained_weight, self.pretrained_bias, self.eps)
-        n = x.shape[0] // users.blocks
-        return out.index_copy(0, users.rows(n, x.device), own.to(out.dtype))
+        return self.members.replace_rows(users, out, own)
 
 
 def member_affine(model: PeltModel) -> None:

@@ -36,26 +36,67 @@ class DoRALinear(lora.LoRALinear):
         self.magnitude = nn.Parameter(torch.zeros(members.count, out_features))
         scales = [float(users[m].lora_scale) if m in users else 0.0 for m in range(members.count)]
         self.register_buffer("s", torch.tensor(scales), persistent=False)
+        self.siblings: list[DoRALinear] = [self]  # the model's DoRA projections (install): norms computed together
 
     def scales(self, users: dict[int, DictConfig]) -> list[float]:
         return [1.0] * self.members.count  # s is applied inside the delta, to B(A x) only
 
     def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.frozen()
-        a = self.members.slots_of(self.lora_a.weight, selection)
-        b = self.members.slots_of(self.lora_b.weight, selection)
-        if self.lora_a0 is not None:  # PiSSA / OLoRA: the norm of W + s·[B, −B₀][A; A₀] = W_res + s·BA
-            a0, b0 = self.initial(selection)
-            a, b = torch.cat([a, a0], dim=1), torch.cat([b, -b0], dim=2)
-        s = self.members.slots_of(self.s.to(a.device), selection)
-        scale = self.members.slots_of(self.magnitude, selection) / row_norms(weight, a, b, s)  # (members, out)
-        frozen = self.members.gather(selection, out)[..., self.block or slice(None)].clone()  # W x + b: rows, block
+        scale_minus_one, coefficient = self.magnitudes(selection)  # (members, 1, out): m/‖·‖ − 1 and (m/‖·‖)·s
+        frozen = self.members.gather(selection, out)  # W x + b: rows (of its block)
+        if self.block is not None:
+            frozen = frozen[..., self.block]
+        bias = self.frozen()[1]
         if bias is not None:
             frozen = frozen - bias.to(frozen.dtype)
         low_rank = self.low_rank(rows, selection)
         grouped = (selection.count, -1, low_rank.shape[-1])
-        delta = (scale[:, None] - 1) * frozen.reshape(grouped) + (scale * s[:, None])[:, None] * low_rank.reshape(grouped)
+        delta = scale_minus_one * frozen.reshape(grouped) + coefficient * low_rank.reshape(grouped)
         return delta.to(low_rank.dtype).view(low_rank.shape)
+
+    def factors(self, selection: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selected members' A, B; PiSSA / OLoRA: the factors of W + s·[B, −B₀][A; A₀] = W_res + s·BA."""
+        a = self.members.slots_of(self.lora_a.weight, selection)
+        b = self.members.slots_of(self.lora_b.weight, selection)
+        if self.lora_a0 is not None:
+            a0, b0 = self.initial(selection)
+            a, b = torch.cat([a, a0], dim=1), torch.cat([b, -b0], dim=2)
+        return a, b
+
+    def magnitudes(self, selection: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m/‖W + s·BA‖ − 1, (m/‖W + s·BA‖)·s), each (selected members, 1, out). In a model's forward pass
+        (Members.per_pass) made once for every DoRA projection of the model with the same members and shapes, in one
+        batched norm, the first time one is needed."""
+        cache = self.members.per_pass
+        if cache is not None and (id(self), "dora") in cache:
+            return cache[(id(self), "dora")]
+        same = [self]
+        if cache is not None:
+            key = self._batch_key(selection)
+            same = [sibling for sibling in self.siblings if sibling._batch_key(selection) == key]
+        s = self.members.slots_of(self.s.to(self.magnitude.device), selection)
+        factors = [sibling.factors(selection) for sibling in same]
+        magnitude = [self.members.slots_of(sibling.magnitude, selection) for sibling in same]
+        if len(same) == 1:
+            weight, (a, b), magnitude = self.frozen()[0], factors[0], magnitude[0]
+        else:
+            weight = torch.stack([sibling.frozen()[0] for sibling in same])[:, None]  # (projections, 1, out, in)
+            a, b = (torch.stack(tensors) for tensors in zip(*factors))
+            magnitude = torch.stack(magnitude)
+        scale = magnitude / row_norms(weight, a, b, s)  # (projections,) members, out
+        result = (scale[..., None, :] - 1, (scale * s[:, None])[..., None, :])
+        if len(same) == 1:
+            if cache is not None:
+                cache[(id(self), "dora")] = result
+            return result
+        for sibling, scales in zip(same, zip(*(part.unbind(0) for part in result))):
+            cache[(id(sibling), "dora")] = scales
+        return cache[(id(self), "dora")]
+
+    def _batch_key(self, selection: Selection) -> tuple:
+        """DoRA projections whose norms are computed together: the same members, shapes and PiSSA factors."""
+        return self.users, tuple(self._linear[0].weight.shape), self.block is None, tuple(self.lora_a.weight.shape), \
+            self.lora_a0 is not None
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         """A, B as LoRA's (the same draws), then m = ‖W‖ per output row: ‖W + s·BA‖ at B = 0, as PEFT starts it
@@ -69,12 +110,13 @@ class DoRALinear(lora.LoRALinear):
 def row_norms(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """‖W + s_m·B_m A_m‖ per output row for each member m (members, out), a constant in backward (§4.3), from
         ‖w_i + s·(BA)_i‖² = ‖w_i‖² + 2s·b_i·(W Aᵀ)_i + s²·b_i (A Aᵀ) b_iᵀ
-    in fp32: one product W·[A_1; ...; A_M]ᵀ (out × in × M·r) for all members, and no out × in matrix per member."""
+    in fp32: one product W·[A_1; ...; A_M]ᵀ (out × in × M·r) for all members, and no out × in matrix per member.
+    Several projections at once: W (projections, 1, out, in), A, B with a leading projection dimension."""
     weight, a, b = weight.float(), a.float(), b.float()
     s = s.float()[:, None]
-    cross = (b * torch.matmul(weight, a.transpose(1, 2))).sum(-1)           # (members, out)
-    square = (torch.bmm(b, torch.bmm(a, a.transpose(1, 2))) * b).sum(-1)    # (members, out)
-    norms = weight.square().sum(-1)[None] + 2 * s * cross + s.square() * square
+    cross = (b * torch.matmul(weight, a.transpose(-1, -2))).sum(-1)          # (members, out)
+    square = (torch.matmul(b, torch.matmul(a, a.transpose(-1, -2))) * b).sum(-1)  # (members, out)
+    norms = weight.square().sum(-1) + 2 * s * cross + s.square() * square
     return norms.clamp(min=0).sqrt()
 
 
@@ -84,8 +126,10 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
         return DoRALinear(base, model.members, on_target, f"dora_{target}", layer, in_features, out_features, block,
                           linear)
 
-    for dora, on_target in lora.install_deltas(model, users, "lora_targets", make):
+    made = lora.install_deltas(model, users, "lora_targets", make)
+    for dora, on_target in made:
         mark(model, [*dora.lora_a.parameters(), *dora.lora_b.parameters(), dora.magnitude], on_target)
+        dora.siblings = [delta for delta, _ in made]
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

@@ -39,28 +39,37 @@ def settings(method: DictConfig) -> tuple:
     return (bool(method.hra_apply_gs),)
 
 
-def reflections(u: torch.Tensor, apply_gs: bool) -> torch.Tensor:
-    """(count, in, r) → R (count, in, in) as PEFT's `get_delta_weight`."""
-    eye = torch.eye(u.shape[1], dtype=u.dtype, device=u.device).expand(u.shape[0], -1, -1)
+def factors(u: torch.Tensor, apply_gs: bool) -> rotation.LowRank:
+    """(count, in, r) → R = H_1 H_2 ⋯ H_r (PEFT's `get_delta_weight`) as I − Û T Ûᵀ: the compact WY form of a product
+    of Householder reflections H_i = I − 2 û_i û_iᵀ, with T⁻¹ = ½ I + the strictly upper part of ÛᵀÛ (Schreiber and
+    Van Loan 1989; T upper triangular, r × r). apply_GS: Û orthonormalised by Gram-Schmidt, R = I − 2 Û Ûᵀ."""
+    count, _, r = u.shape
+    eye = torch.eye(r, dtype=u.dtype, device=u.device).expand(count, -1, -1)
     if apply_gs:
         columns = [u[..., :1] / u[..., :1].norm(dim=1, keepdim=True)]
-        for i in range(1, u.shape[-1]):
+        for i in range(1, r):
             column = u[..., i : i + 1]
             for done in columns:
                 column = column - (done.transpose(1, 2) @ column) * done
             columns.append(column / column.norm(dim=1, keepdim=True))
-        unit = torch.cat(columns, dim=-1)
-        return eye - 2 * unit @ unit.transpose(1, 2)
+        return rotation.LowRank(torch.cat(columns, dim=-1), 2 * eye)
     unit = u / u.norm(dim=1, keepdim=True)
-    weight = eye
-    for column, row in zip(unit.split(1, dim=2), unit.transpose(1, 2).split(1, dim=1)):  # û_i, û_iᵀ
-        weight = weight - torch.bmm(2 * torch.bmm(weight, column), row)
-    return weight
+    inverse = torch.triu(torch.bmm(unit.transpose(1, 2), unit), diagonal=1) + 0.5 * eye
+    return rotation.LowRank(unit, torch.linalg.solve_triangular(inverse, eye, upper=True))
 
 
-def matrices(weight: torch.Tensor, method: DictConfig) -> torch.Tensor:
-    """Member-stacked U (count, in, r) → one block per member, Rᵀ (x ↦ x Rᵀ on the row vector): (count, 1, in, in)."""
-    return reflections(weight, bool(method.hra_apply_gs)).transpose(1, 2).unsqueeze(1)
+def reflections(u: torch.Tensor, apply_gs: bool) -> torch.Tensor:
+    """(count, in, r) → R (count, in, in) as PEFT's `get_delta_weight` (from the compact form: what the model
+    applies)."""
+    low = factors(u, apply_gs)
+    eye = torch.eye(u.shape[1], dtype=u.dtype, device=u.device)
+    return eye - low.u @ low.t @ low.u.transpose(1, 2)
+
+
+def matrices(weight: torch.Tensor, method: DictConfig) -> rotation.LowRank:
+    """Member-stacked U (count, in, r) → each member's R in compact form (rotation.LowRank), x ↦ x Rᵀ on the row
+    vector: never an in × in matrix."""
+    return factors(weight, bool(method.hra_apply_gs))
 
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:

@@ -34,16 +34,27 @@ class Scale(nn.Module):
         super().__init__()
         self.members = members
         self.ia3_l = nn.Parameter(torch.ones(members.count, size, device=device))
+        self.users: tuple[int, ...] = ()  # the members with (IA)³ (install)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """x (active members' rows, ..., size) times each row's member's vector."""
-        scale = self.members.pick(self.ia3_l).to(x.dtype)
-        grouped = x.view(scale.shape[0], -1, x.shape[-1])
-        return (grouped * scale[:, None]).view(x.shape)
+        return scaled(self.members, self.users, x, lambda selection: self.members.slots_of(self.ia3_l, selection))
 
     def init_member(self, slot: int) -> None:
         with torch.no_grad():
             self.ia3_l[slot].fill_(1.0)
+
+
+def scaled(members: Members, users: tuple[int, ...], x: torch.Tensor, vectors) -> torch.Tensor:
+    """x (active members' rows, ..., size) with the rows of `users` times their member's vector (`vectors(selection)`:
+    (selected members, size)); only their rows are multiplied, so only theirs are kept for the backward pass."""
+    selection = members.select(users, x.device)
+    if not selection.count:
+        return x
+    rows = members.gather(selection, x)
+    scale = vectors(selection).to(x.dtype)
+    grouped = rows.view(selection.count, -1, x.shape[-1])
+    return members.replace_rows(selection, x, (grouped * scale[:, None]).view(rows.shape))
 
 
 class ScaledOutput(Scale):
@@ -75,11 +86,13 @@ class ScaledBlocks(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.inner(x)
         size = out.shape[-1] // self.blocks
-        members = self.members.active_count
-        parts = [self.members.pick(getattr(self, self.targets[b]).ia3_l) if b in self.targets else
-                 out.new_ones(members, size) for b in range(self.blocks)]
-        scale = torch.cat(parts, dim=-1).to(out.dtype)
-        return (out.view(members, -1, out.shape[-1]) * scale[:, None]).view(out.shape)
+        users = getattr(self, next(iter(self.targets.values()))).users
+
+        def vectors(selection):
+            return torch.cat([self.members.slots_of(getattr(self, self.targets[b]).ia3_l, selection)
+                              if b in self.targets else out.new_ones(selection.count, size)
+                              for b in range(self.blocks)], dim=-1)
+        return scaled(self.members, users, out, vectors)
 
 
 class ScaledInput(Scale):
@@ -138,6 +151,7 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
         setattr(ffn, model.arch.ffn_linear, ScaledInput(linear, members, _features(linear)[1], device))
         for scale in scales(model, layer).values():
             mark(model, [scale.ia3_l], users)
+            scale.users = tuple(sorted(users))
 
 
 def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import unwrapped
-from .base import Coefficient, FfnOutput, MemberLinear, Members, PeltModel, Selection, draw, mark, scale_rows
+from .base import Coefficient, FfnOutput, MemberLinear, Members, PeltModel, Selection, draw, mark, scale_grouped
 
 GATE = "the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s"
 
@@ -84,7 +84,11 @@ class ProjectionDelta(nn.Module):
         if not selection.count:
             return out
         rows = self.members.gather(selection, x)  # only the members with this delta here
-        delta = scale_rows(self.delta(rows, selection, out), self.coefficient(rows, selection))
+        coefficient = self.coefficient(rows, selection)
+        if coefficient is None:
+            delta = self.delta(rows, selection, out)
+        else:  # scaled member by member while grouped (members, rows · tokens, out)
+            delta = scale_grouped(self.grouped_delta(rows, selection, out), coefficient).view(*rows.shape[:-1], -1)
         if self.block is not None:  # its rows of a fused projection's output, zeros elsewhere
             delta = F.pad(delta, (self.block.start, out.shape[-1] - self.block.stop))
         return self.members.add_rows(selection, out, delta)
@@ -92,6 +96,11 @@ class ProjectionDelta(nn.Module):
     def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
         """The selected members' delta for their rows of x (`out`: the whole projection output, all rows)."""
         raise NotImplementedError
+
+    def grouped_delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
+        """The delta as (selected members, rows · tokens, out)."""
+        delta = self.delta(rows, selection, out)
+        return delta.view(selection.count, -1, delta.shape[-1])
 
 
 class LoRALinear(ProjectionDelta):
@@ -123,22 +132,28 @@ class LoRALinear(ProjectionDelta):
         """W and b of this delta's rows of the frozen projection."""
         linear = self._linear[0]
         bias = getattr(linear, "pretrained", linear.bias)  # BitFit's MemberBias keeps the pretrained bias there
-        rows = self.block or slice(None)
-        return linear.weight[rows], None if bias is None else bias[rows]
+        if self.block is None:
+            return linear.weight, bias
+        return linear.weight[self.block], None if bias is None else bias[self.block]
 
     def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
         return self.low_rank(rows, selection)
 
+    def grouped_delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
+        return self.grouped_low_rank(rows, selection)
+
     def low_rank(self, rows: torch.Tensor, selection: Selection) -> torch.Tensor:
         """B(A x) for the selected members' rows, minus B₀(A₀ x) where a member started from PiSSA / OLoRA."""
+        return self.grouped_low_rank(rows, selection).view(*rows.shape[:-1], -1)
+
+    def grouped_low_rank(self, rows: torch.Tensor, selection: Selection) -> torch.Tensor:
+        """`low_rank` as (selected members, rows · tokens, out)."""
         grouped = rows.reshape(selection.count, -1, rows.shape[-1])
-        product = self.lora_b.grouped(self.lora_a.grouped(grouped, selection), selection).view(*rows.shape[:-1], -1)
+        product = self.lora_b.grouped(self.lora_a.grouped(grouped, selection), selection)
         if self.lora_a0 is None:
             return product
         a0, b0 = self.initial(selection)
-        grouped = rows.reshape(a0.shape[0], -1, rows.shape[-1])
-        correction = torch.bmm(torch.bmm(grouped, a0.transpose(1, 2)), b0.transpose(1, 2))
-        return product - correction.view(product.shape)
+        return product - torch.bmm(torch.bmm(grouped, a0.transpose(1, 2)), b0.transpose(1, 2))
 
     def initial(self, selection: Selection) -> tuple[torch.Tensor, torch.Tensor]:
         """The selected members' frozen A₀, B₀ (zeros for a member with the kaiming init)."""

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import MemberLinear, Members, PeltModel, Selection, draw, ffn_output, mark, scale_rows
+from .base import MemberLinear, Members, PeltModel, Selection, draw, ffn_output, mark, scale_grouped
 from .lora import kaiming
 
 GATE = None  # its output has the constant scale adapter_scale (He et al.); no gate was defined for it
@@ -35,8 +35,9 @@ class ParallelAdapter(nn.Module):
 
     def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor:
         """x: the rows of the selected members (those with a parallel adapter)."""
-        out = self.up(torch.relu(self.down(x, selection)), selection)
-        return scale_rows(out, self.members.slots_of(self.scale, selection))
+        grouped = x.reshape(selection.count, -1, x.shape[-1])
+        out = self.up.grouped(torch.relu(self.down.grouped(grouped, selection)), selection)
+        return scale_grouped(out, self.members.slots_of(self.scale, selection)).view(x.shape)
 
     def init_member(self, slot: int, method: DictConfig) -> None:
         draw(self.down.weight[slot, : method.bottleneck], kaiming)  # bias, Up: zeros (already)

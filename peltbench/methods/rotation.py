@@ -9,8 +9,10 @@ member, applied after the shared projection around its frozen bias b: y = b + s 
 
 A method module (oft.py, hra.py, boft.py) gives `PARAMETER` (the name its tensor takes under the projection, PEFT's),
 `shape(method, features)` (one member's parameter shape), `settings(method)` (what else its matrices depend on) and
-`matrices(weight, method)` (member-stacked parameters → member-stacked blocks). Members whose shapes and settings
-agree are rotated in one batched product; a group mixing block sizes loops over its few distinct kinds.
+`matrices(weight, method)` (member-stacked parameters → member-stacked blocks, or a `LowRank` rotation
+R = I − U T Uᵀ, HRA's, which is applied to the rows without ever forming R). Members whose shapes and settings agree
+are rotated in one batched product; a group mixing block sizes loops over its few distinct kinds. In a forward pass
+the matrices of every rotation of the model with the same members, shape and settings are built in one batch.
 
 Where the architecture map puts q, k and v in one fused Linear (ModernBERT's Wqkv), they share its input, so they
 share its rotation: targets [query, value] there rotate Wqkv's input once, which k reads too, as PEFT's OFT with
@@ -19,6 +21,8 @@ one product per Linear). The count is then one rotation per layer where BERT has
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from omegaconf import DictConfig
@@ -58,7 +62,7 @@ class InputRotation(nn.Module):
                 continue
             blocks = self.blocks(index, selection)
             rows = self.members.gather(selection, x)
-            rotated = rotate(rows, blocks.to(rows.dtype), selection.count)
+            rotated = rotate(rows, cast(blocks, rows.dtype), selection.count)
             x = replace_rows(self.members, selection, x, rotated)
         return x
 
@@ -82,9 +86,11 @@ class InputRotation(nn.Module):
                 cache[(id(self), index)] = self.matrices(self.weights(index, selection), method)
             else:
                 weights = torch.stack([sibling.weights(i, selection) for sibling, i in same])
-                blocks = self.matrices(weights.flatten(0, 1), method).unflatten(0, (len(same), selection.count))
-                for (sibling, i), matrices in zip(same, blocks.unbind(0)):
-                    cache[(id(sibling), i)] = matrices
+                blocks = self.matrices(weights.flatten(0, 1), method)
+                parts = [part.unflatten(0, (len(same), selection.count)).unbind(0) for part in
+                         (blocks if isinstance(blocks, LowRank) else (blocks,))]
+                for (sibling, i), matrices in zip(same, zip(*parts)):
+                    cache[(id(sibling), i)] = LowRank(*matrices) if isinstance(blocks, LowRank) else matrices[0]
         return cache[(id(self), index)]
 
     def scale_output(self, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -99,9 +105,26 @@ class InputRotation(nn.Module):
         return replace_rows(self.members, selection, out, scaled.reshape(rows.shape))
 
 
-def rotate(rows: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
+class LowRank(NamedTuple):
+    """A rotation R = I − U T Uᵀ (count, in, r) and (count, r, r): r Householder reflections in compact WY form (HRA).
+    x Rᵀ = x − ((x U) Tᵀ) Uᵀ costs 4·in·r per row, and no in × in matrix is ever formed or kept."""
+
+    u: torch.Tensor
+    t: torch.Tensor
+
+
+def cast(blocks, dtype: torch.dtype):
+    return LowRank(blocks.u.to(dtype), blocks.t.to(dtype)) if isinstance(blocks, LowRank) else blocks.to(dtype)
+
+
+def rotate(rows: torch.Tensor, blocks, count: int) -> torch.Tensor:
     """x R for each member's rows, block by block: rows (count · n, ..., features), blocks (count, r, b, b). One
-    dense block (HRA, BOFT): one bmm; r blocks (OFT): one batched matmul over members and blocks."""
+    dense block (BOFT): one bmm; r blocks (OFT): one batched matmul over members and blocks; a LowRank R (HRA):
+    three thin products."""
+    if isinstance(blocks, LowRank):
+        grouped = rows.reshape(count, -1, rows.shape[-1])
+        mixed = torch.bmm(torch.bmm(grouped, blocks.u), blocks.t.transpose(1, 2))
+        return (grouped - torch.bmm(mixed, blocks.u.transpose(1, 2))).view(rows.shape)
     members, r, b, _ = blocks.shape
     if r == 1:
         return torch.bmm(rows.reshape(count, -1, b), blocks.view(count, b, b)).view(rows.shape)
@@ -112,10 +135,7 @@ def rotate(rows: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor
 def replace_rows(members: Members, selection, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x with the selected members' rows replaced (out of place: x is a layer's input, which backward may read); under
     autocast the rotated rows (a bf16 matmul's) take x's dtype, which the projection autocasts again."""
-    if selection.every:
-        return rows
-    n = x.shape[0] // members.active_count
-    return x.index_copy(0, selection.rows(n, x.device), rows.to(x.dtype))
+    return members.replace_rows(selection, x, rows)
 
 
 def install(model: PeltModel, users: dict[int, DictConfig], kind, component: str) -> None:

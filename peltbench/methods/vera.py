@@ -18,25 +18,40 @@ from omegaconf import DictConfig
 from torch import nn
 
 from . import lora
-from .base import Members, PeltModel, Selection, mark
+from .base import Members, PeltModel, Selection, mark, rows_for
 
 GATE = "the delta λ_b ⊙ B(λ_d ⊙ A x) of each adapted projection: one gate per projection and layer, as LoRA's"
 
 
 class SharedProjections(nn.Module):
-    """Each member's frozen A (r × in) and B (out × r), shared by all its layers: buffers with a member dimension
-    (a member with a smaller rank holds zeros past it). Not saved: they are drawn again from the model seed."""
+    """Each VeRA member's frozen A (r × in) and B (out × r), shared by all its layers: buffers with one entry per VeRA
+    member (`users`, in slot order; the group's other members hold none), a member with a smaller rank holding zeros
+    past it. Not saved: they are drawn again from the model seed."""
 
-    def __init__(self, members: Members, rank: int, in_features: int, out_features: int) -> None:
+    def __init__(self, members: Members, users: tuple[int, ...], rank: int, in_features: int,
+                 out_features: int) -> None:
         super().__init__()
-        self.register_buffer("a", torch.zeros(members.count, rank, in_features), persistent=False)
-        self.register_buffer("b", torch.zeros(members.count, out_features, rank), persistent=False)
+        self.users = users
+        self.register_buffer("a", torch.zeros(len(users), rank, in_features), persistent=False)
+        self.register_buffer("b", torch.zeros(len(users), out_features, rank), persistent=False)
+        self._positions: dict = {}
+
+    def of(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Member `slot`'s A and B."""
+        index = self.users.index(slot)
+        return self.a[index], self.b[index]
+
+    def selected(self, selection: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selected members' A and B, (members, r, in) and (members, out, r)."""
+        return rows_for(self.a, self.users, selection, self._positions), \
+            rows_for(self.b, self.users, selection, self._positions)
 
     @torch.no_grad()
     def draw(self, slot: int, rank: int, seed: int) -> None:
         """PEFT's `_init_vera_A_vera_B`: one CPU generator seeded with the key, A then B, kaiming-uniform (gain √2)."""
         generator = torch.Generator(device="cpu").manual_seed(seed)
-        for target, shape in ((self.a[slot, :rank], (rank, self.a.shape[2])), (self.b[slot, :, :rank], (self.b.shape[1], rank))):
+        a, b = self.of(slot)
+        for target, shape in ((a[:rank], (rank, self.a.shape[2])), (b[:, :rank], (self.b.shape[1], rank))):
             bound = math.sqrt(3.0) * math.sqrt(2.0) / math.sqrt(shape[1])
             target.copy_(torch.empty(shape, device="cpu").uniform_(-bound, bound, generator=generator))
 
@@ -58,8 +73,9 @@ class VeRALinear(lora.ProjectionDelta):
     def delta(self, rows: torch.Tensor, selection: Selection, out: torch.Tensor) -> torch.Tensor:
         slots = self.members.slots_of
         rank, size = self.vera_lambda_d.shape[1], self.vera_lambda_b.shape[1]
-        a = slots(self.shared.a, selection)[:, :rank, : self.in_features].to(rows.dtype)
-        b = slots(self.shared.b, selection)[:, :size, :rank].to(rows.dtype)
+        a, b = self.shared.selected(selection)
+        a = a[:, :rank, : self.in_features].to(rows.dtype)
+        b = b[:, :size, :rank].to(rows.dtype)
         grouped = rows.reshape(selection.count, -1, rows.shape[-1])
         hidden = torch.bmm(grouped, a.transpose(1, 2)) * slots(self.vera_lambda_d, selection)[:, None].to(rows.dtype)
         delta = torch.bmm(hidden, b.transpose(1, 2)) * slots(self.vera_lambda_b, selection)[:, None].to(rows.dtype)
@@ -76,7 +92,8 @@ def install(model: PeltModel, users: dict[int, DictConfig]) -> None:
     shapes = [lora.projection_shape(model, layer, target) for layer in model.layers for target in lora.TARGETS
               if any(target in method.vera_targets for method in users.values())]
     rank = max(method.vera_rank for method in users.values())
-    shared = SharedProjections(model.members, rank, max(i for _, i in shapes), max(o for o, _ in shapes))
+    shared = SharedProjections(model.members, tuple(sorted(users)), rank, max(i for _, i in shapes),
+                               max(o for o, _ in shapes))
 
     def make(base, on_target, target, layer, in_features, out_features, block):
         return VeRALinear(base, model.members, on_target, f"vera_{target}", layer, in_features, out_features, block,
@@ -102,8 +119,8 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
 
 def frozen_state(model: PeltModel, slot: int, method: DictConfig) -> dict[str, torch.Tensor]:
     """What a copy needs beside the trained vectors: the member's A and B at its rank (PEFT's vera_A, vera_B)."""
-    shared = next(modules(model, method)).shared
-    return {"vera_A": shared.a[slot, : method.vera_rank].clone(), "vera_B": shared.b[slot, :, : method.vera_rank].clone()}
+    a, b = next(modules(model, method)).shared.of(slot)
+    return {"vera_A": a[: method.vera_rank].clone(), "vera_B": b[:, : method.vera_rank].clone()}
 
 
 def check(method: DictConfig) -> None:
