@@ -69,6 +69,14 @@ class Budget:
                             for module in self.modules])
         return mask if every else self._span(mask, 1)
 
+    def _spans(self, parameters: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters' slots of the span: views made once (while the parameters keep their storage)."""
+        key = ("spans", tuple(p.data_ptr() for p in parameters))
+        if key not in self._cache:
+            self._cache = {k: v for k, v in self._cache.items() if k[0] != "spans"}
+            self._cache[key] = [self._span(p) for p in parameters]
+        return self._cache[key]
+
     def _span(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """A member-stacked tensor's slots of the AdaLoRA span (the tensor itself where that is every slot)."""
         return tensor if self.width == self.count else tensor.narrow(dim, self.first, self.width)
@@ -159,7 +167,7 @@ class Budget:
         beta1, beta1c, beta2, beta2c = self._betas(members, parameters[0].device)
         size = len(parameters)
         grads = [self._span(p.grad if p.grad is not None else torch.zeros_like(p)) for p in parameters]
-        ipt = torch._foreach_mul([self._span(p) for p in parameters], grads)
+        ipt = torch._foreach_mul(self._spans(parameters), grads)
         torch._foreach_abs_(ipt)
         old = [state["ipt"] for state in self.state]
         smoothed = torch._foreach_mul(old, [beta1] * size)
