@@ -372,13 +372,14 @@ class MemberAdamW:
     them would do apart, not the group's size times each component's.
 
     A step is a few operators for the whole group, whatever its number of tensors (issue 38): the parameters of one
-    dtype and device form a `_Bank`, whose gradients are copied with one `_foreach_copy_` into one flat buffer (each
-    parameter's whole gradient: `p.grad` is then a view of it, clipped, for what reads it after the step), and their
-    spans with one more into one flat buffer of the spans only, which the clipping and AdamW work on as one tensor,
-    each (parameter, member) slot a segment of it: per-segment norms with one `_foreach_norm`, per-member values spread
-    over the segments with one `repeat_interleave`. The moments are flat buffers of the spans; one `_foreach_add_`
-    adds the update to the parameters. Every view is made once, when the optimiser is built, and the learning rates
-    are computed on the host (Python floats, as before): no step reads a value from the device.
+    dtype and device form a `_Bank`, whose gradients' spans are copied with one `_foreach_copy_` into one flat buffer,
+    which the clipping and AdamW work on as one tensor, each (parameter, member) slot a segment of it: per-segment
+    norms with one `_foreach_norm`, per-member values spread over the segments with one `repeat_interleave`; the
+    clipped gradients go back to `p.grad` with one more (`after_step` reads them). The moments are flat buffers of the
+    spans; one `_foreach_add_` adds the update to the parameters. The learning rates are host floats (no step reads a
+    value from the device), and every view is made once when the optimiser is built, but one per parameter and step
+    whose span is not all of it: the span of its new gradient (a view, no computation; copying every whole gradient
+    into a flat buffer instead copied 497 MB per step for the mixed grid on MiniLM: docs/fused.md).
     """
 
     def __init__(self, model, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
@@ -450,88 +451,81 @@ class MemberAdamW:
 class _Bank:
     """The trained parameters of one dtype and device, and their optimiser state as flat buffers (MemberAdamW).
 
-    `grads`: every parameter's whole gradient, one after the other (`p.grad` is a view of it after `gather`);
-    `spans`: the gradients of each parameter's span of member slots (clipped there), `exp_avg`, `exp_avg_sq`: the
-    moments, in the same layout. The two gradient buffers hold memory only from `gather` to `zero_grad` (`release`).
-    A segment is one (parameter, member) slot of a span: `segment_index` says whose (on the device, as
-    `segment_members` on the host), `lengths` its size, `trained` whether that member trains the parameter."""
+    `spans`: this step's gradients of each parameter's span of member slots, one after the other (clipped there, then
+    the update); `exp_avg`, `exp_avg_sq`: the moments, in the same layout. `spans` holds memory only from `gather` to
+    `zero_grad` (`release`). A segment is one (parameter, member) slot of a span: `segment_index` says whose (on the
+    device, as `segment_members` on the host), `lengths` its size, `trained` whether that member trains the
+    parameter."""
 
     def __init__(self, entries: list[tuple[torch.Tensor, list[bool], bool]], members: int) -> None:
         self.params = [parameter for parameter, _, _ in entries]
         self.count = members
         first = entries[0][0]
         dtype, device = first.dtype, first.device
-        self.grads = torch.empty(sum(p.numel() for p in self.params), dtype=dtype, device=device)
-        spans, segments, offset = [], [], 0
+        segments = []
         self.slots: list[tuple[int, int]] = []  # each parameter's span of member slots
+        self.cuts: list[slice | None] = []       # where a parameter's span is not all of it: its slots' slice
         for index, (parameter, flags, stacked) in enumerate(entries):
             if stacked:  # the slots from the first member that trains it to the last
                 start, stop = flags.index(True), len(flags) - flags[::-1].index(True)
             else:        # a backbone weight (fine-tuning, a group of one): one slot, member 0's
                 start, stop = 0, 1
-            spans.append((start, stop, stacked))
             self.slots.append((start, stop))
+            self.cuts.append(slice(start, stop) if stacked and stop - start < parameter.shape[0] else None)
             size = parameter[0].numel() if stacked else parameter.numel()
             segments += [(index, m, size, bool(flags[m])) for m in range(start, stop)]
         self.span_size = sum(size for *_, size, _ in segments)
         self.spans = torch.empty(self.span_size, dtype=dtype, device=device)
         self.exp_avg = torch.zeros(self.span_size, dtype=dtype, device=device)
         self.exp_avg_sq = torch.zeros(self.span_size, dtype=dtype, device=device)
-        # the views, made once: each parameter's gradient in `grads`, its span there and in `spans`, its span itself
-        self.grad_views, self.grad_spans, self.span_views, self.param_spans = [], [], [], []
-        at = 0
-        for parameter, (start, stop, stacked) in zip(self.params, spans):
-            whole = self.grads[offset : offset + parameter.numel()].view(parameter.shape)
-            offset += parameter.numel()
-            span = slice(start, stop) if stacked else slice(None)
-            shape = (stop - start, *parameter.shape[1:]) if stacked else parameter.shape
-            self.grad_views.append(whole)
-            self.grad_spans.append(whole[span])
-            self.span_views.append(self.spans[at : at + math.prod(shape)].view(shape))
-            at += math.prod(shape)
-            self.param_spans.append(parameter.detach()[span])
+        # the views, made once: each parameter's span in `spans` and in the parameter itself, each segment in `spans`
+        self.span_views, self.param_spans, at = [], [], 0
+        for parameter, cut in zip(self.params, self.cuts):
+            span = parameter.detach() if cut is None else parameter.detach()[cut]
+            self.span_views.append(self.spans[at : at + span.numel()].view(span.shape))
+            self.param_spans.append(span)
+            at += span.numel()
         starts = np.cumsum([0, *(size for *_, size, _ in segments)])
+        self.trained_views = [self.spans[starts[s] : starts[s + 1]] for s, seg in enumerate(segments) if seg[3]]
+        self.untrained_views = [self.spans[starts[s] : starts[s + 1]] for s, seg in enumerate(segments) if not seg[3]]
         trained = [s for s, segment in enumerate(segments) if segment[3]]
-        self.trained_views = [self.spans[starts[s] : starts[s + 1]] for s in trained]  # for their norms
-        self.untrained_grads = [self.grad_spans[index].view(-1, size)[m - spans[index][0]]
-                                for index, m, size, is_trained in segments if not is_trained]
         self.norm_index = torch.tensor([segments[s][0] * members + segments[s][1] for s in trained], device=device)
         self.segment_index = torch.tensor([m for _, m, _, _ in segments], device=device)
-        self.lengths = torch.tensor([size for *_, size, _ in segments], device=device)
+        self.lengths = torch.tensor([size for *_, size, _ in segments], dtype=torch.int32, device=device)
         self.segment_members = np.array([m for _, m, _, _ in segments])
         self.segment_params = np.array([index for index, *_ in segments])
         self.trained = np.array([is_trained for *_, is_trained in segments], dtype=np.float32)
         self.missing: list[int] = []  # the parameters without a gradient this step
+        self.grads: list[torch.Tensor] = []  # this step's gradients' spans (views of each .grad), for the clipped ones
+        self.segment_of: torch.Tensor | None = None
         self.release()
 
     def release(self) -> None:
-        """Hand back the memory of the gradient buffers between steps (their views stay valid: `acquire`), so the
+        """Hand back the memory of the gradient buffer between steps (its views stay valid: `acquire`), so the
         optimiser keeps nothing but its moments while the next forward and backward pass run."""
-        for buffer in (self.grads, self.spans):
-            buffer.untyped_storage().resize_(0)
+        self.spans.untyped_storage().resize_(0)
+        self.grads, self.segment_of = [], None
 
     def acquire(self) -> None:
-        for buffer in (self.grads, self.spans):
-            if buffer.untyped_storage().nbytes() == 0:
-                buffer.untyped_storage().resize_(buffer.numel() * buffer.element_size())
+        if self.spans.untyped_storage().nbytes() == 0:
+            self.spans.untyped_storage().resize_(self.spans.numel() * self.spans.element_size())
 
     def gather(self) -> bool:
-        """Copy this step's gradients into the flat buffers (untrained slots of a span zeroed); False if none."""
+        """Copy this step's gradients' spans into `spans` (untrained slots of a span zeroed); False if none."""
         present = [i for i, p in enumerate(self.params) if p.grad is not None]
         if not present:
             return False
         self.acquire()
         self.missing = [i for i, p in enumerate(self.params) if p.grad is None]
-        if not self.missing:
-            torch._foreach_copy_(self.grad_views, [p.grad for p in self.params])
-        else:  # a component none of whose members is in the pass any more: zeros, and no update (`adamw`)
-            torch._foreach_copy_([self.grad_views[i] for i in present], [self.params[i].grad for i in present])
-            torch._foreach_zero_([self.grad_views[i] for i in self.missing])
-        if self.untrained_grads:
-            torch._foreach_zero_(self.untrained_grads)
-        torch._foreach_copy_(self.span_views, self.grad_spans)
-        for i in present:
-            self.params[i].grad = self.grad_views[i]
+        # a parameter's span of its gradient: a view where the span is not the whole parameter (made each step: the
+        # gradient is a new tensor each step)
+        self.grads = [self.params[i].grad if self.cuts[i] is None else self.params[i].grad[self.cuts[i]]
+                      for i in present]
+        torch._foreach_copy_([self.span_views[i] for i in present], self.grads)
+        zeros = self.untrained_views + [self.span_views[i] for i in self.missing]  # a component none of whose
+        if zeros:                                                                  # members is in the pass any more
+            torch._foreach_zero_(zeros)
+        self.present = present
         return True
 
     def norm_table(self) -> torch.Tensor:
@@ -541,13 +535,18 @@ class _Bank:
         return table.index_copy_(0, self.norm_index, norms).view(len(self.params), self.count)
 
     def spread(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-segment values (segments,) as one value per element of `spans`."""
-        return torch.repeat_interleave(values, self.lengths, output_size=self.span_size)
+        """Per-segment values (segments,) as one value per element of `spans` (each element's segment: made once per
+        step, int32, freed with the gradients)."""
+        if self.segment_of is None:
+            segments = torch.arange(len(self.lengths), dtype=torch.int32, device=self.lengths.device)
+            self.segment_of = torch.repeat_interleave(segments, self.lengths, output_size=self.span_size)
+        return values.index_select(0, self.segment_of)
 
     def scale(self, coefficient: torch.Tensor) -> None:
-        """Each member's span gradients times its clipping coefficient; `p.grad` clipped too."""
+        """Each member's span gradients times its clipping coefficient; `p.grad` clipped (and zero in the untrained
+        slots of its span) too, for what reads it after the step."""
         self.spans.mul_(self.spread(coefficient.index_select(0, self.segment_index)))
-        torch._foreach_copy_(self.grad_spans, self.span_views)
+        torch._foreach_copy_(self.grads, [self.span_views[i] for i in self.present])
 
     def adamw(self, step_sizes: np.ndarray, beta1: float, beta2: float, correction2: float, eps: float) -> None:
         self.exp_avg.lerp_(self.spans, 1 - beta1)

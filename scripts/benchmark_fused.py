@@ -398,14 +398,15 @@ def phases_of(counter: PhaseCount, owners: dict):
                 setattr(owner, attribute, original)
 
 
-def profile_group(cfgs, task, tokenizer, device, bf16, steps: int, memory: bool = False) -> dict:
+def profile_group(cfgs, task, tokenizer, device, bf16, steps: int, memory: bool = False, shapes: str = "cuda") -> dict:
     """One fused group with a GPU's batch shapes (every member in one pass, evaluation `eval_batch_size` rows per
     member): the operators and syncs of one training step by phase (after a first, untimed step), those of one
     evaluation pass of one batch per member, and (torch.profiler) the time of each phase over `steps` more steps:
-    the kernels' device time on CUDA, the CPU time on a CPU. `memory`: also one more step's peak (`step_peak`)."""
+    the kernels' device time on CUDA, the CPU time on a CPU. `memory`: also one more step's peak (`step_peak`).
+    `shapes`: whose batch shapes (`cpu`: a CPU's, a few members per pass: what a CPU's time is spent on)."""
     import peltbench.train as train_module
 
-    members, model, settings = build(cfgs, task, tokenizer, device, bf16, "cuda")
+    members, model, settings = build(cfgs, task, tokenizer, device, bf16, shapes)
     started = train_module.start_training(model, members, settings)
     optimizer, order = started[1], started[3]
     active = list(range(len(members)))
@@ -502,13 +503,14 @@ def profile_groups(args, task, tokenizer, device, bf16) -> None:
             groups += [(f"  {method} x {sum(run[0] == method for run in runs)}", [run for run in runs if run[0] == method])
                        for method in methods]
     timed_on = "kernel time on CUDA" if device.type == "cuda" else "CPU time"
-    print(f"aten operators dispatched per training step (step 2 of the group, a GPU's batch shapes: every member in "
-          f"one pass) by phase; host syncs per step; operators and syncs of one evaluation pass (one batch per member); ms per step by phase ({timed_on}, torch.profiler, {args.steps} steps)")
+    shapes = "a GPU's batch shapes: every member in one pass" if args.shapes == "cuda" else "a CPU's batch shapes"
+    print(f"aten operators dispatched per training step (step 2 of the group, {shapes}) by phase; host syncs per step; operators and syncs of one evaluation pass (one batch per member); ms per step by phase ({timed_on}, torch.profiler, {args.steps} steps)")
     head = f"{'group':<36}{'ops':>7}{'fwd+loss':>9}{'bwd':>7}{'rest':>7}  " + "".join(f"{p:>11}" for p in PHASES)
     print(head + f"{'syncs':>7}{'eval ops':>10}{'eval syncs':>11}")
     details = []
     for label, runs in groups:
-        result = profile_group(configs(args, runs), task, tokenizer, device, bf16, args.steps, args.memory)
+        result = profile_group(configs(args, runs), task, tokenizer, device, bf16, args.steps, args.memory,
+                               args.shapes)
         step, evaluation = result["step"], result["evaluation"]
         columns = {column: sum(step.ops[p] for p in parts) for column, parts in COLUMNS.items()}
         print(f"{label:<36}{sum(step.ops.values()):>7}{columns['forward+loss']:>9}{columns['backward']:>7}"
@@ -568,6 +570,9 @@ def main(argv=None) -> None:
     parser.add_argument("--operators", nargs="*", metavar="PHASE",
                         help="with --profile: the operators of these phases of a step by name and count (all phases "
                              "if none named)")
+    parser.add_argument("--shapes", choices=["cuda", "cpu"], default="cuda",
+                        help="with --profile: whose batch shapes (default a GPU's; `cpu`: a CPU's passes, to see "
+                             "where a CPU's time goes)")
     parser.add_argument("--memory", action="store_true",
                         help="with --profile: a training step's peak memory (a GPU's batch shapes), the weights' and "
                              "the optimiser state's")

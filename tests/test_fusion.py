@@ -136,7 +136,7 @@ def test_member_adamw_and_clipping_equal_torch_per_member():
     group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone()] * 3)
     optimizer = MemberAdamW(group)  # the adapters' span is every slot, LoRA's masked; LoRA's span is its own slot
     assert {slots for bank in optimizer.banks for slots in bank.slots} == {(0, 3), (1, 2)}
-    assert any(bank.untrained_grads for bank in optimizer.banks)  # the adapters' slot of the LoRA member
+    assert any(bank.untrained_views for bank in optimizer.banks)  # the adapters' slot of the LoRA member
     lrs, totals = [1e-2, 3e-3, 5e-2], [5, 5, 3]
     for m in range(3):
         optimizer.schedule(m, lrs[m], totals[m])
