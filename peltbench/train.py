@@ -374,7 +374,7 @@ class MemberAdamW:
     A step is a few operators for the whole group, whatever its number of tensors (issue 38): the parameters of one
     dtype and device form a `_Bank`, whose gradients' spans are copied with one `_foreach_copy_` into one flat buffer,
     which the clipping and AdamW work on as one tensor, each (parameter, member) slot a segment of it: per-segment
-    norms with one `_foreach_norm`, per-member values spread over the segments with one `repeat_interleave`; the
+    norms with one `_foreach_norm`, per-member values spread over the segments with one `index_select`; the
     clipped gradients go back to `p.grad` with one more (`after_step` reads them). The moments are flat buffers of the
     spans; one `_foreach_add_` adds the update to the parameters. The learning rates are host floats (no step reads a
     value from the device), and every view is made once when the optimiser is built, but one per parameter and step
