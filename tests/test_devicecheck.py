@@ -143,13 +143,13 @@ def test_what_a_gpu_accepts_is_no_fault():
 # ---------------------------------------------------------------- a host tensor left in peltbench's own paths
 
 
-def without(monkeypatch, function, text: str) -> None:
-    """`function` with `text` taken out of its source (its file's line numbers kept), wherever peltbench's modules
-    hold it: the real code, less one of its moves to the device."""
+def without(monkeypatch, function, text: str, by: str = "") -> None:
+    """`function` with `text` taken out of its source (replaced `by`; its file's line numbers kept), wherever
+    peltbench's modules hold it: the real code, less one of its moves to the device."""
     lines, first = inspect.getsourcelines(function)
     source = "".join(lines)
     assert source.count(text) == 1, f"{function.__module__}.{function.__name__} no longer holds {text!r} once"
-    code = compile("\n" * (first - 1) + source.replace(text, ""), inspect.getsourcefile(function), "exec",
+    code = compile("\n" * (first - 1) + source.replace(text, by), inspect.getsourcefile(function), "exec",
                    flags=__future__.annotations.compiler_flag, dont_inherit=True)
     scope: dict = {}
     exec(code, vars(sys.modules[function.__module__]), scope)  # noqa: S102 - the module's own code, less `text`
@@ -165,14 +165,16 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {"bert": save_tiny_encoder("bert", tmp_path_factory.mktemp("devicecheck") / "bert")}
 
 
-# (the function, the move taken out of it, a method whose device test takes that path, the file the fault names)
+# (the function, the move taken out of it (or: the text, and what it reads without the move), a method whose device test
+# takes that path, the file the fault names)
 LEFT_ON_THE_HOST = {
-    "the batch (data.collate_group)": (peltbench.data.collate_group, ".to(device, non_blocking=True)", "bitfit",
-                                       "peltbench/data.py"),
+    "the batch (data.collate_group)": (peltbench.data.collate_group, ("block.to(device, non_blocking=True)", "block"),
+                                       "bitfit", "peltbench/data.py"),
     "the dropout keys (randomness.step_keys)": (peltbench.methods.randomness.step_keys,
                                                 ".to(device, non_blocking=True)", "bitfit",
                                                 "peltbench/methods/randomness.py"),
-    "the gated evaluation mask (train._stack_blocks)": (peltbench.train._stack_blocks, ", device=device", "unipelt_ap",
+    "the gated evaluation mask (train._stack_blocks)": (peltbench.train._stack_blocks,
+                                                        ("real.to(device, non_blocking=True)", "real"), "unipelt_ap",
                                                         "peltbench/train.py"),
     "P-tuning v2's position ids (prefix.shifted_positions)": (peltbench.methods.prefix.shifted_positions,
                                                               ", device=input_ids.device", "ptuning_v2",
@@ -185,7 +187,7 @@ def test_a_host_tensor_left_in_peltbench_fails_the_device_test(function, text, m
                                                                tmp_path, monkeypatch):
     """peltbench's code with one move to the device taken out: that method's row of tests/test_devices.py fails, and
     the fault names the line that made the host tensor."""
-    without(monkeypatch, function, text)
+    without(monkeypatch, function, *([text] if isinstance(text, str) else text))
     gpu_path(monkeypatch)
     with DeviceCheck() as check:
         with pytest.raises((AssertionError, DeviceFault), match="DeviceFault|a tensor on the host"):
