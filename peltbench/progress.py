@@ -54,22 +54,26 @@ def bars_shown() -> bool:
 
 
 def progress(iterable: Iterable | None = None, desc: str = "", *, total: int | None = None, unit: str = "step",
-             lines: bool = True, outermost: bool = False, advances_outer: bool = False) -> Progress:
+             lines: bool = True, outermost: bool = False, advances_outer: bool = False,
+             delay: float | None = None) -> Progress:
     """A loop's progress: iterate over it, or call `update()` and `close()` by hand.
 
     `lines=False`: in a log, this loop only names its position in its inner loops' lines (its own code logs
     its steps). `outermost=True`: no loop can be running around this one, so any a crash left open are closed.
+    `delay`: a loop that is often quick (reading a results dir's records): its bar shows once it has run that many
+    seconds, as a plain count (not an epoch bar's tenths), even where it is the only loop.
     """
     if outermost:
         for stale in list(reversed(_open)):
             stale.close()
-    bar = Progress(iterable, desc, total, unit, lines)
+    bar = Progress(iterable, desc, total, unit, lines, delay)
     bar.outer = _open[-2] if advances_outer and len(_open) > 1 else None
     return bar
 
 
 class Progress:
-    def __init__(self, iterable: Iterable | None, desc: str, total: int | None, unit: str, lines: bool) -> None:
+    def __init__(self, iterable: Iterable | None, desc: str, total: int | None, unit: str, lines: bool,
+                 delay: float | None = None) -> None:
         if total is None and hasattr(iterable, "__len__"):
             total = len(iterable)
         self.iterable, self.desc, self.total, self.unit, self.lines = iterable, desc, total, unit, lines
@@ -80,10 +84,10 @@ class Progress:
         self.bar = self._redirect = None
         self.quiet = disabled()
         if bars_shown():
-            self._open_bar(outermost=not _open)
+            self._open_bar(outermost=not _open, delay=delay)
         _open.append(self)
 
-    def _open_bar(self, outermost: bool) -> None:
+    def _open_bar(self, outermost: bool, delay: float | None = None) -> None:
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -92,7 +96,7 @@ class Progress:
             self._redirect.__enter__()
         # The outermost bar (a run's epochs) shows at once, its count to a tenth: inner loops move it (`advance`).
         shape = {"delay": 0.0, "bar_format": "{desc} {n:.1f}/{total_fmt} |{bar}| [{elapsed}<{remaining}]"} \
-            if outermost else {"delay": 1.0}
+            if outermost and delay is None else {"delay": 1.0 if delay is None else delay}
         self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, leave=False, dynamic_ncols=True,
                         mininterval=0.5, disable=False, **shape)
 
@@ -112,7 +116,8 @@ class Progress:
         if self.bar is not None:
             self.bar.n = self.n
             self.bar.update(0)
-        elif self.lines and not self.quiet and time.monotonic() - _LastLine.at >= LOG_EVERY_S:
+        elif (self.lines and not self.quiet and time.monotonic() - _LastLine.at >= LOG_EVERY_S
+              and log.isEnabledFor(logging.INFO)):  # unlogged (no handler takes INFO), a line would be made each step
             log.info("%s", self.line())
 
     def advance(self, fraction: float) -> None:

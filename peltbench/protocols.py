@@ -42,8 +42,10 @@ def protocol_file(name: str) -> DictConfig | None:
     return packaged_config(f"protocol/{name}.yaml") if name in options("protocol") else None
 
 
+@lru_cache(maxsize=None)
 def protocol_settings(name: str) -> dict:
-    """The `protocol` node of a packaged protocol (name, k, dev, statistic, seeds, head)."""
+    """The `protocol` node of a packaged protocol (name, k, dev, statistic, seeds, head). Read once per protocol (a
+    sweep checks every run): never change what it returns."""
     packaged = protocol_file(name)
     if packaged is None:
         raise ValueError(f"protocol={name}: no such protocol; choose from {', '.join(options('protocol'))}")
@@ -89,8 +91,13 @@ def identity(cfg: DictConfig) -> dict | None:
     if node is None:
         return None
     values = {key: node.get(key) for key in RESULT_KEYS}
-    unipelt = {key: protocol_settings(DEFAULT).get(key) for key in RESULT_KEYS}
-    return None if values == unipelt else values
+    return None if values == _default_identity() else values
+
+
+@lru_cache(maxsize=None)
+def _default_identity() -> dict:
+    """RESULT_KEYS of the default protocol (read once: a sweep or a results dir holds many runs; never change it)."""
+    return {key: protocol_settings(DEFAULT).get(key) for key in RESULT_KEYS}
 
 
 def sweep_seeds(name: str) -> str | None:

@@ -5,7 +5,6 @@ The format is documented field by field in docs/record.md.
 
 from __future__ import annotations
 
-import copy
 import errno
 import hashlib
 import json
@@ -18,11 +17,12 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import UserError, __version__
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
@@ -51,9 +51,32 @@ class RecordWriteError(Exception):
 def model_identity(name: str) -> str:
     """One spelling per model: a local directory as its real absolute path (DIR, DIR/, a relative path to it and a
     symlink to it are one model), a Hub id as given. A record written with the absolute real path keeps its hash."""
+    if _resolved is not None:
+        if name not in _resolved:
+            _resolved[name] = _model_identity(name)
+        return _resolved[name]
+    return _model_identity(name)
+
+
+def _model_identity(name: str) -> str:
     if is_local(name):
         return os.path.realpath(os.path.expanduser(name))
     return name
+
+
+_resolved: dict[str, str] | None = None  # model_identity's answers, inside one_pass()
+
+
+@contextmanager
+def one_pass():
+    """A pass over many records or runs (the tables' reading, a sweep's check): inside it, each model name is resolved
+    to its real path once (model_identity), not once per record; the paths are taken as they were when first asked."""
+    global _resolved
+    outer, _resolved = _resolved, {} if _resolved is None else _resolved
+    try:
+        yield
+    finally:
+        _resolved = outer
 
 
 def data_location(data_dir: str | None) -> str | None:
@@ -70,30 +93,125 @@ LATER_METHOD_KEYS = {"gate_pooling": "masked", "lora_freeze_a": False, "prefix_p
 LATER_KEYS = {"train.max_steps": None, "train.eval_every": None}
 
 
-def semantic_config(cfg: DictConfig) -> dict:
-    """Everything that identifies an experiment: the method's settings, the task, and SEMANTIC_KEYS."""
-    method = OmegaConf.to_container(cfg.method, resolve=True)
+def semantic_config(cfg: DictConfig | Mapping) -> dict:
+    """Everything that identifies an experiment: the method's settings, the task, and SEMANTIC_KEYS.
+
+    `cfg`: a run's config, or the same as plain data (a record's `config`, a sweep's run as peltbench.missing composes
+    it): read the same way (`select`), so the identity is the one OmegaConf would give (a plain config that holds
+    interpolations or `???` is read through OmegaConf)."""
+    cfg = readable(cfg)
+    method = container(cfg["method"])
     for key, value in LATER_METHOD_KEYS.items():
         if method.get(key) == value:
             del method[key]
-    identity = {"method": method, "task": cfg.task.name}
-    packaged_task = packaged_config(f"task/{cfg.task.name}.yaml")
-    if packaged_task is not None and cfg.task.get("main_metric", packaged_task.main_metric) != packaged_task.main_metric:
-        identity["task.main_metric"] = cfg.task.main_metric  # selected on another metric (LM-BFF's STS-B: Pearson)
+    task = cfg["task"]
+    identity = {"method": method, "task": task["name"]}
+    main_metric = _packaged_main_metric(task["name"])
+    if main_metric is not None and task.get("main_metric", main_metric) != main_metric:
+        identity["task.main_metric"] = task["main_metric"]  # selected on another metric (LM-BFF's STS-B: Pearson)
     for key in SEMANTIC_KEYS:
-        identity[key] = OmegaConf.select(cfg, key)
+        identity[key] = select(cfg, key)
     identity["model.name"] = model_identity(str(identity["model.name"]))
     for key, before in LATER_KEYS.items():
-        value = OmegaConf.select(cfg, key, default=before)
+        value = select(cfg, key, default=before)
         if value != before:
             identity[key] = value
     protocol = protocol_identity(cfg)  # None at unipelt: records from before protocols keep their hash
     if protocol is not None:
         identity["protocol"] = protocol
-        if protocol.get("dev") == "per_class" and lmbff_chain(int(cfg.seed), headerless=not cfg.task.tsv.header):
+        if protocol.get("dev") == "per_class" and lmbff_chain(int(cfg["seed"]), headerless=not task["tsv"]["header"]):
             identity["split"] = "lmbff-chained"  # CoLA as LM-BFF released it (protocols.lmbff_chain): records before
             # this key split CoLA from file order for every seed, another split, so they are another run
     return identity
+
+
+@lru_cache(maxsize=None)
+def _packaged_main_metric(task: str):
+    """The main metric of the packaged task file `task` (None: no such file). Read once per task."""
+    packaged = packaged_config(f"task/{task}.yaml")
+    return None if packaged is None else packaged.main_metric
+
+
+# ---------------------------------------------------------------- a config as plain data
+
+class Plain(dict):
+    """A resolved config as plain dicts and lists, read as a DictConfig is read (`cfg.method.lr`, `cfg.get("k")`,
+    `cfg["task"]`): what peltbench.missing composes for each run of a sweep, without an OmegaConf object per run. It
+    holds no interpolation and no `???` (those are composed by OmegaConf). Never changed once made: runs share its
+    unchanged parts."""
+
+    __slots__ = ()
+
+    def __getattr__(self, key: str):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+def readable(cfg: DictConfig | Mapping) -> DictConfig | Mapping:
+    """`cfg` as the functions here read it: a DictConfig as it is; a plain config as it is, unless one of its strings
+    means something to OmegaConf (an interpolation `${...}`, the missing value `???`): then as OmegaConf reads it."""
+    if isinstance(cfg, (DictConfig, Plain)) or not omegaconf_strings(cfg):
+        return cfg
+    return OmegaConf.create(container(cfg))
+
+
+def omegaconf_strings(value) -> bool:
+    """Whether plain data holds a string OmegaConf reads as more than text: an interpolation `${...}`, or `???`."""
+    try:  # JSON's text of it holds every string: a quick look (a record's config, 10 us) before a walk
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return _walk_strings(value)
+    return ("${" in text or '"???"' in text) and _walk_strings(value)
+
+
+def _walk_strings(value) -> bool:
+    if isinstance(value, str):
+        return "${" in value or value == "???"
+    if isinstance(value, Mapping):
+        return any(_walk_strings(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_walk_strings(item) for item in value)
+    return False
+
+
+def select(cfg: DictConfig | Mapping, key: str, default=None):
+    """OmegaConf.select(cfg, key, default=default), also for a plain (resolved) config: the value at the dotted
+    `key`, `default` where there is none."""
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.select(cfg, key, default=default)
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, (dict, Mapping)) or part not in node:  # dict first: Mapping's check is slow
+            return default
+        node = node[part]
+    return node
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def container(node):
+    """A fresh plain copy of a config node: OmegaConf.to_container(node, resolve=True), or of plain data."""
+    kind = type(node)
+    if kind in _SCALARS:
+        return node
+    if kind is dict or kind is Plain:
+        return {key: value if type(value) in _SCALARS else container(value) for key, value in node.items()}
+    if kind is list:
+        return [value if type(value) in _SCALARS else container(value) for value in node]
+    if isinstance(node, (str, int, float, type(None))):
+        return node
+    if isinstance(node, dict):
+        return {key: container(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [container(value) for value in node]
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, Mapping):
+        return {key: container(value) for key, value in node.items()}
+    return node
 
 
 # Parts of the identity that this version derives from a config with knowledge of its own (which split a seed gets),
@@ -123,10 +241,10 @@ def stored_identity(record: dict, from_config: dict | None = None) -> dict:
     (KeyError, ValueError, ...) for a record without a readable config.
     """
     if from_config is None:
-        from_config = semantic_config(OmegaConf.create(record["config"]))
+        from_config = semantic_config(record["config"])
     here = {"model.name": from_config["model.name"]}
     if isinstance(record.get("identity"), dict):
-        return {**copy.deepcopy(record["identity"]), **here}
+        return {**container(record["identity"]), **here}
     before = {**{key: value for key, value in from_config.items() if key not in DERIVED_KEYS},
               **{key: value for key, value in DERIVED_KEYS.items() if value is not None}}
     for candidate in (from_config, before):
@@ -174,11 +292,11 @@ def changed_meaning(record: dict) -> list[str]:
     this version's run of its config (a rerun of the config stops at it), so no table may show it as that run.
     [] for every record whose meaning did not change; also for one without a readable config (tables name those)."""
     try:
-        today = semantic_config(OmegaConf.create(record["config"]))
+        today = semantic_config(record["config"])
         stored = stored_identity(record, today)
     except Exception:
         return []
-    return _differences(_flat(stored), _flat(today))
+    return [] if stored == today else _differences(_flat(stored), _flat(today))
 
 
 def _differences(stored: dict, mine: dict) -> list[str]:
@@ -192,27 +310,46 @@ def _flat(identity: dict) -> dict:
     return {**{f"method.{key}": value for key, value in method.items()}, **identity}
 
 
-def non_default_settings(cfg: DictConfig) -> list[tuple[str, object]]:
-    """(key, value) pairs where the run departs from the packaged method file and top-level defaults."""
+def non_default_settings(cfg: DictConfig | Mapping) -> list[tuple[str, object]]:
+    """(key, value) pairs where the run departs from the packaged method file and top-level defaults (`cfg` a config,
+    or the same as plain data)."""
+    cfg = readable(cfg)
     changes: list[tuple[str, object]] = []
     protocol = protocol_name(cfg)
-    method_defaults = packaged_config(f"method/{cfg.method.name}.yaml")
-    if method_defaults is not None:  # the protocol's own method settings (lmbff: head=train) are its defaults
-        method_defaults = OmegaConf.merge(method_defaults, method_overrides(protocol))
-    for key, value in OmegaConf.to_container(cfg.method, resolve=True).items():
+    method = cfg["method"]
+    method_defaults = _method_defaults(str(method["name"]), protocol)
+    for key, value in (container(method) if isinstance(method, DictConfig) else method).items():  # read, not kept
         if method_defaults is None or key not in method_defaults or method_defaults[key] != value:
             if key != "name":
                 changes.append((key, value))
-    defaults = run_defaults(protocol, cfg.seed, cfg.task.name)  # the protocol's k, seeds, train.* are not departures
+    defaults = _top_defaults(protocol, cfg["seed"], cfg["task"]["name"])  # the protocol's k, seeds, train.* are not departures
     for key in (*FOLDER_KEYS, *LATER_KEYS):
-        value = OmegaConf.select(cfg, key)
+        value = select(cfg, key)
         if key == "model.name":
             value = model_identity(str(value))
-        if OmegaConf.select(defaults, key) != value:
+        if defaults[key] != value:
             changes.append((key, value))
     if protocol != DEFAULT_PROTOCOL:
         changes.append(("protocol", protocol))
     return changes
+
+
+@lru_cache(maxsize=None)
+def _method_defaults(method: str, protocol: str) -> dict | None:
+    """conf/method/<method>.yaml with the protocol's own method settings over it (lmbff: head=train), as plain data;
+    None for a method peltbench does not ship. Read once per method and protocol: never change what it returns."""
+    packaged = packaged_config(f"method/{method}.yaml")
+    if packaged is None:
+        return None
+    return OmegaConf.to_container(OmegaConf.merge(packaged, method_overrides(protocol)), resolve=True)
+
+
+@lru_cache(maxsize=1024)
+def _top_defaults(protocol: str, seed, task: str) -> dict:
+    """The values of FOLDER_KEYS and LATER_KEYS that a run of `protocol`, `seed` and `task` has unless it says
+    otherwise (protocols.run_defaults). Read once each: never change what it returns."""
+    defaults = run_defaults(protocol, seed, task)
+    return {key: OmegaConf.select(defaults, key) for key in (*FOLDER_KEYS, *LATER_KEYS)}
 
 
 def _folder_value(key: str, value) -> str:
@@ -224,14 +361,15 @@ def _folder_value(key: str, value) -> str:
     return re.sub(r"[^A-Za-z0-9._+=-]", "_", value)
 
 
-def variant_name(cfg: DictConfig) -> str:
+def variant_name(cfg: DictConfig | Mapping) -> str:
     """The method's folder: its name, then every non-default setting, e.g. `adapter,bottleneck=256`."""
-    parts = [cfg.method.name] + [f"{key}={_folder_value(key, value)}" for key, value in non_default_settings(cfg)]
+    parts = [cfg["method"]["name"]] + [f"{key}={_folder_value(key, value)}" for key, value in non_default_settings(cfg)]
     return ",".join(parts)
 
 
-def record_path(cfg: DictConfig, results_dir: Path) -> Path:
-    return results_dir / variant_name(cfg) / cfg.task.name / f"k{cfg.k}" / f"seed{cfg.seed}" / "result.json"
+def record_path(cfg: DictConfig | Mapping, results_dir: Path) -> Path:
+    """Where the record of `cfg` (a config, or the same as plain data) goes under `results_dir`."""
+    return results_dir.joinpath(variant_name(cfg), cfg["task"]["name"], f"k{cfg['k']}", f"seed{cfg['seed']}", "result.json")
 
 
 # ---------------------------------------------------------------- reading
@@ -261,9 +399,9 @@ def read_record(path: Path) -> dict | None:
 SAVED = {"weights": "weights.safetensors", "predictions": "predictions.csv"}
 
 
-def unsaved(cfg: DictConfig, folder: Path) -> list[str]:
+def unsaved(cfg: DictConfig | Mapping, folder: Path) -> list[str]:
     """The files `cfg.save` asks for that the run folder lacks, e.g. ["predictions.csv"]."""
-    return [name for key, name in SAVED.items() if cfg.save.get(key) and not (folder / name).is_file()]
+    return [name for key, name in SAVED.items() if cfg["save"].get(key) and not (folder / name).is_file()]
 
 
 def check_existing(path: Path, cfg: DictConfig) -> dict | None:

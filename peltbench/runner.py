@@ -30,9 +30,9 @@ from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
                      save_weights)
 from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim, remove_empty_run_folder
-from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, data_location, machine, model_identity,
-                     peak_memory, probe_writable, record_path, reset_peak_memory, semantic_config, unsaved, utc_now,
-                     variant_name, versions, write_record)
+from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, container, data_location, machine,
+                     model_identity, peak_memory, probe_writable, record_path, reset_peak_memory, semantic_config, unsaved,
+                     utc_now, variant_name, versions, write_record)
 from .allocator import kept_memory
 from .interrupts import interrupted
 from .halving import Halving, ledger_path, pruned_record
@@ -565,7 +565,7 @@ def _identity(cfg: DictConfig, digest: str) -> dict:
         "task": cfg.task.name,
         "k": cfg.k, "seed": cfg.seed, "model_seed": cfg.model_seed, "model": model_identity(cfg.model.name),
         "status": None, "error": None, "data_dir": data_location(cfg.data.dir),
-        "config": OmegaConf.to_container(cfg, resolve=True), "identity": semantic_config(cfg), "config_hash": digest,
+        "config": container(cfg), "identity": semantic_config(cfg), "config_hash": digest,
         "versions": versions(), "started_at": utc_now(),
     }
 

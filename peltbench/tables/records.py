@@ -16,24 +16,33 @@ task, K and seed whose settings agree so are one run, counted once (`one_record_
 A file that cannot be read as a record (not UTF-8, not JSON, truncated, a field missing or of the wrong
 type) is never guessed at: it is named with its reason and left out.
 """
+import gc
 import json
+import os
 import warnings
 from functools import lru_cache
+from operator import itemgetter
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
-from ..record import LATER_METHOD_KEYS, changed_meaning, damage
+from ..progress import progress
+from ..record import LATER_METHOD_KEYS, Plain, changed_meaning, damage, one_pass
 from .names import METHODS, TASKS
-from .comparability import architecture_name, canonical, config_defaults, normalize_model, protocol_label, run_protocol
+from .comparability import (TOP_LEVEL_KEYS, architecture_name, canonical, config_defaults, normalize_model,
+                            protocol_label, run_protocol)
 
 # A record written before records named their architecture is BERT's: the only one peltbench ran then.
 ARCHITECTURE_BEFORE_RECORDED = "bert"
 ARCHITECTURE_MARK = "#"  # PATH#roberta: the runs of one model path under one of its architectures (split_architectures)
+RECORD_FILE = "result.json"
 WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with save.weights=true
+NAN = np.nan  # a missing column's value, the object pandas fills a list of dicts with
+READING_BAR_DELAY_S = 3.0  # a terminal shows a bar while records are read once reading has taken this long
 # A fused run's `*_seconds` are its group's; `*_seconds_share` its part of them (records before the field: None)
 EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_seconds_share", "train_steps",
                      "eval_seconds", "eval_seconds_share", "test_seconds", "test_examples")
@@ -53,12 +62,90 @@ def read_records(results_dir="results/runs"):
     """(records, unreadable): every readable `result.json` under `results_dir` as one row (see `load_records`),
     and [(path, reason)] for each file that is not a usable record."""
     rows, unreadable = [], []
-    for path in sorted(Path(results_dir).rglob("result.json")):
+    found = record_files(results_dir)
+    memo = {}  # what depends only on a record's method settings or protocol settings: worked out once per pass
+    position = {column: index for index, column in enumerate(COLUMNS)}  # each column's place in a row's list
+    collecting = gc.isenabled()
+    gc.disable()  # records hold no reference cycles: the collector's passes over 100,000 rows only cost time (20%)
+    try:
+        with one_pass():
+            for path, weights in progress(found, "reading records", unit="record", delay=READING_BAR_DELAY_S):
+                try:
+                    row = _flatten(_read(path), path, memo, weights)
+                except BadRecord as error:
+                    unreadable.append((path, str(error)))
+                    continue
+                rows.append(_as_list(row, position))
+    finally:
+        if collecting:
+            gc.enable()
+    return _frame_of_lists(rows, position), unreadable
+
+
+def _as_list(row, position):
+    """A row dict as a list in `position`'s order (a column seen first here is added to it), NaN where it has none
+    (as pandas fills a list of dicts): a tenth of a dict's memory for 100,000 rows."""
+    values = [NAN] * len(position)
+    for column, value in row.items():
+        index = position.get(column)
+        if index is None:
+            index = position[column] = len(position)
+            values.append(NAN)
+        values[index] = value
+    return values
+
+
+def _frame_of_lists(rows, position):
+    """The frame `_frame` makes of the same rows as dicts: COLUMNS, then the others in `_extra_order`."""
+    extra = sorted(set(position) - set(COLUMNS), key=_extra_order)
+    order = [position[column] for column in [*COLUMNS, *extra]]
+    width = len(position)
+    take = itemgetter(*order)
+    table = [take(row if len(row) == width else row + [NAN] * (width - len(row))) for row in rows]
+    rows.clear()
+    return split_architectures(pd.DataFrame(table, columns=[*COLUMNS, *extra]))
+
+
+def record_files(results_dir):
+    """[(path, weights)]: every `result.json` under `results_dir` as `sorted(Path(results_dir).rglob("result.json"))`
+    finds it (the same paths in the same order, symlinked folders not followed), and whether its folder holds a
+    `weights.safetensors` file. One listing per folder, no other look at the disk (100,000 records: 2 s, not 5); a
+    folder that cannot be listed, or is gone meanwhile (a concurrent sweep removes an empty run folder), is skipped."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        return []
+    found, folders = [], [str(root)]
+    while folders:
+        folder = folders.pop()
         try:
-            rows.append(_flatten(_read(path), path))
-        except BadRecord as error:
-            unreadable.append((str(path), str(error)))
-    return _frame(rows), unreadable
+            with os.scandir(folder) as listing:
+                entries = {entry.name: entry for entry in listing}
+        except (PermissionError, FileNotFoundError, NotADirectoryError):
+            continue
+        prefix = "" if folder == "." else folder if folder.endswith("/") else folder + "/"
+        for name, entry in entries.items():
+            if _is_dir(entry) and not entry.is_symlink():
+                folders.append(prefix + name)
+        record = entries.get(RECORD_FILE)
+        if record is not None and (not record.is_symlink() or os.path.exists(record.path)):
+            weights = entries.get(WEIGHTS_FILE)
+            found.append((prefix + RECORD_FILE, weights is not None and _is_file(weights)))
+    found.sort(key=lambda item: item[0].split("/"))  # Path's order: part by part
+    return found
+
+
+def _is_dir(entry):
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _is_file(entry):
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def load_records(results_dir="results/runs"):
@@ -148,8 +235,12 @@ def one_record_per_seed(runs):
     """
     if runs.empty:
         return runs, runs.assign(duplicate=pd.Series(dtype=str))
-    keys = runs[["model", "protocol", "method", "task", "k", "seed"]].astype(str).agg("|".join, axis=1)
-    keys = keys + "|" + runs["settings"].map(canonical)  # filled in (`method_settings`), and 2 is 2.0
+    parts = runs[["model", "protocol", "method", "task", "k", "seed"]].astype(str)
+    keys = parts["model"].str.cat([parts[column] for column in parts.columns[1:]], sep="|")
+    spelt = {}  # canonical text of each settings dict (rows with equal settings share one: read_records)
+    settings = runs["settings"].map(lambda value: spelt[id(value)] if id(value) in spelt else
+                                    spelt.setdefault(id(value), canonical(value)))
+    keys = keys + "|" + settings  # filled in (`method_settings`), and 2 is 2.0
     outcome = runs["status"] + "|" + runs["main"].map(repr)
     repeated = keys.duplicated(keep=False)
     agreeing = outcome.groupby(keys).transform("nunique") == 1
@@ -160,7 +251,8 @@ def one_record_per_seed(runs):
 
 def _read(path):
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        with open(path, "rb") as handle:
+            text = handle.read().decode("utf-8")
     except UnicodeDecodeError as error:
         raise BadRecord(f"not UTF-8 text (byte {error.start})") from None
     except OSError as error:
@@ -176,7 +268,10 @@ def _read(path):
     damaged = damage(record)
     if damaged:  # its identity does not hash to its config_hash (docs/record.md): neither can be trusted
         raise BadRecord(f"damaged: {damaged}; move it away and rerun it")
-    changed = changed_meaning(record)
+    # A record without a string OmegaConf reads as more than text is read as plain data (record.Plain), without a look
+    # at every string of its config; one with `${` or `???` anywhere is read as OmegaConf reads it (record.readable)
+    plain = "${" not in text and '"???"' not in text
+    changed = changed_meaning({**record, "config": Plain(record["config"])} if plain else record)
     if changed:  # e.g. an LM-BFF CoLA record of the old split: not this version's run of its config (docs/record.md)
         raise BadRecord(f"made when its config meant another run ({'; '.join(changed)}): rerun it (move this record "
                         "away first)")
@@ -264,17 +359,24 @@ def _check_fields(record, fields, prefix):
             raise BadRecord(f"field '{prefix}{field}' is {json.dumps(record[field])[:40]}, expected {expected}")
 
 
-def _flatten(record, path):
-    """One record as a flat row; optional fields that are absent become None (a failed run has null scores)."""
-    config = record["config"]
+def _flatten(record, path, memo=None, weights=None):
+    """One record as a flat row; optional fields that are absent become None (a failed run has null scores).
+    `memo`: a dict that one pass over many records shares (read_records): rows with equal method settings share
+    one `settings` dict, and a protocol label is worked out once per distinct set of its inputs. `weights`: whether the
+    run's folder holds weights.safetensors (None: look)."""
+    memo = {} if memo is None else memo
+    config = _shared_parts(record["config"], memo)
     method = record["method"]
-    settings = method_settings(method, config["method"], protocol_name(config))
+    settings, changed = _method_part(method, config["method"], protocol_name(config), memo)
     precision = _precision(record)
     test, dev = record.get("test") or {}, record.get("dev_best") or {}
     fused, machine = record.get("fused") or {}, record.get("machine") or {}
     peak = record.get("peak_memory") or {}
     model = record.get("model") or config["model"]["name"]
-    weights = Path(path).parent / WEIGHTS_FILE
+    folder = os.path.dirname(str(path))
+    weights_path = os.path.join(folder, WEIGHTS_FILE) if folder else WEIGHTS_FILE
+    if weights is None:
+        weights = os.path.isfile(weights_path)
     row = {
         "method": method, "variant": record.get("variant") or method, "task": record["task"],
         "k": str(record["k"]), "seed": record["seed"], "model": normalize_model(model),
@@ -284,12 +386,12 @@ def _flatten(record, path):
         "best_epoch": record.get("best_epoch"), "epochs_run": record.get("epochs_run"),
         "pruned_at": (record.get("pruned") or {}).get("rung"),  # successive halving stopped it there (peltbench.halving)
         "dev_size": config["dev_size"], "model_seed": config.get("model_seed"), "precision": precision,
-        "protocol": protocol_label(run_protocol(config, precision)),
+        "protocol": _protocol_part(config, precision, memo),
         "peak_memory": peak.get("bytes"), "peak_memory_measures": peak.get("measures"),
         "fused_group": fused.get("group"), "fused_size": fused.get("size"), "device": record.get("device"),
         "machine_hostname": machine.get("hostname"), "machine_cpu": machine.get("cpu"), "machine_gpu": machine.get("gpu"),
-        "gates": record.get("gates"), "weights": str(weights) if weights.is_file() else None,
-        "settings": settings, "changed": changed_settings(method, settings, protocol_name(config)), "config": config,
+        "gates": record.get("gates"), "weights": weights_path if weights else None,
+        "settings": settings, "changed": changed, "config": config,
         "path": str(path),
     }
     row.update({field: record.get(field) for field in EFFICIENCY_FIELDS})
@@ -297,6 +399,37 @@ def _flatten(record, path):
     row.update({f"dev_{metric}": _score(score) for metric, score in dev.items() if metric != "main"})
     row.update({f"train_{key}": value for key, value in _train_settings(config).items()})
     return row
+
+
+def _shared_parts(config, memo):
+    """`config` with each of its dicts and lists (`method`, `task`, `train`, ...) replaced by an equal one that earlier
+    records of the pass gave (records of one sweep repeat them): a config's parsed parts take 12 KB, 1.2 GB for
+    100,000 records. Rows share them: read them, never change them in place (load_records)."""
+    return {key: memo.setdefault(("config", key, repr(value)), value) if isinstance(value, (dict, list)) else value
+            for key, value in config.items()}
+
+
+def _method_part(method, config_method, protocol, memo):
+    """(method_settings, changed_settings) of a record's method settings, once per distinct method, protocol and
+    settings in a pass."""
+    key = ("method", method, protocol, repr(config_method))
+    if key not in memo:
+        settings = method_settings(method, config_method, protocol)
+        memo[key] = settings, changed_settings(method, settings, protocol)
+    return memo[key]
+
+
+def _protocol_part(config, precision, memo):
+    """protocol_label(run_protocol(config, precision)), once per distinct set of what it reads in a pass."""
+    name = protocol_name(config)
+    named = name != DEFAULT_PROTOCOL  # a named protocol's own settings depend on the task and seed too
+    reads = [config["train"], {key: config[key] for key in TOP_LEVEL_KEYS if key in config}, name, precision]
+    if named:
+        reads += [(config.get("task") or {}).get("name"), config.get("seed")]
+    key = ("protocol", repr(reads))
+    if key not in memo:
+        memo[key] = protocol_label(run_protocol(config, precision))
+    return memo[key]
 
 
 def _train_settings(config):
