@@ -32,6 +32,7 @@ from .loggers import check_can_start
 from .overrides import pin_group_settings
 from .packaged import options, packaged_config
 from .protocols import protocol_name, run_defaults, sweep_seeds
+from .record import container
 from .tasks import TaskSpec
 
 log = logging.getLogger("peltbench")
@@ -193,6 +194,15 @@ def _main() -> None:
     _run()
 
 
+_checked: tuple[str, ...] | None = None  # the overrides of the sweep that preflight composed and checked every run of
+
+
+def checked_sweep() -> tuple[str, ...] | None:
+    """The command-line overrides of the sweep whose every run `preflight` composed and checked in this process (its
+    sweeper need not compose them again: hydra_plugins/peltbench_local/_sweeper.py); None if none."""
+    return _checked
+
+
 def preflight(arguments: list[str]) -> str | None:
     """Compose and check every run's config as Hydra is about to; raise UserError (one line) for bad input.
 
@@ -220,6 +230,8 @@ def preflight(arguments: list[str]) -> str | None:
     if args.resolve and args.cfg is None:
         raise UserError("--resolve works only with --cfg")
     mode = RunMode.MULTIRUN if args.multirun or "hydra.mode=MULTIRUN" in args.overrides else RunMode.RUN
+    global _checked
+    _checked = None
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         try:
@@ -227,10 +239,10 @@ def preflight(arguments: list[str]) -> str | None:
             shown = []
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
                 loggers, data, protocols = {}, {}, set()
-                for overrides, job in _jobs(loader, config, mode):
+                for overrides, job in _jobs(loader, config, mode, plain=not sweep_cfg):
                     check_config(job)
                     protocols.add(protocol_name(job))
-                    loggers.setdefault(OmegaConf.to_yaml(job.get("logger") or {}), job.get("logger"))
+                    loggers.setdefault(repr(container(job.get("logger") or {})), job.get("logger"))
                     if job.data.dir is not None:  # a local GLUE directory (the Hub's data cannot be checked offline)
                         data.setdefault((job.task.name, str(job.data.dir)), job.task)
                     if sweep_cfg:
@@ -239,8 +251,11 @@ def preflight(arguments: list[str]) -> str | None:
                 if args.cfg is None:  # runs will start: their loggers must be able to, their data files be there
                     for logger in loggers.values():
                         check_can_start(logger)
-                    for (_, data_dir), task in data.items():
+                    for (_, data_dir), task in data.items():  # a sweep's task is plain data (missing._Composer)
+                        task = task if isinstance(task, DictConfig) else OmegaConf.create(container(task))
                         check_task_data(TaskSpec.from_config(task), data_dir)
+                    if mode == RunMode.MULTIRUN:
+                        _checked = tuple(args.overrides)
         except OverrideParseException as error:
             raise UserError(_bad_override(arguments, error)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null
@@ -272,9 +287,9 @@ def _sweep_configs(jobs: list[tuple[list[str], DictConfig]], package: str | None
     return "\n".join(parts)
 
 
-def _jobs(loader, config: DictConfig, mode: RunMode):
+def _jobs(loader, config: DictConfig, mode: RunMode, plain: bool = True):
     """(overrides, config) of each run: the one config, or every job of the sweep (composed as peltbench-missing
-    does)."""
+    does: `plain`, as plain data where it can, with a progress bar in a terminal for a big sweep)."""
     if mode == RunMode.RUN:
         params = dict(config.hydra.sweeper.params or {})
         if params.get("seed") is not None and str(params["seed"]) == sweep_seeds(protocol_name(config)):
@@ -285,11 +300,13 @@ def _jobs(loader, config: DictConfig, mode: RunMode):
         with open_dict(config):
             del config["hydra"]
         return [(overrides, config)]
-    from .missing import _Composer, expand
+    from .missing import CHECK_BAR_DELAY_S, _Composer, expand
+    from .progress import progress
 
     jobs, _ = expand(loader, config)
-    compose = _Composer(loader, config)
-    return ((list(job), compose(list(job), num)) for num, job in enumerate(jobs))
+    compose = _Composer(loader, config, plain=plain)
+    return ((list(job), compose(list(job), num))
+            for num, job in enumerate(progress(jobs, "checking runs", unit="run", delay=CHECK_BAR_DELAY_S)))
 
 
 def methods_with(setting: str) -> list[str]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from functools import lru_cache
 from importlib.util import find_spec
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -280,16 +281,33 @@ def local_model_config(name: str) -> dict | None:
     """The model's config.json, read without torch and without the network: a local checkpoint's, or a Hub model's
     where the Hugging Face cache holds it; None otherwise (then check_model_fit runs when the run has loaded the
     config, before any weights)."""
-    import json
     import os
+    import stat
 
     if not name:
         return None
     path = os.path.join(os.path.expanduser(name), "config.json")
-    if not os.path.isfile(path):
+    try:
+        found = os.stat(path)
+    except OSError:
+        found = None
+    if found is None or not stat.S_ISREG(found.st_mode):  # not a local checkpoint's file (os.path.isfile)
         path = _cached_hub_config(name)
-    if path is None:
-        return None
+        if path is None:
+            return None
+        try:
+            found = os.stat(path)
+        except OSError:
+            return None
+    return _read_model_config(path, found.st_mtime_ns, found.st_size)  # read again only when the file changed
+
+
+@lru_cache(maxsize=64)
+def _read_model_config(path: str, mtime_ns: int, size: int) -> dict | None:
+    """config.json at `path` as it was at (`mtime_ns`, `size`): a sweep checks every run, of a few models. Never
+    change what it returns."""
+    import json
+
     try:
         with open(path) as handle:
             return json.load(handle)
@@ -618,7 +636,7 @@ def check_protocol(cfg: DictConfig) -> None:
     if (node.dev == "per_class") != (node.k == "per_class"):
         raise UserError(f"protocol.dev={node.dev} with protocol.k={node.k}: a dev set of K rows per class goes with "
                         f"K train rows per class")
-    if name in options("protocol"):  # a packaged protocol's name stands for its settings: a record labelled with it
+    if name in _packaged_protocols():  # a packaged protocol's name stands for its settings: a record labelled with it
         own = protocol_settings(str(name))  # must have run them
         differ = [key for key in ("k", "dev", "statistic") if node.get(key) != own[key]]
         if differ:
@@ -634,23 +652,30 @@ def check_logger(logger: DictConfig | None) -> None:
     if logger is None:
         return
     for name in logger.keys():
-        packaged = packaged_config(f"logger/{name}.yaml")
-        if packaged is None or name not in packaged:
+        settings = _logger_settings(str(name))
+        if settings is None:
             raise UserError(f"logger.{name}: no such logger; choose from {', '.join(options('logger'))}")
-        extra = set(logger[name].keys()) - set(packaged[name].keys())
+        extra = set(logger[name].keys()) - set(settings)
         if extra:
             raise UserError(f"logger.{name}.{sorted(extra)[0]}: not a setting of logger {name}; its settings: "
-                            f"{', '.join(packaged[name].keys()) or 'none'}")
+                            f"{', '.join(settings) or 'none'}")
         module = LOGGER_EXTRAS.get(name)
         if module is not None and find_spec(module) is None:
             raise UserError(f"logger={name} needs the {module} package: pip install 'peltbench[{module}]'")
+
+
+@lru_cache(maxsize=None)
+def _logger_settings(name: str) -> tuple[str, ...] | None:
+    """The settings of packaged logger `name` (conf/logger/<name>.yaml), in its order; None for no such logger."""
+    packaged = packaged_config(f"logger/{name}.yaml")
+    return None if packaged is None or name not in packaged else tuple(packaged[name].keys())
 
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse keys peltbench does not read, added with `+` (`+train.epoch=3` would otherwise run 50 epochs), and
     keys it needs that were removed with `~`. `method` and `logger` are checked by their own functions."""
     packaged = packaged_config("config.yaml")
-    defaults = set(_leaves(packaged, skip=("hydra",)))
+    defaults = _default_leaves()
     known = defaults | set(SETTINGS)
     present = set(_leaves(cfg, skip=("hydra", "method", "task", "logger", "protocol")))
     unknown = sorted(present - known)
@@ -662,31 +687,64 @@ def check_known_keys(cfg: DictConfig) -> None:
     removed = sorted(defaults - present)
     if removed:
         raise UserError(f"{removed[0]}: missing (peltbench needs it; its default is {_show(_select(packaged, removed[0]))})")
-    task_file = packaged_config(f"task/{cfg.task.get('name')}.yaml")
-    unknown = sorted(set(cfg.task.keys()) - set(task_file.keys())) if task_file is not None else []
+    task_keys = _task_keys(str(cfg.task.get("name")))
+    unknown = sorted(set(cfg.task.keys()) - task_keys) if task_keys is not None else []
     if unknown:
         raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}")
     if cfg.get("protocol") is not None:
-        known = set(packaged_config("protocol/unipelt.yaml").protocol.keys()) | {"head"}
+        known = _protocol_keys()
         unknown = sorted(set(cfg.protocol.keys()) - known)
         if unknown:
             raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(known))}")
 
 
-def _leaves(node: DictConfig, prefix: str = "", skip: tuple[str, ...] = ()) -> Iterator[str]:
-    """Dotted keys of every value that is not itself a mapping, e.g. `train.epochs` (lists are values)."""
+@lru_cache(maxsize=None)
+def _default_leaves() -> frozenset[str]:
+    """The keys conf/config.yaml sets (read once: a sweep checks every run)."""
+    return frozenset(_leaves(packaged_config("config.yaml"), skip=("hydra",)))
+
+
+@lru_cache(maxsize=None)
+def _task_keys(name: str) -> frozenset[str] | None:
+    """The settings of packaged task `name` (None: no such file), read once."""
+    task_file = packaged_config(f"task/{name}.yaml")
+    return None if task_file is None else frozenset(task_file.keys())
+
+
+@lru_cache(maxsize=None)
+def _protocol_keys() -> frozenset[str]:
+    """The settings a `protocol` node may have, read once."""
+    return frozenset(packaged_config("protocol/unipelt.yaml").protocol.keys()) | {"head"}
+
+
+@lru_cache(maxsize=None)
+def _packaged_protocols() -> frozenset[str]:
+    """The packaged protocols' names (conf/protocol/), listed once."""
+    return frozenset(options("protocol"))
+
+
+def _leaves(node: DictConfig | Mapping, prefix: str = "", skip: tuple[str, ...] = ()) -> Iterator[str]:
+    """Dotted keys of every value that is not itself a mapping, e.g. `train.epochs` (lists are values). `node`: a
+    config, or the same as plain data (record.Plain: peltbench.missing's runs of a sweep)."""
     for key in node.keys():
         if key in skip or key == "defaults":
             continue
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_none():
+        child = node._get_node(key) if isinstance(node, DictConfig) else node[key]
+        if isinstance(child, DictConfig) and not child._is_none() or isinstance(child, Mapping):
             yield from _leaves(child, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}"
 
 
-def _select(cfg: DictConfig, key: str):
-    return OmegaConf.select(cfg, key, default=_ABSENT)
+def _select(cfg: DictConfig | Mapping, key: str):
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.select(cfg, key, default=_ABSENT)
+    node = cfg  # plain data (record.Plain), resolved: the same walk
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
 
 
 def _distinct_list(value) -> bool:

@@ -276,3 +276,61 @@ def test_the_sweep_summary_pickles_in_the_middle_of_a_job():
     finally:
         logging.getLogger("peltbench").removeHandler(summary.errors)
     assert copy.errors is None and summary.errors is not None and copy.limit == summary.limit
+
+
+PLAIN_GRIDS = [
+    ["method=lora,adapter", "task=rte,cola", "k=100,all", "seed=111,222", "method.lr=1e-4,0.0005", "train.epochs=3"],
+    ["protocol=lmbff", "method=lora", "task=cola,rte", "seed=13,100", "k=16"],        # model_seed: ${seed}
+    ["protocol=lmbff", "method=lora", "task=cola", "seed=13,21", "model_seed=7"],       # the link overridden
+    ["method=prefix", "task=sst2", "seed=1,2", "+method.prefix_projection=false", "~method.prefix_hidden"],  # +, ~
+    ["method=lora", "task=rte", "seed=1,2", "logger=csv", "method.lora_targets=[query,key]"],  # a list: OmegaConf
+    ["method=adapter", "task=mrpc", "seed=1,2", "hydra.sweep.subdir=${hydra.job.num}-${method.lr}_${train.epochs}"],
+    ["method=adapter", "task=mrpc", "seed=1,2", "hydra.sweep.subdir=${now:%H}_${hydra.job.num}"],  # a resolver
+]
+
+
+@pytest.mark.parametrize("grid", PLAIN_GRIDS, ids=lambda grid: grid[0] if "=" in grid[0] else "grid")
+def test_a_sweeps_runs_as_plain_data_are_what_hydra_composes(grid, tmp_path):
+    """missing._Composer gives a run made of values set on values as plain data (record.Plain): the same config, record
+    path, hash, log folder and check as Hydra's own function on a DictConfig gives it."""
+    from peltbench.config import check_config
+    from peltbench.missing import _Composer, _check_run, expand
+    from peltbench.overrides import pin_group_settings
+    from peltbench.record import Plain, config_hash, container
+
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        pinned = pin_group_settings(["-m", *grid, f"results_dir={tmp_path}"])[1:]
+        sweep_config = loader.load_configuration(config_name="config", overrides=pinned, run_mode=RunMode.MULTIRUN)
+        jobs, _ = expand(loader, sweep_config)
+        plain, hydra = _Composer(loader, sweep_config), _Composer(loader, sweep_config, plain=False)
+        kinds = set()
+        for num, job in enumerate(jobs):
+            fast, slow = plain(list(job), num), hydra(list(job), num)
+            kinds.add(type(fast))
+            assert container({**fast, "hydra": None}) == OmegaConf.to_container(slow, resolve=True) | {"hydra": None}
+            assert config_hash(fast) == config_hash(slow) and record_path(fast, tmp_path) == record_path(slow, tmp_path)
+            assert _check_run(fast, num, {}).log_dir == _check_run(slow, num, {}).log_dir
+            check_config(fast), check_config(slow)
+    assert kinds == ({Plain} if grid in PLAIN_GRIDS[:3] or "-${method.lr}_" in grid[-1] else {OmegaConf.create({}).__class__})
+
+
+def test_a_bad_value_is_refused_alike_in_plain_data(tmp_path):
+    from peltbench import UserError
+    from peltbench.config import check_config
+    from peltbench.missing import _Composer, expand
+
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for grid, line in ((["method=lora", "task=rte", "seed=1,-1"], "seed=-1: must be a non-negative integer"),
+                           (["method=lora", "task=rte", "seed=1,2", "method.lora_rank=0,4"], "method.lora_rank=0"),
+                           (["method=lora", "task=rte", "seed=1,2", "train.epochs=null"], "train.epochs=null")):
+            sweep_config = loader.load_configuration(config_name="config", overrides=grid, run_mode=RunMode.MULTIRUN)
+            jobs, _ = expand(loader, sweep_config)
+            errors = []
+            for composer in (_Composer(loader, sweep_config), _Composer(loader, sweep_config, plain=False)):
+                with pytest.raises(UserError) as error:
+                    for num, job in enumerate(jobs):
+                        check_config(composer(list(job), num))
+                errors.append(str(error.value))
+            assert errors[0] == errors[1] and errors[0].startswith(line), errors

@@ -1,10 +1,12 @@
-"""Hydra launcher plugin for peltbench sweeps in one process: `hydra/launcher=peltbench_local` (the default).
+"""Hydra launcher plugin for peltbench sweeps in one process: `hydra/launcher=peltbench_local` (the default), and
+the sweeper of every peltbench sweep, `hydra/sweeper=peltbench` (the default: _sweeper.py).
 
 Hydra's basic launcher, plus fused training: with `fuse=true` the compatible runs of a sweep train together
 on one frozen backbone (peltbench.fusion). The SLURM launcher runs its array tasks through `run_pack` too.
 """
 
 from ._launcher import PeltbenchLocalConf, PeltbenchLocalLauncher, run_pack  # noqa: F401  (registers the config)
+from ._sweeper import PeltbenchSweeper, PeltbenchSweeperConf  # noqa: F401  (registers the config)
 
 
 def register() -> None:
@@ -13,3 +15,4 @@ def register() -> None:
     from hydra.core.plugins import Plugins
 
     Plugins.instance().register(PeltbenchLocalLauncher)
+    Plugins.instance().register(PeltbenchSweeper)
