@@ -1,0 +1,134 @@
+"""How long peltbench-tables, peltbench-missing and a sweep's start take over many records (docs/tables.md, "How long
+it takes"): CPU seconds, wall seconds and peak memory of each, at the sizes asked for.
+
+    python scripts/benchmark_records.py                      # N = 1,200, 9,600 and 100,800 records
+    python scripts/benchmark_records.py --sizes 1200 --old /work/wt-base/.venv/bin   # also another install's commands
+
+The records are a Table-1 grid (10 methods × 8 tasks × K = 100, 500, 1000 × 5 seeds) times L learning rates
+(L = 1, 8, 84), written once under --dir by scripts/generate_records.py from the real MiniLM records of
+tests/data/tables/minilm_runs, and kept there for later runs. Measured, each in a process of its own (CPU = user +
+system seconds of the process and its children, peak = its largest resident set):
+
+- tables:  `peltbench-tables --results-dir DIR --out OUT`, and again with `--select method.lr`
+- missing: `peltbench-missing GRID results_dir=DIR` (every run done)
+- start:   what `peltbench -m GRID results_dir=DIR` does before its first run (sweep_start below: the launcher's
+           plan over all the sweep's runs, as peltbench/cli.py and the local launcher compose and check them)
+
+--old BIN runs the same commands from another install's bin folder (e.g. an older peltbench's), on the same records,
+alternating with this one's, so the two are measured under the same load. Nothing here asserts a time: timings on a
+shared machine are noisy; compare the ratios of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "tests" / "data" / "tables" / "minilm_runs"
+METHODS = "ft,bitfit,adapter,prefix,lora,unipelt_ap,unipelt_apl,ln,mam,dora"
+TASKS = "sst2,mrpc,cola,rte,qnli,stsb,mnli,qqp"
+RATES = ["2e-5", "1e-4", "2e-4", "5e-4", "1e-3", "3e-4", "5e-5", "2e-3"]  # the methods' defaults first
+MORE = [f"{m}e-{e}" for e in range(1, 8) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)]
+ALL_RATES = RATES + [rate for rate in MORE if float(rate) not in map(float, RATES)]  # 84 distinct values
+
+
+def grid(size: int) -> list[str]:
+    """The sweep's arguments for about `size` records: 1,200 per learning rate."""
+    rates = max(1, round(size / 1200))
+    lrs = ALL_RATES[:rates]
+    arguments = [f"method={METHODS}", f"task={TASKS}", "k=100,500,1000", "seed=111,222,333,444,555"]
+    return arguments + ([f"method.lr={','.join(lrs)}"] if rates > 1 else [])
+
+
+def measured(command: list[str], env: dict) -> dict:
+    """CPU s, wall s and peak RSS (MB) of `command`, run in a process of its own (a fresh wrapper: its children's
+    rusage is that command's alone)."""
+    probe = ("import json, resource, subprocess, sys, time\n"
+             "start = time.perf_counter()\n"
+             "done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)\n"
+             "wall = time.perf_counter() - start\n"
+             "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+             "print(json.dumps({'rc': done.returncode, 'cpu': usage.ru_utime + usage.ru_stime, 'wall': wall,\n"
+             "                  'peak_mb': usage.ru_maxrss / 1024, 'stderr': done.stderr[-2000:]}))\n")
+    result = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, env=env)
+    return json.loads(result.stdout)
+
+
+def sweep_start(arguments: list[str]) -> None:
+    """What `peltbench -m ARGUMENTS` does before it runs anything, over every run at once: peltbench's preflight (each
+    run's config composed and checked) and the local launcher's plan (configs, fused groups, each record's state)."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from hydra_plugins.peltbench_local._launcher import group_packs
+    from peltbench.cli import preflight
+    from peltbench.launchers import register_launchers
+    from peltbench.missing import compose_jobs, expand, record_states
+    from peltbench.overrides import pin_group_settings
+
+    register_launchers()
+    pinned = pin_group_settings(["-m", *arguments])
+    preflight(pinned)
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        config = loader.load_configuration(config_name="config", overrides=pinned[1:], run_mode=RunMode.MULTIRUN)
+        jobs, _ = expand(loader, config)
+        runs = [(list(job), num) for num, job in enumerate(jobs)]
+        cfgs = compose_jobs(loader, config, [job for job, _ in runs])
+        group_packs(runs, cfgs)
+        states = record_states(cfgs)
+    print(f"{len(states)} runs: {sum(state == 'done' for state in states)} done", file=sys.stderr)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--sweep-start":
+        sweep_start(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1200,9600,100800", help="records, comma-separated (1,200 per learning rate)")
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/peltbench-benchmark"), help="where the records go")
+    parser.add_argument("--old", type=Path, help="another install's bin folder, measured alike (its own python)")
+    parser.add_argument("--skip", default="", help="what not to measure: tables,select,missing,start")
+    options = parser.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    here = Path(sys.executable).parent
+    sides = [("new", here)] + ([("old", options.old)] if options.old else [])
+    skip = set(filter(None, options.skip.split(",")))
+    for size in map(int, options.sizes.split(",")):
+        runs = options.dir / f"runs{size}"
+        arguments = grid(size)
+        if not runs.is_dir():
+            print(f"generating {size} records under {runs} ...", flush=True)
+            subprocess.run([sys.executable, str(REPO / "scripts" / "generate_records.py"), str(runs), str(TEMPLATES),
+                            *arguments], check=True, env=env)
+        for name, bin_dir in sides:
+            out = options.dir / f"tables{size}-{name}"
+            commands = {
+                "tables": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", str(out)],
+                "select": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", f"{out}-select",
+                           "--select", "method.lr"],
+                "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
+                "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
+                          f"results_dir={runs}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
+            }
+            for what, command in commands.items():
+                if what in skip:
+                    continue
+                result = measured(command, env)
+                line = (f"N={size:>7,} {name:<3} {what:<7} rc {result['rc']}  CPU {result['cpu']:7.1f} s  wall "
+                        f"{result['wall']:7.1f} s  peak {result['peak_mb']:6.0f} MB")
+                print(line, flush=True)
+                if result["rc"] not in (0,):
+                    print("   " + result["stderr"].strip().replace("\n", "\n   "), flush=True)
+        shutil.rmtree(options.dir / "sweep", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
