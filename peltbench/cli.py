@@ -194,13 +194,21 @@ def _main() -> None:
     _run()
 
 
-_checked: tuple[str, ...] | None = None  # the overrides of the sweep that preflight composed and checked every run of
+_checked: tuple | None = None  # the overrides of the sweep that preflight composed and checked every run of
 
 
-def checked_sweep() -> tuple[str, ...] | None:
-    """The command-line overrides of the sweep whose every run `preflight` composed and checked in this process (its
-    sweeper need not compose them again: hydra_plugins/peltbench_local/_sweeper.py); None if none."""
+def checked_sweep() -> tuple | None:
+    """The overrides of the sweep whose every run `preflight` composed and checked in this process, as Hydra records
+    them (hydra.overrides: the task's, then Hydra's own); its sweeper need not compose them again
+    (hydra_plugins/peltbench_local/_sweeper.py). None if none."""
     return _checked
+
+
+def sweep_overrides(config: DictConfig) -> tuple:
+    """A composed config's overrides (hydra.overrides.task and .hydra, less the hydra.mode=MULTIRUN that Hydra's -m adds
+    to the latter), as checked_sweep gives them."""
+    return (tuple(config.hydra.overrides.task),
+            tuple(line for line in config.hydra.overrides.hydra if line != "hydra.mode=MULTIRUN"))
 
 
 def preflight(arguments: list[str]) -> str | None:
@@ -215,6 +223,8 @@ def preflight(arguments: list[str]) -> str | None:
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
+    global _checked
+    _checked = None
     args = get_args_parser().parse_args(arguments)  # Hydra's own parser: a bad flag exits 2 with its usage
     sweep_cfg = args.multirun and args.cfg is not None  # shown here, one config per run (Hydra refuses it)
     if args.run + args.multirun + (args.cfg is not None and not sweep_cfg) + (args.info is not None) > 1:
@@ -230,8 +240,6 @@ def preflight(arguments: list[str]) -> str | None:
     if args.resolve and args.cfg is None:
         raise UserError("--resolve works only with --cfg")
     mode = RunMode.MULTIRUN if args.multirun or "hydra.mode=MULTIRUN" in args.overrides else RunMode.RUN
-    global _checked
-    _checked = None
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         try:
@@ -255,7 +263,7 @@ def preflight(arguments: list[str]) -> str | None:
                         task = task if isinstance(task, DictConfig) else OmegaConf.create(container(task))
                         check_task_data(TaskSpec.from_config(task), data_dir)
                     if mode == RunMode.MULTIRUN:
-                        _checked = tuple(args.overrides)
+                        _checked = sweep_overrides(config)
         except OverrideParseException as error:
             raise UserError(_bad_override(arguments, error)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null

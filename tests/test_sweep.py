@@ -132,6 +132,34 @@ def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir, in_process):
     assert "k=50 is too large" in output  # the config error itself was logged when its run came up
 
 
+def test_hydras_sweeper_does_not_compose_again_the_runs_peltbench_checked(workdir, in_process, monkeypatch):
+    """Issue 39: `peltbench -m` composes and checks every run before Hydra starts; Hydra's sweeper (hydra/sweeper=
+    peltbench) then does not compose each batch again (~0.1 s a run: hours for 100,000), Hydra's own overrides
+    (hydra.sweep.dir, a launcher) included. A sweep peltbench did not check is composed by Hydra, as before."""
+    from hydra.core.plugins import Plugins
+
+    from peltbench import cli
+
+    Plugins.instance()  # Hydra's plugin scan executes the plugins' modules again: patch the classes it leaves
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    composed = []
+    validate = BasicSweeper.validate_batch_is_legal
+    monkeypatch.setattr(BasicSweeper, "validate_batch_is_legal",
+                        lambda self, batch: composed.append(len(batch)) or validate(self, batch))
+    sweep = ["-m", "method=adapter", "task=rte", "k=16", "seed=111,222", "train.epochs=1", *TINY,
+             "hydra.sweep.dir=sweeps/once"]
+    result = in_process(*sweep, cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_records(workdir, 2)
+    assert composed == []
+
+    monkeypatch.setattr(cli, "checked_sweep", lambda: None)  # as if peltbench had not checked it (e.g. -cd DIR)
+    result = in_process(*sweep, cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert composed == [2] and "2 runs: 2 already done (skipped), 0 to train" in result.stdout, result.stdout + result.stderr
+
+
 def test_two_identical_sweeps_started_together_train_each_run_once(workdir):
     grid = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111,222", "train.epochs=30", *TINY]
     sweeps = [subprocess.Popen([PELTBENCH, *grid], cwd=workdir, env=ENV, stdout=subprocess.PIPE,

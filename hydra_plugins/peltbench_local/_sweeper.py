@@ -53,8 +53,8 @@ class PeltbenchSweeper(Sweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-        from peltbench.cli import checked_sweep
+        from peltbench.cli import checked_sweep, sweep_overrides
 
         assert self.config is not None
-        if checked_sweep() != tuple(self.config.hydra.overrides.task):  # not the sweep preflight checked
+        if checked_sweep() != sweep_overrides(self.config):  # not the sweep preflight checked
             BasicSweeper.validate_batch_is_legal(self.basic, batch)
