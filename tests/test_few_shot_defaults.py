@@ -1,7 +1,7 @@
-"""Methods whose published setting does not learn in the few-shot protocol (issue 40, 6: RoAd at its default on
+"""Methods whose default setting does not learn in the few-shot protocol (issue 40, 6: RoAd at its default on
 MiniLM, SST-2, K=500, 5 epochs: 51.49 against a majority class of 50.92, and no warning). Such a run is warned at its
-start, naming the few-shot setting chosen on dev (config.FEW_SHOT, measured in docs/defaults.md); the published
-setting stays the default, so `method=road` keeps its meaning, hash and folder."""
+start, naming the few-shot setting chosen on dev (config.FEW_SHOT, measured in docs/defaults.md); the default
+stays as it is, so `method=road` keeps its meaning, hash and folder."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_a_few_shot_run_at_the_published_setting_is_warned_at_its_start(workdir,
     output = result.stdout + result.stderr
     [line] = [line for line in output.splitlines() if "did not learn" in line]
     lr = FEW_SHOT["road"]["chosen"]["lr"]
-    assert "[WARNING]" in line and "method=road at its published lr 0.001 (a full-data setting) did not learn" in line
+    assert "[WARNING]" in line and "method=road at its default lr 0.001 (its paper's full-data setting) did not learn" in line
     assert "test accuracy 51.49 against the majority class's 50.92" in line and "docs/defaults.md" in line
     assert line.endswith(f"the setting chosen on dev there: method.lr={lr:g}")
     assert output.index("run: ") < output.index("did not learn") < output.index("done: ")  # at the run's start
@@ -37,14 +37,14 @@ def test_a_few_shot_run_at_the_published_setting_is_warned_at_its_start(workdir,
 
 
 @pytest.mark.parametrize("name", sorted(FEW_SHOT))
-def test_the_warning_is_for_few_shot_runs_at_the_published_values_and_says_what_length_was_measured(name):
+def test_the_warning_is_for_few_shot_runs_at_the_default_values_and_says_what_length_was_measured(name):
     entry = FEW_SHOT[name]
     short = (f"method={name}", "task=sst2", "k=500", "train.epochs=5")  # 160 steps: the measurement's
     assert few_shot_warning(compose_config(*short))
     assert few_shot_warning(compose_config(f"method={name}", "task=sst2", "protocol=lmbff", "k=16",
                                            "train.max_steps=32", "train.eval_every=8"))
     assert few_shot_warning(compose_config(f"method={name}", "task=sst2", "protocol=full_median", "k=all")) is None
-    other = {key: value * 3 for key, value in entry["published"].items()}
+    other = {key: value * 3 for key, value in entry["default"].items()}
     assert few_shot_warning(compose_config(*short, *(f"method.{k}={v:g}" for k, v in other.items()))) is None
     chosen = (f"method.{k}={v:g}" for k, v in entry["chosen"].items())
     assert few_shot_warning(compose_config(*short, *chosen)) is None
@@ -68,13 +68,13 @@ def test_the_demos_lr_is_roads_published_one_so_the_demo_with_road_is_warned():
 
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         demo = compose(config_name="demo", overrides=["model.name=m", "method=road"])
-    assert demo.method.lr == FEW_SHOT["road"]["published"]["lr"] and few_shot_warning(demo) is not None
+    assert demo.method.lr == FEW_SHOT["road"]["default"]["lr"] and few_shot_warning(demo) is not None
 
 
-def test_the_published_setting_stays_the_default_and_keeps_its_folder_and_hash():
+def test_the_default_stays_and_keeps_its_folder_and_hash():
     """A record of `method=road` written before the few-shot setting existed is still the run of `method=road`."""
     for name, entry in FEW_SHOT.items():
-        published, chosen = entry["published"], entry["chosen"]
+        published, chosen = entry["default"], entry["chosen"]
         cfg = compose_config(f"method={name}", "task=sst2")
         assert {key: cfg.method[key] for key in published} == published
         assert variant_name(cfg) == name
