@@ -110,7 +110,13 @@ def _section(title, body):
 def _settings_list(runs):
     if runs.empty:
         return ""
-    changed = runs.apply(lambda run: ", ".join(f"{key}={canonical(run.settings.get(key))}" for key in run.changed), axis=1)
+    spelt = {}  # rows with equal settings share one dict and one list (records.read_records): each spelt once
+    changed = []
+    for settings, keys in zip(runs["settings"], runs["changed"]):
+        shared = (id(settings), id(keys))
+        if shared not in spelt:
+            spelt[shared] = ", ".join(f"{key}={canonical(settings.get(key))}" for key in keys)
+        changed.append(spelt[shared])
     counts = runs.assign(changed_text=changed).groupby(["method", "changed_text"]).size()
     return "\n".join(f"- {method_label(method)} with {text}: {count} run(s)" for (method, text), count in counts.items())
 
