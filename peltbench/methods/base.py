@@ -291,12 +291,22 @@ class Selection:
     _rows: dict = field(default_factory=dict, repr=False)
 
     def flags(self, device: torch.device) -> torch.Tensor:
-        """(blocks,) float: 1 for the selected members' blocks, 0 for the others' (made once per device)."""
+        """(blocks, 1) float: 1 for the selected members' blocks, 0 for the others' (made once per device)."""
         key = ("flags", device)
         if key not in self._rows:
-            flags = torch.zeros(self.blocks, dtype=torch.float32)
+            flags = torch.zeros(self.blocks, 1, dtype=torch.float32)
             flags[self.positions.cpu()] = 1.0
             self._rows[key] = to_device(flags, device)
+        return self._rows[key]
+
+    def fixed(self, key: tuple, make) -> tuple[torch.Tensor, ...]:
+        """What `make()` picks from fixed buffers (their selected slots: values that never change), made once per
+        selection and `key` (the buffers themselves: a buffer moved to another device or dtype is another tensor), not
+        once per forward pass."""
+        key = ("fixed", *key)
+        if key not in self._rows:
+            with torch.inference_mode(False):  # made in an evaluation pass, used in a training one too
+                self._rows[key] = make()
         return self._rows[key]
 
     def rows(self, n: int, device: torch.device) -> torch.Tensor:
@@ -429,13 +439,19 @@ class Coefficient(nn.Module):
     def forward(self, x: torch.Tensor, selection: Selection) -> torch.Tensor | None:
         """For the selected members' rows x: (members, rows per member, 1) or (members, 1, 1); None when it is 1 for
         all."""
-        slots = self.members.slots_of
         if self.gate is None:
-            return slots(self.constant, selection) if self.needs_constant else None
+            return self._fixed(selection)[1] if self.needs_constant else None
         gate = self.gate(x, selection).view(selection.count, -1, 1)
         if self.mixed:
-            gate = torch.where(slots(self.gated, selection), gate, slots(self.constant, selection))
+            gated, constant = self._fixed(selection)
+            gate = torch.where(gated, gate, constant)
         return gate
+
+    def _fixed(self, selection: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selected members' `gated` flags and constants (fixed: picked once per selection)."""
+        slots = self.members.slots_of
+        return selection.fixed((self.gated, self.constant),
+                               lambda: (slots(self.gated, selection), slots(self.constant, selection)))
 
     def init_member(self, slot: int) -> None:
         if self.gate is not None and self.gated_members[slot]:
@@ -700,7 +716,7 @@ class MemberBias(nn.Module):
         # its slot), so no row needs picking out
         shift = self.members.pick(self.bias) - self.pretrained
         if not users.every:
-            shift = shift * users.flags(out.device)[:, None]
+            shift = shift * users.flags(out.device)
         shift = shift.to(out.dtype)
         grouped = out.view(shift.shape[0], -1, out.shape[-1])  # a Linear's output: no backward reads it
         return (grouped + shift[:, None]).view(out.shape)
