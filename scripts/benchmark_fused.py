@@ -23,6 +23,8 @@ test pass), with real GLUE rows and a real checkpoint. Scenarios (issue 7, item 
     python scripts/benchmark_fused.py --model bert-base-uncased --device cuda --data ../shared/data/glue
 
     python scripts/benchmark_fused.py --profile --per-method --model random-tiny --scenarios lg   # issue 38
+    python scripts/benchmark_fused.py --scenarios lg --steps 1 --rounds 1 --shapes cuda --system-malloc  # peak of a
+                                                                       # step with every member in one pass, on a CPU
 
 `--profile` prints, per scenario, where its fused group's training step goes: the aten operators dispatched in one
 step by phase (data, forward, loss, backward, clipping, optimiser, after_step, zero_grad, the loop's own) with a GPU's
@@ -151,11 +153,12 @@ def train(cfgs, task, tokenizer, device, bf16, shapes_for=None) -> int:
     return sum(epochs * (len(m.train) + len(m.dev)) + len(m.test) for m in members)
 
 
-def step_seconds(cfgs, task, tokenizer, device, bf16, steps: int) -> tuple[float, float, int]:
+def step_seconds(cfgs, task, tokenizer, device, bf16, steps: int, shapes_for=None) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, peak bytes) of `steps` training steps of `cfgs` as one group (peltbench's step:
     forward, backward, per-member clipping, AdamW, after_step), after one untimed step; the model build is not timed.
-    The peak is the record's `peak_memory` since the group was built (record.reset_peak_memory)."""
-    members, model, settings = build(cfgs, task, tokenizer, device, bf16)
+    The peak is the record's `peak_memory` since the group was built (record.reset_peak_memory). `shapes_for`: another
+    device type's batch shapes (`cuda`: every member in one pass)."""
+    members, model, settings = build(cfgs, task, tokenizer, device, bf16, shapes_for)
     _, optimizer, clip, order = start_training(model, members, settings)
     active = list(range(len(members)))
     model.members.set_active(active, device)
@@ -179,7 +182,7 @@ def steps_scenario(name, args, device, bf16, tokenizer, task):
     for round_ in range(args.rounds):
         for side in (["separate", "fused"] if round_ % 2 == 0 else ["fused", "separate"]):
             groups = [[cfg] for cfg in cfgs] if side == "separate" else [cfgs]
-            results = [step_seconds(group, task, tokenizer, device, bf16, args.steps) for group in groups]
+            results = [step_seconds(group, task, tokenizer, device, bf16, args.steps, args.shapes) for group in groups]
             wall[side].append(sum(result[0] for result in results) / args.steps)
             cpu[side].append(sum(result[1] for result in results) / args.steps)
             peaks[side] = max(peaks[side], *(result[2] for result in results))
@@ -189,7 +192,8 @@ def steps_scenario(name, args, device, bf16, tokenizer, task):
     def ratio(times):
         return statistics.median(times["fused"]) / statistics.median(times["separate"])
 
-    print(f"{label + f' ({len(cfgs)} runs)':<39} per step: separate {statistics.median(wall['separate']):.2f} s "
+    shapes = " (a GPU's batch shapes)" if args.shapes == "cuda" and device.type != "cuda" else ""
+    print(f"{label + f' ({len(cfgs)} runs)':<39} per step{shapes}: separate {statistics.median(wall['separate']):.2f} s "
           f"(CPU {statistics.median(cpu['separate']):.2f} s), fused {statistics.median(wall['fused']):.2f} s "
           f"(CPU {statistics.median(cpu['fused']):.2f} s): fused/separate {ratio(wall):.2f} wall, {ratio(cpu):.2f} "
           f"CPU; peak memory: largest separate run {peaks['separate'] / 2**30:.2f} GiB, fused "
@@ -570,9 +574,10 @@ def main(argv=None) -> None:
     parser.add_argument("--operators", nargs="*", metavar="PHASE",
                         help="with --profile: the operators of these phases of a step by name and count (all phases "
                              "if none named)")
-    parser.add_argument("--shapes", choices=["cuda", "cpu"], default="cuda",
-                        help="with --profile: whose batch shapes (default a GPU's; `cpu`: a CPU's passes, to see "
-                             "where a CPU's time goes)")
+    parser.add_argument("--shapes", choices=["cuda", "cpu"],
+                        help="whose batch shapes: with --profile a GPU's by default (`cpu`: a CPU's passes, to see "
+                             "where a CPU's time goes); with --steps the device's own by default (`cuda` on a CPU: "
+                             "every member in one pass, e.g. for a GPU-shaped step's peak memory)")
     parser.add_argument("--memory", action="store_true",
                         help="with --profile: a training step's peak memory (a GPU's batch shapes), the weights' and "
                              "the optimiser state's")
@@ -596,6 +601,7 @@ def main(argv=None) -> None:
           f"{args.epochs} epoch(s) per run, {args.rounds} alternating rounds; 2048^3 GEMM: {peak / 1e9:.1f} GFLOP/s")
     if args.profile:
         args.steps = args.steps or 3
+        args.shapes = args.shapes or "cuda"
         profile_groups(args, task, tokenizer, device, bf16)
         return
     header = f"{'scenario':<39}{'side':<10}{'wall s':>9}{'ratio':>8}{'seq/s':>9}{'GFLOP/s':>10}{'of GEMM':>9}{'ops/seq':>9}"
