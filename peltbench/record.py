@@ -163,7 +163,12 @@ def omegaconf_strings(value) -> bool:
         text = json.dumps(value)
     except (TypeError, ValueError):
         return _walk_strings(value)
-    return ("${" in text or '"???"' in text) and _walk_strings(value)
+    return may_hold_omegaconf_strings(text) and _walk_strings(value)
+
+
+def may_hold_omegaconf_strings(text: str) -> bool:
+    """Whether JSON text may hold a string OmegaConf reads as more than text (False: it holds none)."""
+    return "${" in text or '"???"' in text
 
 
 def _walk_strings(value) -> bool:

@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
 from ..progress import progress
-from ..record import LATER_METHOD_KEYS, Plain, changed_meaning, damage, one_pass
+from ..record import LATER_METHOD_KEYS, Plain, changed_meaning, damage, may_hold_omegaconf_strings, one_pass
 from .names import METHODS, TASKS
 from .comparability import (TOP_LEVEL_KEYS, architecture_name, canonical, config_defaults, normalize_model,
                             protocol_label, run_protocol)
@@ -270,7 +270,7 @@ def _read(path):
         raise BadRecord(f"damaged: {damaged}; move it away and rerun it")
     # A record without a string OmegaConf reads as more than text is read as plain data (record.Plain), without a look
     # at every string of its config; one with `${` or `???` anywhere is read as OmegaConf reads it (record.readable)
-    plain = "${" not in text and '"???"' not in text
+    plain = not may_hold_omegaconf_strings(text)
     changed = changed_meaning({**record, "config": Plain(record["config"])} if plain else record)
     if changed:  # e.g. an LM-BFF CoLA record of the old split: not this version's run of its config (docs/record.md)
         raise BadRecord(f"made when its config meant another run ({'; '.join(changed)}): rerun it (move this record "
