@@ -62,7 +62,7 @@ class GroupSettings:
     eval_batch_size: int = 128
     pad_id: int = 0
     pad_to: int | None = None  # pad every batch to this width (gate_pooling=padded), else to its longest row
-    split_by_length: bool = False  # a training step in two length-sorted pieces when that pads less (CPU: see pieces)
+    split_by_length: bool = False  # passes in length-sorted pieces where that pads less (CPU: length_cuts)
     members_per_pass: int | None = None  # a training step's forward and backward for this many members at a time
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     bf16: bool = False
@@ -313,34 +313,53 @@ def member_passes(count: int, group: GroupSettings) -> list[list[int]]:
 
 
 def pieces(sets: list[Encoded], rows: list[list[int]], group: GroupSettings) -> list[list[list[int]]]:
-    """The step's rows: one piece, or two (each member's shorter half, then its longer half) where that pads less."""
+    """The step's rows: one piece, or several (each member's shortest rows, then its next ones, ...) where that pads
+    less (`length_cuts`)."""
     ordered = [sorted(chosen, key=lambda r, s=s: len(s.input_ids[r])) for s, chosen in zip(sets, rows)]
-    halves = length_split([[len(s.input_ids[r]) for r in o] for s, o in zip(sets, ordered)], group)
-    if halves is None:
+    cuts = length_cuts([[len(s.input_ids[r]) for r in o] for s, o in zip(sets, ordered)], group)
+    if cuts is None:
         return [rows]
-    return [[o[:h] for o, h in zip(ordered, halves)], [o[h:] for o, h in zip(ordered, halves)]]
+    return [[o[start:stop] for o in ordered] for start, stop in zip([0, *cuts], cuts)]
 
 
-def length_split(lengths: list[list[int]], group: GroupSettings) -> list[int] | None:
-    """Where to cut each member's rows (their lengths, ascending) so that two passes pad less than one, or None.
+PIECE_COST = 0.05  # a piece more pays when it saves this share of one pass's padded tokens (docs/fused.md, measured)
 
-    On the CPU padding costs compute, and in a group the longest row among all members sets every row's width;
-    two passes (the members' shorter halves, then their longer ones) pay when they save 15% of the tokens. The
-    results are the same: a member's loss and gradient sum its pieces' shares, and evaluation scores each row
-    alone. On a GPU one pass is cheaper (it waits on launches, not on arithmetic), and with gate_pooling=padded
+
+def length_cuts(lengths: list[list[int]], group: GroupSettings) -> list[int] | None:
+    """Where to cut the members' rows (each member's lengths, ascending) into passes that pad less than one: the ends
+    of the pieces, the same positions for every member (piece j: each member's rows cuts[j-1]:cuts[j]), or None.
+
+    On the CPU padding costs compute, and in a group the longest row among all members sets every row's width. The
+    cuts minimise the padded tokens, rows × width summed over the pieces, plus PIECE_COST of one pass's tokens for
+    each piece after the first (a pass has a cost of its own): one exact search over the cut positions. The results
+    are the same to float rounding: a member's loss and gradient sum its pieces' shares, and evaluation scores each
+    row alone. On a GPU one pass is cheaper (it waits on launches, not on arithmetic), and with gate_pooling=padded
     every row has max length anyway.
     """
     if not group.split_by_length or group.pad_to is not None:
         return None
-    halves = [len(member) // 2 for member in lengths]
-    if not any(halves):
+    lengths = [member for member in lengths if member]
+    if not lengths:
         return None
-    widest = max(max(member) for member in lengths if member)
-    narrow = max(member[half - 1] for member, half in zip(lengths, halves) if half)
-    rows = max(len(member) for member in lengths)
-    whole = len(lengths) * rows * widest
-    split = len(lengths) * (max(halves) * narrow + (rows - min(halves)) * widest)
-    return halves if split < 0.85 * whole else None
+    n = max(len(member) for member in lengths)
+
+    def tokens(start: int, stop: int) -> int:  # a pass of each member's rows start:stop
+        counts = [min(stop, len(member)) - min(start, len(member)) for member in lengths]
+        width = max(member[min(stop, len(member)) - 1] for member, count in zip(lengths, counts) if count)
+        return len(lengths) * max(counts) * width
+
+    whole = tokens(0, n)
+    best, back = [0.0] + [float("inf")] * n, [0] * (n + 1)  # best[j]: the cheapest pieces of rows 0:j
+    for stop in range(1, n + 1):
+        for start in range(stop):
+            cost = best[start] + tokens(start, stop) + (PIECE_COST * whole if start else 0.0)
+            if cost < best[stop]:
+                best[stop], back[stop] = cost, start
+    cuts, stop = [], n
+    while stop:
+        cuts.append(stop)
+        stop = back[stop]
+    return cuts[::-1] if len(cuts) > 1 else None
 
 
 def member_losses(logits: torch.Tensor, labels: torch.Tensor, members: int, task: TaskSpec) -> torch.Tensor:
@@ -667,15 +686,15 @@ def predicted(outputs: np.ndarray, task: TaskSpec) -> np.ndarray:
 
 
 def _evaluation_pieces(sets: list[EvaluationSet], i: int, group: GroupSettings) -> list[list[np.ndarray | None]]:
-    """Every member's i-th chunk (None where it has none left), in one pass or in two length-sorted halves."""
+    """Every member's i-th chunk (None where it has none left), in one pass or in length-sorted pieces
+    (`length_cuts`)."""
     parts = [s.batches[i] if i < len(s.batches) else None for s in sets]
     lengths = [s.lengths[i] if i < len(s.batches) else [] for s in sets]
-    halves = length_split(lengths, group)
-    if halves is None:
+    cuts = length_cuts(lengths, group)
+    if cuts is None:
         return [parts]
-    short = [p[:, :h, : l[h - 1]] if p is not None and h else None for p, l, h in zip(parts, lengths, halves)]
-    long = [p[:, h:, : l[-1]] if p is not None else None for p, l, h in zip(parts, lengths, halves)]
-    return [short, long]
+    return [[p[:, start:stop, : l[min(stop, len(l)) - 1]] if p is not None and start < len(l)
+             else None for p, l in zip(parts, lengths)] for start, stop in zip([0, *cuts], cuts)]
 
 
 def _stack_blocks(parts: list[np.ndarray | None], pad_id: int, device: torch.device) -> tuple[dict, list[int]]:

@@ -347,9 +347,10 @@ def test_batch_shapes_suit_the_device(tiny_checkpoint):
 
 
 def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
-    """On the CPU a step whose rows differ much in length runs in two passes (shorter halves, longer halves)."""
+    """On the CPU a step whose rows differ much in length runs in length-sorted pieces (here two: shorter halves,
+    longer halves)."""
     from peltbench.data import Encoded
-    from peltbench.train import GroupSettings, length_split, member_losses, pieces
+    from peltbench.train import GroupSettings, length_cuts, member_losses, pieces
 
     lengths = [4, 30, 5, 28, 6, 31, 4, 29]
     generator = torch.Generator().manual_seed(0)
@@ -357,8 +358,8 @@ def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
     data = [Encoded(ids[:4], [[0] * len(i) for i in ids[:4]], np.array([0, 1, 1, 0])),
             Encoded(ids[4:], [[0] * len(i) for i in ids[4:]], np.array([1, 0, 0, 1]))]
     rows = [[0, 1, 2, 3], [0, 1, 2, 3]]
-    assert length_split([[4, 5, 28, 30], [4, 6, 29, 31]], GroupSettings(split_by_length=True)) == [2, 2]
-    assert length_split([[20, 21, 22, 23]], GroupSettings(split_by_length=True)) is None  # nothing to save
+    assert length_cuts([[4, 5, 28, 30], [4, 6, 29, 31]], GroupSettings(split_by_length=True)) == [2, 4]
+    assert length_cuts([[20, 21, 22, 23]], GroupSettings(split_by_length=True)) is None  # nothing to save
     task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
     gradients = []
     for split in (False, True):
@@ -379,6 +380,66 @@ def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
     assert_close_to_scale(whole, split, rel=1e-6)
     for name in one:
         assert_close_to_scale(one[name], two[name], floor=1e-7, msg=name)
+
+
+def test_length_cuts_pad_least_and_cut_only_where_a_piece_pays():
+    """The cuts are the cheapest pieces (rows × width summed, PIECE_COST of one pass per piece after the first), found
+    against every set of cut positions; members may have fewer rows (an evaluation's last chunk)."""
+    import itertools
+
+    from peltbench.train import PIECE_COST, GroupSettings, length_cuts
+
+    group = GroupSettings(split_by_length=True)
+
+    def cost(lengths, cuts):
+        total, start = 0.0, 0
+        for stop in cuts:
+            counts = [min(stop, len(m)) - min(start, len(m)) for m in lengths]
+            width = max(m[min(stop, len(m)) - 1] for m, c in zip(lengths, counts) if c)
+            total += len(lengths) * max(counts) * width
+            start = stop
+        return total
+
+    generator = np.random.default_rng(0)
+    for trial in range(60):
+        members, rows = 1 + trial % 4, 2 + trial % 7
+        lengths = [sorted(generator.integers(3, 60, size=rows - (m % 2) * (trial % 3)).tolist()) for m in range(members)]
+        n = max(map(len, lengths))
+        whole = cost(lengths, [n])
+        best = min(cost(lengths, [*cuts, n]) + PIECE_COST * whole * len(cuts)
+                   for k in range(n) for cuts in itertools.combinations(range(1, n), k))
+        cuts = length_cuts(lengths, group) or [n]
+        assert cuts[-1] == n and cuts == sorted(set(cuts))
+        assert cost(lengths, cuts) + PIECE_COST * whole * (len(cuts) - 1) == pytest.approx(best), lengths
+    assert length_cuts([[4, 5, 15, 16, 30, 31], [4, 6, 15, 17, 29, 31]], group) == [2, 4, 6]  # three lengths: three
+    assert length_cuts([[4, 5, 15, 16, 30, 31]], GroupSettings(split_by_length=False)) is None  # a GPU: one pass
+    assert length_cuts([[4, 5, 15, 16, 30, 31]], GroupSettings(split_by_length=True, pad_to=64)) is None
+
+
+def test_an_evaluation_in_length_sorted_pieces_scores_what_one_pass_scores():
+    """Evaluation chunks cut into pieces (members with fewer rows in a chunk, or none) give every row's output."""
+    from peltbench.data import Encoded
+    from peltbench.train import EvaluationSet, GroupSettings, evaluate
+
+    generator = torch.Generator().manual_seed(1)
+    data = []
+    for size in (7, 3, 5):
+        lengths = torch.randint(2, 40, (size,), generator=generator).tolist()
+        ids = [[2, *torch.randint(5, 60, (n,), generator=generator).tolist(), 3] for n in lengths]
+        data.append(Encoded(ids, [[0] * len(i) for i in ids], torch.randint(0, 2, (size,), generator=generator).numpy()))
+    task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
+    model = build_pelt_model(no_dropout_backbone(), [method("unipelt_apl", {}), method("lora", {}),
+                                                      method("prefix", {})], 42, [no_dropout_backbone()] * 3)
+    outputs = []
+    for split in (False, True):
+        group = GroupSettings(eval_batch_size=4, split_by_length=split)
+        sets = [EvaluationSet(d, group) for d in data]
+        if split:
+            from peltbench.train import _evaluation_pieces
+            assert len(_evaluation_pieces(sets, 0, group)) > 1  # the lengths differ enough to cut
+        outputs.append(evaluate(model, sets, task, group, "dev", keep=True)[2])
+    for one, cut in zip(*outputs):
+        assert_close_to_scale(torch.from_numpy(cut), torch.from_numpy(one), rel=1e-5)
 
 
 def test_a_step_a_few_members_at_a_time_trains_what_one_pass_trains():
