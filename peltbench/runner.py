@@ -364,8 +364,8 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
     A GPU waits on launches, so each pass is as big as it gets: every member evaluates `eval_batch_size` rows
     at a time. A CPU waits on arithmetic and is fastest per row around `eval_batch_size` rows per pass (bigger
     tensors leave its caches), so there the members share those rows out, a training step's forward and backward
-    run a few members at a time (about CPU_ROWS_PER_PASS rows: train.member_passes), and each pass in two
-    length-sorted pieces where that pads less (train.length_split). None of it changes a result beyond float rounding.
+    run a few members at a time (about CPU_ROWS_PER_PASS rows: train.member_passes), and each pass in
+    length-sorted pieces where that pads less (train.length_cuts). None of it changes a result beyond float rounding.
     """
     cpu = (shapes_for or device.type) == "cpu"
     eval_batch_size = cfg.train.eval_batch_size

@@ -342,17 +342,16 @@ def length_cuts(lengths: list[list[int]], group: GroupSettings) -> list[int] | N
     if not lengths:
         return None
     n = max(len(member) for member in lengths)
-
-    def tokens(start: int, stop: int) -> int:  # a pass of each member's rows start:stop
-        counts = [min(stop, len(member)) - min(start, len(member)) for member in lengths]
-        width = max(member[min(stop, len(member)) - 1] for member, count in zip(lengths, counts) if count)
-        return len(lengths) * max(counts) * width
-
-    whole = tokens(0, n)
+    # a pass of each member's rows start:stop holds stop - start rows per member (the longest member has them all),
+    # as wide as the widest row among them: the largest of `top` over start:stop (a member's rows are ascending)
+    top = [max(member[j] for member in lengths if len(member) > j) for j in range(n)]
+    whole = len(lengths) * n * max(top)
     best, back = [0.0] + [float("inf")] * n, [0] * (n + 1)  # best[j]: the cheapest pieces of rows 0:j
-    for stop in range(1, n + 1):
-        for start in range(stop):
-            cost = best[start] + tokens(start, stop) + (PIECE_COST * whole if start else 0.0)
+    for start in range(n):
+        width, extra = 0, PIECE_COST * whole if start else 0.0
+        for stop in range(start + 1, n + 1):
+            width = max(width, top[stop - 1])
+            cost = best[start] + len(lengths) * (stop - start) * width + extra
             if cost < best[stop]:
                 best[stop], back[stop] = cost, start
     cuts, stop = [], n
