@@ -346,20 +346,25 @@ def test_batch_shapes_suit_the_device(tiny_checkpoint):
     assert (gpu.eval_batch_size, gpu.split_by_length) == (100, False)
 
 
-def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
-    """On the CPU a step whose rows differ much in length runs in length-sorted pieces (here two: shorter halves,
-    longer halves)."""
+def test_a_step_in_length_sorted_pieces_has_the_same_loss_and_gradients():
+    """On the CPU a step runs in length-sorted parts of each member's rows (here two of 4 rows: shorter, longer), cut
+    where that member's own rows put them, whatever the other members' rows are."""
     from peltbench.data import Encoded
-    from peltbench.train import GroupSettings, length_cuts, member_losses, pieces
+    from peltbench.train import GroupSettings, member_losses, pieces
 
-    lengths = [4, 30, 5, 28, 6, 31, 4, 29]
+    lengths = [4, 30, 5, 28, 6, 31, 4, 29, 7, 33, 3, 27, 8, 26, 5, 32]
     generator = torch.Generator().manual_seed(0)
     ids = [[2, *torch.randint(5, 60, (n - 2,), generator=generator).tolist(), 3] for n in lengths]
-    data = [Encoded(ids[:4], [[0] * len(i) for i in ids[:4]], np.array([0, 1, 1, 0])),
-            Encoded(ids[4:], [[0] * len(i) for i in ids[4:]], np.array([1, 0, 0, 1]))]
-    rows = [[0, 1, 2, 3], [0, 1, 2, 3]]
-    assert length_cuts([[4, 5, 28, 30], [4, 6, 29, 31]], GroupSettings(split_by_length=True)) == [2, 4]
-    assert length_cuts([[20, 21, 22, 23]], GroupSettings(split_by_length=True)) is None  # nothing to save
+    data = [Encoded(ids[:8], [[0] * len(i) for i in ids[:8]], np.array([0, 1, 1, 0, 1, 0, 0, 1])),
+            Encoded(ids[8:], [[0] * len(i) for i in ids[8:]], np.array([1, 0, 0, 1, 0, 1, 1, 0]))]
+    rows = [list(range(8)), list(range(8))]
+    split = GroupSettings(split_by_length=True)
+    assert pieces(data, rows, split) == [[[0, 6, 2, 4], [2, 6, 0, 4]], [[3, 7, 1, 5], [5, 3, 7, 1]]]
+    assert pieces(data[:1], rows[:1], split) == [[[0, 6, 2, 4]], [[3, 7, 1, 5]]]  # the same parts alone
+    other = Encoded([[2, 3]] * 8, [[0, 0]] * 8, np.zeros(8, dtype=int))  # beside a member whose rows are all short
+    assert [part[0] for part in pieces([data[0], other], rows, split)] == [[0, 6, 2, 4], [3, 7, 1, 5]]
+    assert len(pieces(data, [r[:4] for r in rows], split)) == 1  # fewer than 2 × 4 rows: one pass
+    assert len(pieces(data, rows, GroupSettings(split_by_length=True, pad_to=64))) == 1  # padded pooling: one width
     task = TaskSpec.from_config(compose_config("method=adapter", "task=rte").task)
     gradients = []
     for split in (False, True):
@@ -372,7 +377,7 @@ def test_a_step_in_two_length_sorted_pieces_has_the_same_loss_and_gradients():
         for part in parts:
             batch = collate_group(data, part, 0, torch.device("cpu"))
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-            share = member_losses(logits, batch["labels"], 2, task) * (len(part[0]) / 4)
+            share = member_losses(logits, batch["labels"], 2, task) * (len(part[0]) / 8)
             share.sum().backward()
             total = total + share.detach()
         gradients.append((total, {name: p.grad.clone() for name, p, _, _ in model.member_parameters()}))
