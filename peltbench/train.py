@@ -329,7 +329,7 @@ def pieces(sets: list[Encoded], rows: list[list[int]], group: GroupSettings) -> 
 
 
 TRAIN_PIECES, MIN_PIECE_ROWS = 4, 4  # a CPU's training pass in at most 4 length-sorted parts of at least 4 rows each
-PIECE_COST = 0.05  # a piece more pays when it saves this share of one pass's padded tokens (docs/fused.md, measured)
+PIECE_COST = 0.05  # an evaluation piece more pays when it saves this share of one pass's padded tokens (docs/fused.md)
 
 
 def length_cuts(lengths: list[list[int]], group: GroupSettings) -> list[int] | None:
