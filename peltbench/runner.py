@@ -365,7 +365,8 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
     at a time. A CPU waits on arithmetic and is fastest per row around `eval_batch_size` rows per pass (bigger
     tensors leave its caches), so there the members share those rows out, a training step's forward and backward
     run a few members at a time (about CPU_ROWS_PER_PASS rows: train.member_passes), and each pass in
-    length-sorted parts (train.pieces; an evaluation batch where that pads less: train.length_cuts). None of it changes a result beyond float rounding.
+    length-sorted parts (train.pieces; an evaluation batch where that pads less: train.length_cuts). None of it
+    changes a result beyond float rounding.
     """
     cpu = (shapes_for or device.type) == "cpu"
     eval_batch_size = cfg.train.eval_batch_size

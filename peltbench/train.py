@@ -317,8 +317,8 @@ def pieces(sets: list[Encoded], rows: list[list[int]], group: GroupSettings) -> 
     equal parts of at least MIN_PIECE_ROWS rows, at positions that depend on its own rows only, never on the other
     members': a member's loss and gradients sum the same parts of its batch alone and in any group (a cut chosen from
     all members' lengths, as evaluation's are, would group its rows otherwise in another group, and a sum grouped
-    otherwise rounds otherwise). On SST-2 (K = 100, batch 16) 4 parts pad to 1.28× the real tokens, against 1.68×
-    for the two halves before and 2.75× for one pass."""
+    otherwise rounds otherwise; every member of a step has the same number of rows). On SST-2 (K = 100, batch 16)
+    4 parts pad to 1.28× the real tokens, against 1.68× for the two halves before and 2.75× for one pass."""
     if not group.split_by_length or group.pad_to is not None:
         return [rows]
     parts = min(TRAIN_PIECES, max(len(chosen) for chosen in rows) // MIN_PIECE_ROWS)
@@ -341,8 +341,8 @@ def length_cuts(lengths: list[list[int]], group: GroupSettings) -> list[int] | N
     On the CPU padding costs compute, and in a group the longest row among all members sets every row's width. The
     cuts minimise the padded tokens, rows × width summed over the pieces, plus PIECE_COST of one pass's tokens for
     each piece after the first (a pass has a cost of its own): one exact search over the cut positions. The scores
-    are the same to float rounding. On a GPU one pass is cheaper (it waits on launches, not on arithmetic), and with gate_pooling=padded
-    every row has max length anyway.
+    are the same to float rounding. On a GPU one pass is cheaper (it waits on launches, not on arithmetic), and with
+    gate_pooling=padded every row has max length anyway.
     """
     if not group.split_by_length or group.pad_to is not None:
         return None
