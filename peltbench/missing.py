@@ -129,11 +129,17 @@ def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequ
     return runs
 
 
+def record_runs(cfgs: Sequence[DictConfig | Plain], first_num: int = 0) -> list[Run]:
+    """Each composed run's record state (STATES), record path and log folder (configs from compose_jobs; `first_num`:
+    the job number of the first)."""
+    with one_pass():
+        return [_check_run(cfg, num, {}) for num, cfg in
+                enumerate(progress(cfgs, "checking runs", unit="run", delay=CHECK_BAR_DELAY_S), start=first_num)]
+
+
 def record_states(cfgs: Sequence[DictConfig | Plain]) -> list[str]:
     """The state (STATES) of each composed run's record (configs from compose_jobs)."""
-    with one_pass():
-        return [_check_run(cfg, num, {}).state
-                for num, cfg in enumerate(progress(cfgs, "checking runs", unit="run", delay=CHECK_BAR_DELAY_S))]
+    return [run.state for run in record_runs(cfgs)]
 
 
 def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
@@ -149,12 +155,13 @@ def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
             f"run them (done runs are skipped)")
 
 
-def compose_jobs(config_loader: Any, sweep_config: DictConfig,
-                 jobs: Sequence[Sequence[str]]) -> list[DictConfig | Plain]:
+def compose_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]],
+                 first_num: int = 0) -> list[DictConfig | Plain]:
     """Each job's config (as the task function will see it, less most of `hydra`), composed fast: as plain data
-    where it can (_Composer), to be read, not changed."""
+    where it can (_Composer), to be read, not changed. `first_num`: the job number of the first (Hydra's batches
+    after the first start past 0; it names the job's log folder)."""
     compose = _Composer(config_loader, sweep_config)
-    return [compose(list(job), num) for num, job in enumerate(jobs)]
+    return [compose(list(job), num) for num, job in enumerate(jobs, start=first_num)]
 
 
 class _Composer:

@@ -13,6 +13,8 @@ system seconds of the process and its children, peak = its largest resident set)
 - missing: `peltbench-missing GRID results_dir=DIR` (every run done)
 - start:   what `peltbench -m GRID results_dir=DIR` does before its first run (sweep_start below: the launcher's
            plan over all the sweep's runs, as peltbench/cli.py and the local launcher compose and check them)
+- rerun:   the whole `peltbench -m GRID results_dir=DIR` with every run done (a finished sweep run again: its start,
+           the runs it skips, its summary)
 
 --old BIN runs the same commands from another install's bin folder (e.g. an older peltbench's), on the same records,
 alternating with this one's, so the two are measured under the same load. Nothing here asserts a time: timings on a
@@ -95,7 +97,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1200,9600,100800", help="records, comma-separated (1,200 per learning rate)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/peltbench-benchmark"), help="where the records go")
     parser.add_argument("--old", type=Path, help="another install's bin folder, measured alike (its own python)")
-    parser.add_argument("--skip", default="", help="what not to measure: tables,select,missing,start")
+    parser.add_argument("--skip", default="", help="what not to measure: tables,select,missing,start,rerun")
     options = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
     here = Path(sys.executable).parent
@@ -117,6 +119,8 @@ def main() -> None:
                 "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
                 "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
                           f"results_dir={runs}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
+                "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}",
+                          f"hydra.sweep.dir={options.dir / 'sweep-rerun'}"],
             }
             for what, command in commands.items():
                 if what in skip:
@@ -127,6 +131,7 @@ def main() -> None:
                 print(line, flush=True)
                 if result["rc"] not in (0,):
                     print("   " + result["stderr"].strip().replace("\n", "\n   "), flush=True)
+            shutil.rmtree(options.dir / "sweep-rerun", ignore_errors=True)
         shutil.rmtree(options.dir / "sweep", ignore_errors=True)
 
 

@@ -57,15 +57,23 @@ def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir, in
     output = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, output
     check_records(workdir, 4)
-    skipped = {Path(line.split("skip: ", 1)[1].split(" is already done")[0]) for line in output.splitlines() if "skip: " in line}
-    assert skipped == finished  # the runs finished before the kill were skipped, the others ran
+    # the runs finished before the kill got no job (no Hydra job folder, no training), only an outcome.json that
+    # says `skipped`; the others ran in jobs of their own
+    jobs = sorted(path for path in (workdir / "sweeps/rerun").iterdir() if path.is_dir())
+    outcomes = [json.loads((job / "outcome.json").read_text())["status"] for job in jobs]
+    assert sorted(outcomes) == sorted(["skipped"] * len(finished) + ["ok"] * (4 - len(finished)))
+    assert [(job / ".hydra").is_dir() for job in jobs] == [outcome == "ok" for outcome in outcomes]
+    trained = {Path(line.split("run: ", 1)[1]) for line in output.splitlines() if "] - run: " in line}
+    assert trained == {path.parent for path in records(workdir)} - finished
     assert (f"peltbench sweep: 4 runs: 4 done ({len(finished)} of them skipped as already done), 0 failed, 0 missing"
             in output)
     progress = [line.split("] ", 1)[1] for line in output.splitlines() if " of 4 done" in line]
-    assert [line.split(" · ")[0] for line in progress] == [  # the runs done before the kill come first in the grid
-        f"run {i} of 4 done ({min(i, len(finished))} skipped)" for i in range(1, 5)]
+    skipped = len(finished)  # the runs done before the kill come first in the grid: one line says they are done
+    assert [line.split(" · ")[0] for line in progress] == [
+        f"runs 1-{skipped} of 4 done ({skipped} skipped)" if skipped > 1 else "run 1 of 4 done (1 skipped)",
+        *(f"run {i} of 4 done ({skipped} skipped)" for i in range(skipped + 1, 5))]
     assert all(re.fullmatch(r"(\d+m)?\d+s elapsed", line.split(" · ")[1]) for line in progress)
-    assert [line.split(" · ")[2:] != [] for line in progress] == [False] * len(finished) + [True] * (3 - len(finished)) + [False]
+    assert [line.split(" · ")[2:] != [] for line in progress] == [False] + [True] * (3 - skipped) + [False]
 
 
 def test_a_fused_member_releases_its_claim_when_its_record_is_written(workdir):
@@ -243,6 +251,41 @@ def test_a_run_skipped_as_running_elsewhere_and_finished_there_is_counted(workdi
     assert "run 1 of 2 done (1 running elsewhere)" in text
     assert "peltbench sweep: 2 runs: 2 done (0 of them skipped as already done, 1 skipped as running elsewhere and " \
            "finished there), 0 failed, 0 missing" in text
+
+
+@pytest.mark.parametrize("fuse", ["false", "true"])
+def test_a_rerun_gives_the_runs_done_before_it_no_job(workdir, in_process, monkeypatch, fuse):
+    """A sweep run again to finish its last runs trained nothing more, but walked every run done before it through a
+    Hydra job of its own (composed again, a log folder, a `skip:` line: ~0.16 s of CPU each, hours for 100,000).
+    Now a run done when the sweep starts gets no job, as on SLURM: only the missing run trains, in a fused group
+    too (its group trains the members left), and the summary still counts the skips."""
+    from peltbench import runner
+    from peltbench.record import record_path
+
+    sweep = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111,222", "train.epochs=1", f"fuse={fuse}", *TINY]
+    first = in_process(*sweep, "hydra.sweep.dir=sweeps/first", cwd=workdir)
+    assert first.returncode == 0, first.stdout + first.stderr
+    check_records(workdir, 4)
+    lost = records(workdir)[2]
+    lost.unlink()
+
+    trained = []
+    run_group = runner.run_group
+    monkeypatch.setattr(runner, "run_group", lambda cfgs, *args: trained.append(
+        [record_path(cfg, workdir / "results") for cfg in cfgs]) or run_group(cfgs, *args))
+    again = in_process(*sweep, "hydra.sweep.dir=sweeps/again", "hydra.verbose=hydra_plugins", cwd=workdir)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output
+    check_records(workdir, 4)
+    assert trained == [[lost]]
+    jobs = [path for path in (workdir / "sweeps/again").iterdir() if path.is_dir()]
+    assert sorted((job / ".hydra").is_dir() for job in jobs) == [False, False, False, True]
+    assert sorted(json.loads((job / "outcome.json").read_text())["status"] for job in jobs) == ["ok"] + ["skipped"] * 3
+    assert "4 runs: 3 already done (skipped), 1 to train" in output
+    skips = {Path(line.split("skip: ", 1)[1].split(" is already done")[0]) for line in output.splitlines() if "skip: " in line}
+    assert skips == {path.parent for path in records(workdir)} - {lost.parent}  # listed with hydra.verbose
+    assert "runs 1-3 of 4 done (3 skipped)" in output and "run 4 of 4 done (3 skipped)" in output
+    assert "peltbench sweep: 4 runs: 4 done (3 of them skipped as already done), 0 failed, 0 missing" in output
 
 
 def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch, in_process):

@@ -1,9 +1,15 @@
 """The local launcher: a sweep's runs one after another in this process, compatible runs fused (`fuse=true`).
 
-Each run keeps its Hydra job (its folder, log and callbacks). The runs of a fused group train in the job of
-the group's first run, whose log holds the training; the job of every other member says which group it
+Each run it trains keeps its Hydra job (its folder, log and callbacks). The runs of a fused group train in the job
+of the group's first run, whose log holds the training; the job of every other member says which group it
 trained in. A separate run goes through the task function as on Hydra's basic launcher. After each run (or fused
 group) a line says how far the sweep is, with an ETA from the runs trained so far (_progress.py).
+
+A run whose record is done when the sweep starts gets no job (as on SLURM, where it is not submitted): its log
+folder says `skipped` (outcome.json, for the sweep's summary) and its JobReturn is the `skipped` its job would have
+returned, so rerunning a mostly-done sweep of 100,000 runs costs the sweep's start, not a job per done run
+(~0.16 s of CPU each: hours). A run being trained elsewhere when the sweep starts still gets its job: by the time
+the sweep reaches it, it may be done, or its holder dead (peltbench.runner decides then).
 """
 
 from __future__ import annotations
@@ -16,12 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, List, Sequence, Tuple
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, open_dict, read_write
 from peltbench.fusion import plan_groups
 from peltbench.interrupts import interrupted, interruption
-from peltbench.missing import compose_jobs, interrupted_line, record_states
+from peltbench.missing import compose_jobs, interrupted_line, record_runs, write_outcome
 
 from ._progress import SKIPPED_STATES, SweepProgress, plan_line, status
 
@@ -52,19 +58,32 @@ class PeltbenchLocalLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-        cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in runs])
+        cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in runs],
+                            first_num=initial_job_idx)
         packs, alone = group_packs(runs, cfgs)
-        states = dict(zip((num for _, num in runs), record_states(cfgs)))
+        checked = dict(zip((num for _, num in runs), record_runs(cfgs, first_num=initial_job_idx)))
+        states = {num: run.state for num, run in checked.items()}
         log.info("%s", plan_line([[num for _, num in pack] for pack in packs], states))
         progress = SweepProgress(len(runs), sum(state not in SKIPPED_STATES for state in states.values()))
+        returns = {num: skipped_return(overrides, checked[num]) for overrides, num in runs if states[num] == "done"}
+        for num in returns:
+            log.debug("skip: %s is already done", checked[num].path.parent)
+        if returns:
+            progress.add(["skipped"] * len(returns), 0.0)
+            log.info("%s", progress.line(1, len(returns)))
+
+        def left(pack: List[Run]) -> List[Run]:  # a group trains its members not done (peltbench.runner: the same)
+            return [run for run in pack if run[1] not in returns]
+
+        packs, alone = [left(pack) for pack in packs if left(pack)], [left(pack) for pack in alone if left(pack)]
         with interruption(lambda: interrupted_line(cfgs)):  # Ctrl-C: one line (peltbench.cli), how far the sweep got
-            returns = self._run_packs(runs, packs, alone, progress)
+            returns.update(self._run_packs(runs, packs, alone, progress, len(returns)))
         return [returns[num] for _, num in runs]
 
     def _run_packs(self, runs: List[Run], packs: List[List[Run]], alone: List[List[Run]],
-                   progress: SweepProgress) -> dict:
+                   progress: SweepProgress, done: int) -> dict:
+        """Train the packs, after `done` runs of the sweep (those done before it started)."""
         returns: dict[int, JobReturn] = {}
-        done = 0
         for pack in packs:
             nums = ", ".join(f"#{num}" for _, num in pack)
             if len(pack) == 1:
@@ -83,6 +102,19 @@ class PeltbenchLocalLauncher(Launcher):
             log.info("%s", progress.line(done + 1, done + len(pack)))
             done += len(pack)
         return returns
+
+
+def skipped_return(overrides: Sequence[str], run: Any) -> JobReturn:
+    """The return of a run that gets no job because it was done when the sweep started (`skipped`), or, on SLURM,
+    another process's (`running`: not submitted); its log folder's outcome.json says so, as its job's would
+    (peltbench.missing.SweepSummary counts both from there). `run`: its peltbench.missing.Run."""
+    from peltbench.missing import RUNNING_ELSEWHERE
+
+    ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
+    ret.return_value = "skipped" if run.state == "done" else run.state
+    if run.log_dir is not None:
+        write_outcome(run.log_dir, ret.return_value, RUNNING_ELSEWHERE if run.state == "running" else None)
+    return ret
 
 
 def plan_packs(config_loader: Any, sweep_config: DictConfig, runs: List[Run]) -> Tuple[List[List[Run]], List[List[Run]]]:

@@ -82,10 +82,12 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         Runs whose records are already done are not submitted at all: a resumed sweep queues only what it lacks;
         nor are runs another live process is training (their claims).
         """
+        from hydra_plugins.peltbench_local._launcher import skipped_return
+
         assert self.config is not None and len(job_overrides) > 0
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         states = self._states(job_overrides, initial_job_idx)
-        returns = {num: self._not_submitted(overrides, states[num]) for overrides, num in runs
+        returns = {num: skipped_return(overrides, states[num]) for overrides, num in runs
                    if states[num].state in ("done", "running")}
         todo = [run for run in runs if run[1] not in returns]
         packs = self._packs(todo)
@@ -146,18 +148,6 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
             log.warning("%d SLURM jobs named %s are still queued or running (an earlier sweep?): a run that both "
                         "reach is trained by the first to claim it, and skipped by the other. `squeue --name=%s` "
                         "lists them, `scancel --name=%s` stops them.", len(queued), name, name, name)
-
-    @staticmethod
-    def _not_submitted(overrides: List[str], run: Any) -> JobReturn:
-        """The return of a run not submitted: done before (`skipped`), or another process's (`running`); the sweep's
-        summary counts both from the outcome.json written here, as a local job writes it."""
-        from peltbench.missing import RUNNING_ELSEWHERE, write_outcome
-
-        ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
-        ret.return_value = "skipped" if run.state == "done" else run.state
-        if run.log_dir is not None:
-            write_outcome(run.log_dir, ret.return_value, RUNNING_ELSEWHERE if run.state == "running" else None)
-        return ret
 
     def _executor(self) -> Any:
         """The submitit executor, configured from the launcher's keys exactly as BaseSubmititLauncher.launch does."""
