@@ -253,12 +253,13 @@ def test_a_run_skipped_as_running_elsewhere_and_finished_there_is_counted(workdi
            "finished there), 0 failed, 0 missing" in text
 
 
-@pytest.mark.parametrize("fuse", ["false", "true"])
-def test_a_rerun_gives_the_runs_done_before_it_no_job(workdir, in_process, monkeypatch, fuse):
+@pytest.mark.parametrize("fuse,batch", [("false", None), ("true", None), ("false", 3)])
+def test_a_rerun_gives_the_runs_done_before_it_no_job(workdir, in_process, monkeypatch, fuse, batch):
     """A sweep run again to finish its last runs trained nothing more, but walked every run done before it through a
     Hydra job of its own (composed again, a log folder, a `skip:` line: ~0.16 s of CPU each, hours for 100,000).
     Now a run done when the sweep starts gets no job, as on SLURM: only the missing run trains, in a fused group
-    too (its group trains the members left), and the summary still counts the skips."""
+    too (its group trains the members left), the summary still counts the skips, and each skipped run's outcome.json
+    is in its own log folder when Hydra hands the sweep over in batches (hydra.sweeper.max_batch_size)."""
     from peltbench import runner
     from peltbench.record import record_path
 
@@ -266,25 +267,31 @@ def test_a_rerun_gives_the_runs_done_before_it_no_job(workdir, in_process, monke
     first = in_process(*sweep, "hydra.sweep.dir=sweeps/first", cwd=workdir)
     assert first.returncode == 0, first.stdout + first.stderr
     check_records(workdir, 4)
-    lost = records(workdir)[2]
+    lost = records(workdir)[2]  # job 2: lora, seed 111
     lost.unlink()
 
     trained = []
     run_group = runner.run_group
     monkeypatch.setattr(runner, "run_group", lambda cfgs, *args: trained.append(
         [record_path(cfg, workdir / "results") for cfg in cfgs]) or run_group(cfgs, *args))
-    again = in_process(*sweep, "hydra.sweep.dir=sweeps/again", "hydra.verbose=hydra_plugins", cwd=workdir)
+    batches = [] if batch is None else [f"hydra.sweeper.max_batch_size={batch}"]
+    again = in_process(*sweep, *batches, "hydra.sweep.dir=sweeps/again", "hydra.verbose=hydra_plugins", cwd=workdir)
     output = again.stdout + again.stderr
     assert again.returncode == 0, output
     check_records(workdir, 4)
     assert trained == [[lost]]
-    jobs = [path for path in (workdir / "sweeps/again").iterdir() if path.is_dir()]
-    assert sorted((job / ".hydra").is_dir() for job in jobs) == [False, False, False, True]
-    assert sorted(json.loads((job / "outcome.json").read_text())["status"] for job in jobs) == ["ok"] + ["skipped"] * 3
-    assert "4 runs: 3 already done (skipped), 1 to train" in output
+    jobs = {path.name: path for path in (workdir / "sweeps/again").iterdir() if path.is_dir()}
+    assert {name: (json.loads((job / "outcome.json").read_text())["status"], (job / ".hydra").is_dir())
+            for name, job in jobs.items()} == {
+        "0_adapter_rte_k16_s111": ("skipped", False), "1_adapter_rte_k16_s222": ("skipped", False),
+        "2_lora_rte_k16_s111": ("ok", True), "3_lora_rte_k16_s222": ("skipped", False)}
     skips = {Path(line.split("skip: ", 1)[1].split(" is already done")[0]) for line in output.splitlines() if "skip: " in line}
     assert skips == {path.parent for path in records(workdir)} - {lost.parent}  # listed with hydra.verbose
-    assert "runs 1-3 of 4 done (3 skipped)" in output and "run 4 of 4 done (3 skipped)" in output
+    if batch is None:
+        assert "4 runs: 3 already done (skipped), 1 to train" in output
+        assert "runs 1-3 of 4 done (3 skipped)" in output and "run 4 of 4 done (3 skipped)" in output
+    else:  # a plan and progress per batch
+        assert "3 runs: 2 already done (skipped), 1 to train" in output and "1 runs: 1 already done (skipped)" in output
     assert "peltbench sweep: 4 runs: 4 done (3 of them skipped as already done), 0 failed, 0 missing" in output
 
 
