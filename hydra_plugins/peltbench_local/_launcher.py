@@ -75,7 +75,7 @@ class PeltbenchLocalLauncher(Launcher):
         def left(pack: List[Run]) -> List[Run]:  # a group trains its members not done (peltbench.runner: the same)
             return [run for run in pack if run[1] not in returns]
 
-        packs, alone = [left(pack) for pack in packs if left(pack)], [left(pack) for pack in alone if left(pack)]
+        packs, alone = [kept for pack in packs if (kept := left(pack))], [kept for pack in alone if (kept := left(pack))]
         with interruption(lambda: interrupted_line(cfgs)):  # Ctrl-C: one line (peltbench.cli), how far the sweep got
             returns.update(self._run_packs(runs, packs, alone, progress, len(returns)))
         return [returns[num] for _, num in runs]
