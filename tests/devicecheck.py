@@ -5,13 +5,14 @@ operation that then mixes the two fails ("Expected all tensors to be on the same
 into a CUDA tensor and `.numpy()` of a CUDA tensor. On a CPU-only machine both are the CPU and nothing fails.
 `DeviceCheck` (a TorchFunctionMode) tells the two apart by where each tensor came from:
 
-- *device*: made with `device=`, moved by `.to(device)` / `.to(other)` / `.cuda()` (so the model's parameters and
-  buffers, which `model.to(device)` moves), computed from a device tensor (its `.grad` too), or a Parameter of one;
+- *device*: made with `device=` naming the model's device, moved there by `.to(device)` / `.to(other)` / `.cuda()`
+  (so the model's parameters and buffers, which `model.to(device)` moves), computed from a device tensor (its `.grad`
+  too), or a Parameter of one;
 - *host*: any other tensor made while the check is entered, however it is born. Named where it is born: a factory
-  (torch.tensor, as_tensor, zeros, arange, ...) without `device=`, `torch.from_numpy` (a `.numpy()` round trip
-  too), `torch.frombuffer`, `torch.from_dlpack` of a host array, a DataLoader worker's batch unpickled here, `.cpu()`,
-  `.to(x.device)` of a host `x`, or a result computed from host tensors only (`pin_memory()`, a collation's
-  `torch.stack`, ...). A tensor born where no TorchFunctionMode sees it (`torch.Tensor(...)`, `torch.FloatTensor(...)`
+  (torch.tensor, as_tensor, zeros, arange, ...) without `device=` or with `device="cpu"` (or `torch.device("cpu")`),
+  `torch.from_numpy` (a `.numpy()` round trip too), `torch.frombuffer`, `torch.from_dlpack` of a host array, a
+  DataLoader worker's batch unpickled here, `.cpu()`, `.to("cpu")`, `.to(x.device)` of a host `x`, or a result
+  computed from host tensors only (`pin_memory()`, a collation's `torch.stack`, ...). A tensor born where no TorchFunctionMode sees it (`torch.Tensor(...)`, `torch.FloatTensor(...)`
   and the other legacy constructors, another thread, a C extension) carries no tag: a host tensor too, named where
   it is first used;
 - *before*: alive when the check was entered (caches, a test's models), or computed from such tensors only: neither,
@@ -22,9 +23,15 @@ any size, as CUDA does (a 0-dimensional host tensor is a scalar CUDA accepts in 
 device tensor. A tensor really on a GPU or on `meta` is never a host tensor (under PELTBENCH_TEST_DEVICE=cuda the check
 runs beside CUDA, which fails what mixes devices itself).
 
-What it cannot see: a tensor created with `device="cpu"` named explicitly counts as a device tensor (on a CPU-only
-machine `device` *is* "cpu"), and `.to("cpu")` as a move to the device; tensors alive before it was entered (tests build
-what they check inside it); a custom autograd Function's backward (no TorchFunctionMode runs there).
+On a CPU-only machine the model's device and the host are one device with two names: the model's device is
+MODEL_DEVICE, `cpu:0` (tests/test_devices.py's runs resolve their device to it), the host is the CPU named without an
+index (`"cpu"`, `torch.device("cpu")`), as a GPU machine names its host. A device tensor's `x.device` answers
+MODEL_DEVICE, so a tensor made or moved with `device=x.device` lands on the model's device, as on a GPU; a tensor made
+with `device="cpu"` is a host tensor until it is moved (VeRA's and FourierFT's draws on the CPU, copied into their
+buffers: a copy between devices is allowed).
+
+What it cannot see: tensors alive before it was entered (tests build what they check inside it); a custom autograd
+Function's backward (no TorchFunctionMode runs there).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ import torch.utils.dlpack
 from torch.overrides import TorchFunctionMode
 
 HOST, DEVICE, BEFORE = "host", "device", "before"
+MODEL_DEVICE = torch.device("cpu", 0)  # the model's device on a CPU-only machine: "cpu" with an index ("cpu" is the host)
+CPU = torch.device("cpu")
 _TAG = "_devicecheck"  # (generation, tag, site): what the outermost check entered `generation`-th saw of a tensor
 UNSEEN = ("a tensor born where the check could not see it (torch.Tensor(...), torch.FloatTensor(...) or another legacy "
           "constructor, another thread, a C extension), first used at {}")
@@ -123,6 +132,26 @@ def _site() -> str:
     return "unknown"
 
 
+def _named(device) -> str | None:
+    """What a device named by `device=` or `.to(...)` makes of a tensor: HOST for the CPU named without an index
+    ("cpu", torch.device("cpu")), DEVICE for any other (MODEL_DEVICE, cuda), None for meta (transformers builds a model
+    there, then loads its weights) or no device."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "meta":
+        return None
+    return HOST if device.type == "cpu" and device.index is None else DEVICE
+
+
+def _real(device):
+    """The device torch is given for `device`: the CPU for MODEL_DEVICE (a name only the check gives it: torch would
+    copy a CPU tensor `.to("cpu:0")`, where on a GPU machine `.to(device)` of a tensor already there returns it)."""
+    if isinstance(device, (str, torch.device)) and torch.device(device) == MODEL_DEVICE:
+        return CPU
+    return device
+
+
 def _is_host(tensor: torch.Tensor) -> bool:
     """Host by tag (or by having none: born unseen), and really in the CPU's memory."""
     return _tag(tensor) in (HOST, None) and tensor.device.type == "cpu"
@@ -156,7 +185,8 @@ def _from_dlpack(factory):
     @functools.wraps(factory)
     def made(source, *args, **kwargs):
         out = factory(source, *args, **kwargs)
-        if kwargs.get("device") is not None or _tag(source) == DEVICE:
+        named = _named(kwargs.get("device"))
+        if named == DEVICE or named is None and _tag(source) == DEVICE:
             _set(out, DEVICE)
         else:
             _set(out, HOST, _site_of(source) or _site())
@@ -191,10 +221,6 @@ class DeviceCheck(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.faults: list[str] = []
-        self._host_devices: dict[int, torch.device] = {}  # `.device` of host tensors, by id (each access a new object)
-
-    def _names_host(self, device) -> bool:
-        return isinstance(device, torch.device) and self._host_devices.get(id(device)) is device
 
     def __enter__(self):
         if not _active:
@@ -227,11 +253,9 @@ class DeviceCheck(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in MOVES:
             return self._move(func, args, kwargs)
-        if func == DEVICE_OF:
+        if func == DEVICE_OF:  # a device tensor's names the model's device; any other's (the CPU) the host
             out = func(*args, **kwargs)
-            if _tag(args[0]) != DEVICE:
-                self._host_devices[id(out)] = out
-            return out
+            return MODEL_DEVICE if out.type == "cpu" and _tag(args[0]) == DEVICE else out
         inputs = args[:1] if func in OWN else [*_tensors(args), *_tensors(kwargs)]
         tags = {_tag(t) for t in inputs}
         device = DEVICE in tags
@@ -242,13 +266,14 @@ class DeviceCheck(TorchFunctionMode):
             device = False
         elif device and func not in COPIES and func not in CONVERSIONS:
             self._check(func, args, inputs)
-        out = func(*args, **kwargs)
+        named = _named(kwargs.get("device"))
+        out = func(*args, **{**kwargs, "device": _real(kwargs["device"])} if "device" in kwargs else kwargs)
         if func in COPIES:  # copy_ returns its own (tagged) self
             return out
-        named = kwargs.get("device")
-        if named is not None and not self._names_host(named):
-            if torch.device(named).type != "meta":  # transformers builds a model on meta, then loads its weights
-                _set(out, DEVICE)
+        if named == DEVICE:
+            _set(out, DEVICE)
+        elif named == HOST:  # device="cpu": made on the host, whatever it was made from
+            _set(out, HOST, _site())
         elif device:
             _set(out, DEVICE)
         elif tags == {BEFORE}:
@@ -258,7 +283,7 @@ class DeviceCheck(TorchFunctionMode):
         return out
 
     def _move(self, func, args, kwargs):
-        out = func(*args, **kwargs)
+        out = func(*map(_real, args), **{key: _real(value) for key, value in kwargs.items()})
         if func is torch.Tensor.cpu:
             _set(out, HOST, _site())
         elif func is torch.Tensor.cuda:
@@ -271,7 +296,7 @@ class DeviceCheck(TorchFunctionMode):
                                               None))
             if isinstance(where, torch.Tensor):
                 _set(out, _tag(where) or HOST, _site_of(where))
-            elif self._names_host(where):
+            elif where is not None and _named(where) == HOST:  # .to("cpu"), .to(x.device) of a host x
                 _set(out, HOST, _site_of(args[0]) or _site())
             elif where is not None:
                 _set(out, DEVICE)

@@ -25,12 +25,12 @@ import peltbench.methods.prefix
 import peltbench.methods.randomness
 import peltbench.train
 from conftest import save_tiny_encoder
-from devicecheck import DeviceCheck, DeviceFault
+from devicecheck import MODEL_DEVICE, DeviceCheck, DeviceFault
 from peltbench.packaged import options
 from test_devices import GROUP, METHODS, gpu_path
 from test_devices import test_every_method_trains_saves_and_reloads_alone_in_bf16 as device_test_alone
 
-DEVICE = "cpu"  # what peltbench names on this machine: a tensor made or moved there with device= is the model's
+DEVICE = MODEL_DEVICE  # the model's device on this machine (cpu:0); "cpu" names the host
 FROM_NUMPY = torch.from_numpy
 
 
@@ -83,6 +83,13 @@ HOST_BORN = {
     "a DataLoader worker": from_a_worker,
     "nn.Parameter of a host tensor": lambda: torch.nn.Parameter(torch.from_numpy(host_array())),
     "computed from a host tensor": lambda: torch.from_numpy(host_array()).float() * 2,
+    'device="cpu"': lambda: torch.ones(3, device="cpu"),
+    'torch.tensor(list, device="cpu")': lambda: torch.tensor([0.0, 1.0, 2.0], device="cpu"),
+    'device=torch.device("cpu")': lambda: torch.arange(3.0, device=torch.device("cpu")),
+    'a device tensor\'s new_ones(device="cpu")': lambda: torch.ones(2, device=DEVICE).new_ones(3, device="cpu"),
+    'zeros_like(a device tensor, device="cpu")': lambda: torch.zeros_like(torch.ones(3, device=DEVICE), device="cpu"),
+    '.to("cpu") of a device tensor': lambda: torch.ones(3, device=DEVICE).to("cpu"),
+    '.to(device="cpu") of a device tensor': lambda: torch.ones(3, device=DEVICE).to(device=torch.device("cpu")),
 }
 
 

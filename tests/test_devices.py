@@ -29,7 +29,7 @@ import torch
 import peltbench
 import peltbench.runner as runner
 from conftest import ENCODERS, TEST_DEVICE, compose_config, save_tiny_encoder, tiny_method_overrides, tiny_run_overrides
-from devicecheck import DeviceCheck
+from devicecheck import MODEL_DEVICE, DeviceCheck
 from peltbench.packaged import packaged_config
 
 METHODS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "conf" / "method").glob("*.yaml"))
@@ -43,11 +43,12 @@ REPORT = os.environ.get("PELTBENCH_DEVICE_REPORT")
 
 
 def gpu_path(monkeypatch) -> list[str]:
-    """The GPU's path on this machine (module docstring) but the DeviceCheck; returns the list that collects the device
-    type of each run (and reload) the test resolves."""
+    """The GPU's path on this machine (module docstring) but the DeviceCheck, the runs on the model's device as the
+    DeviceCheck names it (MODEL_DEVICE, `cpu:0`: "cpu" is the host); returns the list that collects the device type of
+    each run (and reload) the test resolves."""
     if TEST_DEVICE is None:
         settings = runner.group_settings
-        monkeypatch.setattr(runner, "resolve_device", lambda cfg, training=True: (torch.device("cpu"), True))
+        monkeypatch.setattr(runner, "resolve_device", lambda cfg, training=True: (MODEL_DEVICE, True))
         monkeypatch.setattr(runner, "group_settings",
                             lambda *args, shapes_for=None, **kwargs: settings(*args, shapes_for="cuda", **kwargs))
     resolve, devices = runner.resolve_device, []
