@@ -4,7 +4,9 @@ in one of peltbench's own paths fails the device tests (tests/test_devices.py), 
 What this caught on main at cadcef0 (issue 40): the net did not see tensors made by `torch.from_numpy`,
 `torch.Tensor(...)`, `torch.FloatTensor(...)`, `torch.frombuffer`, `torch.from_dlpack`, another thread or a DataLoader
 worker; peltbench makes every batch (data.collate_group) and every dropout-key table (methods/randomness.step_keys)
-with `torch.from_numpy`, so with their `.to(device)` taken out the device tests still passed.
+with `torch.from_numpy`, so with their `.to(device)` taken out the device tests still passed. On main at 99645ad
+(issue 48): a tensor made with `device="cpu"` or moved `.to("cpu")` counted as on the device (the CPU was the model's
+device's name too), so AdaLoRA's regulariser weights made on "cpu" passed every device test.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import __future__
 import copy
 import inspect
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import pytest
 import torch
 
 import peltbench.data
+import peltbench.methods.adalora_budget
 import peltbench.methods.prefix
 import peltbench.methods.randomness
 import peltbench.train
@@ -126,8 +130,8 @@ CACHE = {"before": torch.arange(3.0)}  # made before any check: a cache of the p
 
 
 def test_what_a_gpu_accepts_is_no_fault():
-    """Device tensors, moves, scalars, host indices of x[i], gradients, copies, Parameters, and tensors alive before
-    the check was entered (caches: another test may have made them)."""
+    """Device tensors, moves (of a tensor made on "cpu" too), scalars, host indices of x[i], gradients, copies,
+    Parameters, and tensors alive before the check was entered (caches: another test may have made them)."""
     with DeviceCheck() as check:
         linear = torch.nn.Linear(3, 3).to(DEVICE)
         x = torch.from_numpy(np.ones((2, 3), dtype=np.float32)).to(DEVICE, non_blocking=True)
@@ -140,6 +144,9 @@ def test_what_a_gpu_accepts_is_no_fault():
         assert (step + CACHE["before"] + CACHE["before"][:2].sum()).shape == (3,)
         assert (torch.ones(3, device=DEVICE) + torch.zeros(3, device=x.device)).shape == (3,)
         assert torch.from_numpy(host_array()).to(x.device).add(x[0]).shape == (3,)
+        assert torch.ones(3, device="cpu").to(x.device).add(x[0]).shape == (3,)  # made on the host, then moved
+        assert x.device == DEVICE and torch.zeros(3, device=x.device).add(x[0]).shape == (3,)
+        assert x.to(DEVICE) is x  # a move to where it is returns it, as on a GPU (torch is given "cpu")
         host = torch.from_numpy(host_array())
         torch.ones(3, device=DEVICE).copy_(host)  # a copy between devices is how tensors move
         assert torch.as_tensor(x).add(x).shape == (2, 3)
@@ -151,15 +158,21 @@ def test_what_a_gpu_accepts_is_no_fault():
 
 
 def without(monkeypatch, function, text: str, by: str = "") -> None:
-    """`function` with `text` taken out of its source (replaced `by`; its file's line numbers kept), wherever
-    peltbench's modules hold it: the real code, less one of its moves to the device."""
+    """`function` (or a class's method) with `text` taken out of its source (replaced `by`; its file's line numbers
+    kept), wherever peltbench's modules hold it: the real code, less one of its moves to the device."""
     lines, first = inspect.getsourcelines(function)
-    source = "".join(lines)
-    assert source.count(text) == 1, f"{function.__module__}.{function.__name__} no longer holds {text!r} once"
+    source = textwrap.dedent("".join(lines))
+    assert source.count(text) == 1, f"{function.__module__}.{function.__qualname__} no longer holds {text!r} once"
     code = compile("\n" * (first - 1) + source.replace(text, by), inspect.getsourcefile(function), "exec",
                    flags=__future__.annotations.compiler_flag, dont_inherit=True)
     scope: dict = {}
     exec(code, vars(sys.modules[function.__module__]), scope)  # noqa: S102 - the module's own code, less `text`
+    owner, _, _ = function.__qualname__.rpartition(".")
+    if owner:  # a method: its class holds it
+        cls = vars(sys.modules[function.__module__])[owner]
+        assert vars(cls)[function.__name__] is function
+        monkeypatch.setattr(cls, function.__name__, scope[function.__name__])
+        return
     for name, module in list(sys.modules.items()):
         if name.startswith("peltbench") and module is not None:
             for attribute, value in list(vars(module).items()):
@@ -186,6 +199,11 @@ LEFT_ON_THE_HOST = {
     "P-tuning v2's position ids (prefix.shifted_positions)": (peltbench.methods.prefix.shifted_positions,
                                                               ", device=input_ids.device", "ptuning_v2",
                                                               "peltbench/methods/prefix.py"),
+    # not a move taken out: the device named as "cpu" (passed the device tests before issue 48: "cpu" was the device)
+    "AdaLoRA's regulariser weights made on \"cpu\" (Budget._weights)": (
+        peltbench.methods.adalora_budget.Budget._weights, ("for m in range(self.count)], device)",
+                                                           'for m in range(self.count)], "cpu")'),
+        "adalora", "peltbench/methods/adalora_budget.py"),
 }
 
 
