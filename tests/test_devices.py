@@ -9,8 +9,9 @@ CPU and the GPU there. Under `make check-gpu` (PELTBENCH_TEST_DEVICE=cuda) the s
 each says where its runs trained (PELTBENCH_DEVICE_REPORT: scripts/check_gpu.py requires them all on CUDA).
 
 Every method keeps its own row: some faults lie on a path only one method takes (a gated method's evaluation mask,
-P-tuning v2's position ids). That the net catches a host tensor left in each of peltbench's paths:
-tests/test_devicecheck.py.
+P-tuning v2's position ids), and a group out of the runner's layout order takes the attention's other path (its
+prefix classes gathered by index: before issue 48 no device test reached methods/attention.py's _indices). That the
+net catches a host tensor left in each of peltbench's paths: tests/test_devicecheck.py.
 
 What these tests caught on main at 50c7a30 (issue 31): the mixed fused group failed in bf16 (`index_add_(): self
 (Float) and source (BFloat16)`, methods/base.py add_rows), and AdaLoRA alone and fused (its budget's kept masks stayed
@@ -118,3 +119,32 @@ def test_a_group_of_every_method_trains_fused_in_bf16(model_type, checkpoints, g
     outcomes = runner.run_group(cfgs)
     for outcome in outcomes:
         assert trained(outcome)["fused"]["size"] == len(GROUP)
+
+
+# A group the runner would seat otherwise (methods.layout_key puts each prefix length in one ascending slice of the
+# rows): prefix lengths 10, 0, 8, 10 (gated), so the attention gathers a class by index and puts the rows back. On the
+# encoders whose attention hands it more than the rows' mask: DeBERTa's relative bias, ModernBERT's sliding windows.
+UNSORTED = ["prefix", "bitfit", "mam", "unipelt_ap"]
+
+
+@pytest.mark.parametrize("model_type", ["deberta-v2", "modernbert"])
+def test_a_group_out_of_layout_order_trains_fused_in_bf16(model_type, checkpoints, glue_dir, tmp_path, monkeypatch,
+                                                          as_on_a_gpu):
+    """build_pelt_model seats members in the order it is given (the runner and scripts/benchmark_fused.py sort them
+    first): in this one, prefix classes are a gathered set of members or a slice out of order (methods/attention.py:
+    the rows' order put back by _indices, each member's dropout rows by _rows)."""
+    import peltbench.methods.attention as attention
+
+    monkeypatch.setattr(runner, "layout_key", lambda method: 0)  # a stable sort: the group keeps UNSORTED's order
+    kinds, indices = set(), attention._indices
+
+    def seen(positions, device):
+        kinds.add(type(positions).__name__)
+        return indices(positions, device)
+
+    monkeypatch.setattr(attention, "_indices", seen)
+    cfgs = [compose_config(*overrides(method, checkpoints[model_type], glue_dir, tmp_path), "fuse=true")
+            for method in UNSORTED]
+    for outcome in runner.run_group(cfgs):
+        assert trained(outcome)["fused"]["size"] == len(UNSORTED)
+    assert kinds == {"slice", "Tensor"}
