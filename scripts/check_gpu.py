@@ -5,8 +5,9 @@ the others still run):
 
   tests      the device-sensitive test files (DEVICE_TESTS: every method alone and a fused group of every component on
              every encoder in bf16, fused groups, per-run dropout masks, saved runs reloaded) with
-             PELTBENCH_TEST_DEVICE=cuda (tests/conftest.py passes it to every tiny run): they pass, and every test of
-             tests/test_devices.py ran (none skipped) with its runs on the device (PELTBENCH_DEVICE_REPORT)
+             PELTBENCH_TEST_DEVICE=cuda (tests/conftest.py passes it to every tiny run): they pass, every test they hold
+             ran (each one pytest lists without PYTEST_ADDOPTS: none deselected, none skipped, in any of the files), and
+             those of tests/test_devices.py with their runs on the device (PELTBENCH_DEVICE_REPORT)
   precision  a run that learns (make demo's: an adapter on the shipped SST-2 with MiniLM, K=500, 5 epochs) in bf16 and
              in fp32: each at least LEARNED points above always answering the majority class, within PRECISION_GAP of
              each other
@@ -32,6 +33,7 @@ explicit dry run). 242 s on an H100 (docs/fused.md, "On an H100").
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import math
 import os
@@ -134,50 +136,117 @@ def _failures(outcomes, names) -> list[str]:
 
 
 def check_tests(args, device) -> Row:
-    """DEVICE_TESTS with PELTBENCH_TEST_DEVICE=cuda: they pass, and tests/test_devices.py's tests all ran, on the device.
-    (A CPU's dry run leaves PELTBENCH_TEST_DEVICE unset: the tests take the GPU's path on the CPU, as in make test.)"""
+    """DEVICE_TESTS with PELTBENCH_TEST_DEVICE=cuda: they pass, every test they hold ran (none deselected, none skipped),
+    and tests/test_devices.py's ran on the device. (A CPU's dry run leaves PELTBENCH_TEST_DEVICE unset: the tests take
+    the GPU's path on the CPU, as in make test.)"""
     start = time.perf_counter()
     junit, report = args.out / "tests.xml", args.out / "tests-devices.txt"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", f"--junitxml={junit}",
-               *DEVICE_TESTS]
+    selection = ["-p", "no:cacheprovider", "-m", "not slow", *DEVICE_TESTS]
     env = {**os.environ, "PELTBENCH_DEVICE_REPORT": str(report)}
     env.pop("PELTBENCH_TEST_DEVICE", None)
     if device.type == "cuda":
         env["PELTBENCH_TEST_DEVICE"] = str(device)
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+    expected, problems = expected_tests(selection, env)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}", *selection], cwd=REPO,
+                            capture_output=True, text=True, env=env)
     summary = (result.stdout.strip().splitlines() or ["no output"])[-1]
     failed = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     if result.returncode != 0:
-        problems = failed[:20] or [f"pytest exited {result.returncode}: {summary}"]
-    else:
-        problems = device_tests_ran(junit, report, device)
+        problems += failed[:20] or [f"pytest exited {result.returncode}: {summary}"]
+    problems += tests_ran(junit, report, device, expected)
     return Row("tests", not problems, time.perf_counter() - start, note=summary, details=problems)
 
 
-def device_tests_ran(junit: Path, report: Path, device) -> list[str]:
-    """Why tests/test_devices.py's tests did not all run on `device` (none skipped, each run of each test there, as the
-    tests' own report says); [] if they did. A pytest exit status of 0 alone would count a run that skipped them all."""
+def expected_tests(selection: list[str], env: dict) -> tuple[list[str], list[str]]:
+    """The tests `selection` holds, listed by pytest without what PYTEST_ADDOPTS or the ini's addopts would deselect
+    (`-k ia3` there would run 1 of tests/test_devices.py's tests and pass): their node ids, and why they could not be
+    listed ([] if they could)."""
+    env = {key: value for key, value in env.items() if key != "PYTEST_ADDOPTS"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", *selection],
+                            cwd=REPO, capture_output=True, text=True, env=env)
+    lines = result.stdout.splitlines()
+    lines = lines[:lines.index("")] if "" in lines else lines  # the node ids, then a blank line and the summary
+    listed = [line for line in lines if "::" in line]
+    if result.returncode != 0 or not listed:
+        last = (result.stdout.strip().splitlines() or result.stderr.strip().splitlines() or ["no output"])[-1]
+        return listed, [f"the expected tests could not be listed (pytest --collect-only exited {result.returncode}: "
+                        f"{last})"]
+    return listed, []
+
+
+def _node_id(case) -> str | None:
+    """A junit testcase's pytest node id (a file for a module skipped as a whole: classname "", name its module), if
+    it is in a DEVICE_TESTS file."""
+    classname, name = case.get("classname", ""), case.get("name", "")
+    for path in DEVICE_TESTS:
+        module = path[:-3].replace("/", ".")
+        if classname == "" and name == module:
+            return path
+        if classname == module or classname.startswith(module + "."):
+            inner = classname[len(module) + 1:].replace(".", "::")
+            return "::".join([path, *([inner] if inner else []), name])
+    return None
+
+
+def _names(ids: list[str], reasons: dict[str, str] | None = None, shown: int = 5) -> str:
+    """The first `shown` of `ids` by their name in their file (with the reason), and how many more."""
+    names = [node.split("::", 1)[-1] + (f" ({reasons[node]})" if reasons and reasons.get(node) else "")
+             for node in ids[:shown]]
+    return ", ".join(names) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+
+
+def _reason(skipped) -> str:
+    """A junit <skipped>'s reason in one line; a module skipped as a whole says it in its text: ('path', line,
+    'Skipped: why')."""
+    text = skipped.get("message") or ""
+    if text == "collection skipped":
+        try:
+            text = str(ast.literal_eval(skipped.text or "")[2]).removeprefix("Skipped: ")
+        except (ValueError, SyntaxError, IndexError, TypeError):
+            text = skipped.text or ""
+    return (text.strip().splitlines() or [""])[0][:120]
+
+
+def tests_ran(junit: Path, report: Path, device, expected: list[str]) -> list[str]:
+    """Why the tests did not all run (each of `expected`, none skipped, in every file: test_saving.py's
+    importorskip("peft") too), and tests/test_devices.py's not each on `device` (as the tests' own report says); [] if
+    they did. A pytest exit status of 0 alone would count a run that skipped or deselected them."""
     import xml.etree.ElementTree as ElementTree
 
     if not junit.is_file():
         return [f"pytest wrote no report ({junit.name})"]
-    cases = [case for case in ElementTree.parse(junit).iter("testcase")
-             if case.get("classname", "").replace(".", "/") + ".py" == DEVICES_FILE]
-    skipped = [case.get("name") for case in cases if case.find("skipped") is not None]
-    ran = {case.get("name") for case in cases} - set(skipped)
+    outcome, reasons = {}, {}
+    for case in ElementTree.parse(junit).iter("testcase"):
+        node = _node_id(case)
+        if node is None:
+            continue
+        skipped = case.find("skipped")
+        outcome[node] = "skipped" if skipped is not None else "ran"
+        if skipped is not None:
+            reasons[node] = _reason(skipped)
+    problems = []
+    for path in DEVICE_TESTS:
+        mine = [node for node in expected if node.split("::", 1)[0] == path]
+        skipped = [node for node, seen in outcome.items() if seen == "skipped" and node.split("::", 1)[0] == path]
+        missing = [node for node in mine if node not in outcome]
+        if not mine and path not in outcome:
+            problems.append(f"{path}: no test listed")
+        if skipped:
+            whole = path in skipped
+            problems.append(f"{path}: skipped as a whole ({reasons.get(path)})" if whole else
+                            f"{path}: {len(skipped)} of {len(mine)} tests skipped: {_names(skipped, reasons)}")
+        if missing and path not in skipped:
+            problems.append(f"{path}: {len(missing)} of {len(mine)} tests did not run: {_names(missing)}")
     where = {}
     for line in report.read_text().splitlines() if report.is_file() else []:
         test, _, devices = line.partition("\t")
-        where[test.split("::", 1)[-1]] = devices
-    problems = []
-    if not cases:
-        problems.append(f"no test of {DEVICES_FILE} ran")
-    if skipped:
-        problems.append(f"{len(skipped)} of {len(cases)} tests of {DEVICES_FILE} skipped: {', '.join(skipped[:5])}")
-    elsewhere = sorted(name for name in ran if where.get(name) != device.type)
+        where[test] = devices
+    ran = [node for node, seen in outcome.items() if seen == "ran" and node.startswith(DEVICES_FILE + "::")]
+    elsewhere = sorted(node for node in ran if where.get(node) != device.type)
     if elsewhere:
-        problems.append(f"{len(elsewhere)} tests of {DEVICES_FILE} did not run on {device.type} alone: "
-                        + ", ".join(f"{name} ({where.get(name, 'no report')})" for name in elsewhere[:5]))
+        problems.append(f"{DEVICES_FILE}: {len(elsewhere)} tests did not run on {device.type} alone: "
+                        + ", ".join(f"{node.split('::', 1)[1]} ({where.get(node, 'no report')})"
+                                    for node in elsewhere[:5]))
     return problems
 
 

@@ -3,7 +3,8 @@
 What these caught on main at cadcef0 (issue 40): without CUDA it exited 0; the methods check passed runs in fp32 on
 CUDA; the tests check passed when every device test skipped; Ctrl-C or SystemExit inside a check ended the script
 with no table written; the benchmark passed with fused slower than separate; nothing failed with the precision
-check's 2-point rule taken out.
+check's 2-point rule taken out. On main at 99645ad (issue 48): the tests check passed with PYTEST_ADDOPTS="-k ia3"
+(1 of the device tests run) and with the other files' tests skipped (test_saving.py's importorskip("peft")).
 """
 
 from __future__ import annotations
@@ -160,48 +161,122 @@ def test_the_methods_check_requires_the_bf16_it_claims(monkeypatch, tmp_path):
 
 
 def junit(cases: dict[str, str]) -> str:
-    """pytest's --junitxml for tests/test_devices.py's tests: name -> "passed" or "skipped"."""
-    rows = "".join(f'<testcase classname="tests.test_devices" name="{name}" time="1.0">'
-                   + ('<skipped type="pytest.skip" message="no GPU">skipped</skipped>' if result == "skipped" else "")
-                   + "</testcase>" for name, result in cases.items())
-    return f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{rows}</testsuite></testsuites>'
+    """pytest's --junitxml: node id -> "passed", "skipped" (pytest.skip in the test) or, for a file, "module skipped"
+    (an importorskip at its top: pytest writes one case for the module)."""
+    rows = []
+    for node, result in cases.items():
+        path, _, name = node.partition("::")
+        module = path[:-3].replace("/", ".")
+        if result == "module skipped":
+            rows.append(f'<testcase classname="" name="{module}" time="0.0"><skipped message="collection skipped">'
+                        f"(&apos;/repo/{path}&apos;, 3, &quot;Skipped: could not import &apos;peft&apos;: No module named "
+                        f"&apos;peft&apos;&quot;)</skipped></testcase>")
+            continue
+        skipped = '<skipped type="pytest.skip" message="no GPU">skipped</skipped>' if result == "skipped" else ""
+        rows.append(f'<testcase classname="{module}" name="{name}" time="1.0">{skipped}</testcase>')
+    return ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">' + "".join(rows)
+            + "</testsuite></testsuites>")
+
+
+A, B = "tests/test_devices.py::test_a[bert]", "tests/test_devices.py::test_b[lora]"
+SAVED = "tests/test_saving.py::test_peft_copy"
 
 
 def test_the_tests_check_requires_every_device_test_to_have_run_on_the_device(monkeypatch, tmp_path):
-    """pytest's exit status 0 is not enough: skipped device tests, or runs on another device, are a FAIL."""
+    """pytest's exit status 0 is not enough: device tests skipped or not run, skips in the other files (a module skipped
+    as a whole too), or runs on another device, are a FAIL."""
     scenario = {}
 
     def pytest_run(command, cwd, capture_output, text, env):
+        if "--collect-only" in command:  # the expected list: every test, whatever PYTEST_ADDOPTS deselects
+            assert "PYTEST_ADDOPTS" not in env and command[command.index("-o") + 1] == "addopts="
+            listed = "".join(f"{node}\n" for node in scenario.get("expected", [A, B, SAVED]))
+            return subprocess.CompletedProcess(command, 0, f"{listed}\n3 tests collected in 0.5s\n", "")
         [xml] = [part.split("=", 1)[1] for part in command if part.startswith("--junitxml=")]
-        assert env["PELTBENCH_TEST_DEVICE"] == "cuda"
+        assert env["PELTBENCH_TEST_DEVICE"] == "cuda" and env["PYTEST_ADDOPTS"] == "-k whatever"
         with open(xml, "w") as handle:
-            handle.write(junit(scenario["cases"]))
+            handle.write(junit({SAVED: "passed", **scenario["cases"]}))
         with open(env["PELTBENCH_DEVICE_REPORT"], "w") as handle:
-            handle.writelines(f"tests/test_devices.py::{name}\t{device}\n" for name, device in scenario["report"].items())
+            handle.writelines(f"{node}\t{device}\n" for node, device in scenario["report"].items())
         return subprocess.CompletedProcess(command, scenario.get("status", 0), f"{scenario['summary']}\n", "")
 
     monkeypatch.setattr(check_gpu.subprocess, "run", pytest_run)
+    monkeypatch.setattr(check_gpu, "DEVICE_TESTS", ["tests/test_devices.py", "tests/test_saving.py"])
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-k whatever")
     args, cuda = SimpleNamespace(out=tmp_path), torch.device("cuda")
-    scenario.update(cases={"test_a[bert]": "skipped", "test_b[lora]": "skipped"}, report={}, summary="2 skipped in 1.0s")
+    scenario.update(cases={A: "skipped", B: "skipped"}, report={}, summary="1 passed, 2 skipped in 1.0s")
     row = check_gpu.check_tests(args, cuda)
     assert row.ok is False and row.details == [
-        "2 of 2 tests of tests/test_devices.py skipped: test_a[bert], test_b[lora]"]
-    scenario.update(cases={"test_a[bert]": "passed", "test_b[lora]": "passed"}, summary="2 passed in 1.0s",
-                    report={"test_a[bert]": "cuda", "test_b[lora]": "cpu"})
+        "tests/test_devices.py: 2 of 2 tests skipped: test_a[bert] (no GPU), test_b[lora] (no GPU)"]
+    scenario.update(cases={A: "passed", B: "passed"}, summary="3 passed in 1.0s", report={A: "cuda", B: "cpu"})
     row = check_gpu.check_tests(args, cuda)
     assert row.ok is False and row.details == [
-        "1 tests of tests/test_devices.py did not run on cuda alone: test_b[lora] (cpu)"]
-    scenario.update(report={"test_a[bert]": "cuda"})
+        "tests/test_devices.py: 1 tests did not run on cuda alone: test_b[lora] (cpu)"]
+    scenario.update(report={A: "cuda"})
     assert check_gpu.check_tests(args, cuda).details == [
-        "1 tests of tests/test_devices.py did not run on cuda alone: test_b[lora] (no report)"]
-    scenario.update(cases={}, report={}, summary="no tests ran in 0.1s")
-    assert check_gpu.check_tests(args, cuda).details == ["no test of tests/test_devices.py ran"]
-    scenario.update(cases={"test_a[bert]": "passed", "test_b[lora]": "passed"}, summary="2 passed in 1.0s",
-                    report={"test_a[bert]": "cuda", "test_b[lora]": "cuda"})
+        "tests/test_devices.py: 1 tests did not run on cuda alone: test_b[lora] (no report)"]
+    scenario.update(cases={}, report={}, summary="1 passed, 2 deselected in 0.1s")
+    assert check_gpu.check_tests(args, cuda).details == [
+        "tests/test_devices.py: 2 of 2 tests did not run: test_a[bert], test_b[lora]"]
+    scenario.update(cases={A: "passed", B: "passed", SAVED: "skipped"}, summary="2 passed, 1 skipped in 1.0s",
+                    report={A: "cuda", B: "cuda"})
+    assert check_gpu.check_tests(args, cuda).details == [
+        "tests/test_saving.py: 1 of 1 tests skipped: test_peft_copy (no GPU)"]
+    scenario.update(expected=[A, B], cases={A: "passed", B: "passed", "tests/test_saving.py": "module skipped"})
+    assert check_gpu.check_tests(args, cuda).details == [
+        "tests/test_saving.py: skipped as a whole (could not import 'peft': No module named 'peft')"]
+    scenario.update(cases={A: "passed", B: "passed"}, summary="2 passed in 1.0s")
+    assert check_gpu.check_tests(args, cuda).details == ["tests/test_saving.py: no test listed"]
+    scenario.update(expected=[A, B, SAVED], summary="3 passed in 1.0s")
     row = check_gpu.check_tests(args, cuda)
-    assert row.ok is True and row.note == "2 passed in 1.0s" and row.details == []
-    scenario.update(status=1, summary="1 failed, 1 passed in 1.0s")
-    assert check_gpu.check_tests(args, cuda).details == ["pytest exited 1: 1 failed, 1 passed in 1.0s"]
+    assert row.ok is True and row.note == "3 passed in 1.0s" and row.details == []
+    scenario.update(status=1, summary="1 failed, 2 passed in 1.0s")
+    assert check_gpu.check_tests(args, cuda).details == ["pytest exited 1: 1 failed, 2 passed in 1.0s"]
+
+
+DEVICE_TESTS_HERE = """import os
+import pytest
+
+@pytest.mark.parametrize("method", ["ia3", "lora", "vera"])
+def test_alone(method, request):
+    with open(os.environ["PELTBENCH_DEVICE_REPORT"], "a") as report:
+        report.write(f"{request.node.nodeid}\\tcpu\\n")
+"""
+SAVING_HERE = """import os
+import pytest
+
+def test_reloaded():
+    pass
+
+def test_peft_copy():
+    pytest.importorskip(os.environ.get("CHECK_GPU_NEEDS", "json"))
+"""
+
+
+def test_the_tests_check_counts_what_pytest_really_ran(monkeypatch, tmp_path):
+    """With real pytest runs: PYTEST_ADDOPTS="-k ia3" runs 1 of the 3 device tests with exit status 0, and an
+    importorskip in another file skips its test with exit status 0; both are a FAIL that names them (on main at 99645ad
+    the row said ok)."""
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "pytest.ini").write_text("[pytest]\n")
+    (repo / "tests" / "test_devices.py").write_text(DEVICE_TESTS_HERE)
+    (repo / "tests" / "test_saving.py").write_text(SAVING_HERE)
+    monkeypatch.setattr(check_gpu, "REPO", repo)
+    monkeypatch.setattr(check_gpu, "DEVICE_TESTS", ["tests/test_devices.py", "tests/test_saving.py"])
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # 0.4 CPU s a pytest run here instead of 1.9
+    args, cpu = SimpleNamespace(out=tmp_path), torch.device("cpu")
+    row = check_gpu.check_tests(args, cpu)
+    assert row.ok is True and row.details == [] and row.note.startswith("5 passed")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-k 'ia3 or saving'")
+    monkeypatch.setenv("CHECK_GPU_NEEDS", "peft_not_installed")
+    row = check_gpu.check_tests(args, cpu)
+    assert row.ok is False and row.note.startswith("2 passed, 1 skipped, 2 deselected")
+    assert row.details == [
+        "tests/test_devices.py: 2 of 3 tests did not run: test_alone[lora], test_alone[vera]",
+        "tests/test_saving.py: 1 of 2 tests skipped: test_peft_copy (could not import 'peft_not_installed': No module "
+        "named 'peft_not_installed')"]
 
 
 def test_each_row_is_written_as_it_ends(monkeypatch, tmp_path):
