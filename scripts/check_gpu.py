@@ -136,8 +136,8 @@ def _failures(outcomes, names) -> list[str]:
 
 
 def check_tests(args, device) -> Row:
-    """DEVICE_TESTS with PELTBENCH_TEST_DEVICE=cuda: they pass, every test they hold ran (none deselected, none skipped),
-    and tests/test_devices.py's ran on the device. (A CPU's dry run leaves PELTBENCH_TEST_DEVICE unset: the tests take
+    """DEVICE_TESTS with PELTBENCH_TEST_DEVICE=cuda: they pass, every test they hold ran (none deselected, none
+    skipped), and tests/test_devices.py's ran on the device. (A CPU's dry run leaves PELTBENCH_TEST_DEVICE unset: the tests take
     the GPU's path on the CPU, as in make test.)"""
     start = time.perf_counter()
     junit, report = args.out / "tests.xml", args.out / "tests-devices.txt"

@@ -12,9 +12,9 @@ into a CUDA tensor and `.numpy()` of a CUDA tensor. On a CPU-only machine both a
   (torch.tensor, as_tensor, zeros, arange, ...) without `device=` or with `device="cpu"` (or `torch.device("cpu")`),
   `torch.from_numpy` (a `.numpy()` round trip too), `torch.frombuffer`, `torch.from_dlpack` of a host array, a
   DataLoader worker's batch unpickled here, `.cpu()`, `.to("cpu")`, `.to(x.device)` of a host `x`, or a result
-  computed from host tensors only (`pin_memory()`, a collation's `torch.stack`, ...). A tensor born where no TorchFunctionMode sees it (`torch.Tensor(...)`, `torch.FloatTensor(...)`
-  and the other legacy constructors, another thread, a C extension) carries no tag: a host tensor too, named where
-  it is first used;
+  computed from host tensors only (`pin_memory()`, a collation's `torch.stack`, ...). A tensor born where no
+  TorchFunctionMode sees it (`torch.Tensor(...)`, `torch.FloatTensor(...)` and the other legacy constructors, another
+  thread, a C extension) carries no tag: a host tensor too, named where it is first used;
 - *before*: alive when the check was entered (caches, a test's models), or computed from such tensors only: neither,
   never a fault (a tag an earlier check left on a cached tensor is not this check's).
 
@@ -47,7 +47,7 @@ import torch.utils.dlpack
 from torch.overrides import TorchFunctionMode
 
 HOST, DEVICE, BEFORE = "host", "device", "before"
-MODEL_DEVICE = torch.device("cpu", 0)  # the model's device on a CPU-only machine: "cpu" with an index ("cpu" is the host)
+MODEL_DEVICE = torch.device("cpu", 0)  # the model's device on a CPU-only machine ("cpu", without an index, is the host)
 CPU = torch.device("cpu")
 _TAG = "_devicecheck"  # (generation, tag, site): what the outermost check entered `generation`-th saw of a tensor
 UNSEEN = ("a tensor born where the check could not see it (torch.Tensor(...), torch.FloatTensor(...) or another legacy "

@@ -168,9 +168,9 @@ def junit(cases: dict[str, str]) -> str:
         path, _, name = node.partition("::")
         module = path[:-3].replace("/", ".")
         if result == "module skipped":
+            why = "&quot;Skipped: could not import &apos;peft&apos;: No module named &apos;peft&apos;&quot;"
             rows.append(f'<testcase classname="" name="{module}" time="0.0"><skipped message="collection skipped">'
-                        f"(&apos;/repo/{path}&apos;, 3, &quot;Skipped: could not import &apos;peft&apos;: No module named "
-                        f"&apos;peft&apos;&quot;)</skipped></testcase>")
+                        f"(&apos;/repo/{path}&apos;, 3, {why})</skipped></testcase>")
             continue
         skipped = '<skipped type="pytest.skip" message="no GPU">skipped</skipped>' if result == "skipped" else ""
         rows.append(f'<testcase classname="{module}" name="{name}" time="1.0">{skipped}</testcase>')
