@@ -9,6 +9,7 @@ Exit status: 0 done (or already done), 1 a run failed (a sweep: a run is not don
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -251,17 +252,20 @@ def preflight(arguments: list[str]) -> str | None:
                     check_config(job)
                     protocols.add(protocol_name(job))
                     loggers.setdefault(repr(container(job.get("logger") or {})), job.get("logger"))
-                    if job.data.dir is not None:  # a local GLUE directory (the Hub's data cannot be checked offline)
-                        data.setdefault((job.task.name, str(job.data.dir)), job.task)
+                    data_dir = None if job.data.dir is None else str(job.data.dir)
+                    task_key = (json.dumps(container(job.task), sort_keys=True), data_dir)
+                    node = job.get("protocol")
+                    fit = (job.k, job.dev_size, node.get("dev", "train") if node is not None else "train")
+                    data.setdefault(task_key, (job.task, set()))[1].add(fit)
                     if sweep_cfg:
                         shown.append((overrides, job))
                 check_protocol_sweep(sorted(protocols), list(args.overrides))
                 if args.cfg is None:  # runs will start: their loggers must be able to, their data files be there
                     for logger in loggers.values():
                         check_can_start(logger)
-                    for (_, data_dir), task in data.items():  # a sweep's task is plain data (missing._Composer)
+                    for (_, data_dir), (task, fits) in data.items():  # a sweep's task is plain data (missing._Composer)
                         task = task if isinstance(task, DictConfig) else OmegaConf.create(container(task))
-                        check_task_data(TaskSpec.from_config(task), data_dir)
+                        check_task_data(TaskSpec.from_config(task), data_dir, sorted(fits, key=str))
                     if mode == RunMode.MULTIRUN:
                         _checked = sweep_overrides(config)
         except OverrideParseException as error:

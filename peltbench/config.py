@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import UserError
 from .packaged import options, packaged_config
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
+from .tasks import DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
@@ -280,6 +281,7 @@ def check_config(cfg: DictConfig) -> None:
         value = _select(cfg, key)
         if value is not _ABSENT and not valid(value):
             raise UserError(f"{key}={_show(value)}: {must}")
+    check_task(cfg.task)
     check_schedule(cfg.train)
     check_protocol(cfg)
     check_halving(cfg)
@@ -618,6 +620,145 @@ def check_planned_steps(cfg: DictConfig) -> None:
                         f"steps): lower them or train longer")
 
 
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder of the results (record_path)
+
+
+def _column(value) -> bool:
+    return _text(value) or _non_negative_int(value)
+
+
+def _columns(value) -> bool:
+    return _distinct_list(value) and len(value) in (1, 2) and all(_column(v) for v in value)
+
+
+def check_task(task: DictConfig) -> None:
+    """A task file's values (docs/tasks.md), from the file alone: its columns, classes, metrics and where its rows
+    are. What its data holds (the columns there, the labels, the rows) is checked when the data is read
+    (peltbench.data.check_task_data, before the first run of a sweep)."""
+    name = task.get("name")
+    if not (isinstance(name, str) and TASK_NAME.fullmatch(name)):
+        raise UserError(f"task.name={_show(name)}: must be a name of letters, digits, '.', '_' and '-' (its results' "
+                        f"folder)")
+    where = f"task={name}: task"
+    missing = [key for key in ("text", "label", "num_labels", "metrics", "main_metric") if task.get(key) is None]
+    if missing:
+        raise UserError(f"{where}.{missing[0]}: missing (docs/tasks.md)")
+    if not _columns(task.text):
+        raise UserError(f"{where}.text={_show(task.text)}: must be a list of one text column, or two (a sentence pair): "
+                        f"names, or 0-based indices in a file without a header")
+    if not _column(task.label):
+        raise UserError(f"{where}.label={_show(task.label)}: must be the label column's name (or 0-based index)")
+    labels = task.num_labels
+    if not _positive_int(labels):
+        raise UserError(f"{where}.num_labels={_show(labels)}: must be the number of classes, or 1 for a regression "
+                        f"task (one output, MSE loss)")
+    _check_labels(task, where, labels)
+    _check_metrics(task, where, labels)
+    if task.get("max_length") is not None and not _positive_int(task.max_length):
+        raise UserError(f"{where}.max_length={_show(task.max_length)}: must be a positive number of tokens")
+    if not _bool(task.get("lmbff_chained", False)):
+        raise UserError(f"{where}.lmbff_chained={_show(task.lmbff_chained)}: must be true or false")
+    _check_sources(task, where)
+
+
+def _check_labels(task: DictConfig, where: str, labels: int) -> None:
+    names, bounds, threshold = task.get("label_names"), task.get("label_range"), task.get("lmbff_threshold")
+    if labels == 1:
+        if names is not None:
+            raise UserError(f"{where}.label_names={_show(names)}: a regression task (num_labels: 1) has no classes; "
+                            f"set label_names: null")
+        if bounds is not None and not (isinstance(bounds, ListConfig) and len(bounds) == 2 and
+                                       all(_is_number(b) for b in bounds) and bounds[0] < bounds[1]):
+            raise UserError(f"{where}.label_range={_show(bounds)}: must be [LOW, HIGH], the valid scores")
+        if threshold is not None and not _is_number(threshold):
+            raise UserError(f"{where}.lmbff_threshold={_show(threshold)}: must be a score (LM-BFF's split classes "
+                            f"the scores below it apart)")
+        return
+    for key, value in (("label_range", bounds), ("lmbff_threshold", threshold)):
+        if value is not None:
+            raise UserError(f"{where}.{key}={_show(value)}: only a regression task (num_labels: 1) has it")
+    if names is not None:
+        if not (_distinct_list(names) and all(isinstance(n, (str, bool, int)) and n != "" for n in names)):
+            raise UserError(f"{where}.label_names={_show(names)}: must be a list of distinct class names, or null")
+        if len(names) != labels:
+            raise UserError(f"{where}.label_names={_show(names)}: {len(names)} names for num_labels={labels}")
+
+
+def _is_number(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _check_metrics(task: DictConfig, where: str, labels: int) -> None:
+    metrics = task.metrics
+    if not (_distinct_list(metrics) and len(metrics) > 0):
+        raise UserError(f"{where}.metrics={_show(metrics)}: must be a list of distinct metrics from {', '.join(METRICS)}")
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise UserError(f"{where}.metrics={_show(metrics)}: {unknown[0]} is not a metric peltbench computes; choose "
+                        f"from {', '.join(METRICS)}")
+    if labels == 1:
+        unfit = [m for m in metrics if m not in REGRESSION_METRICS]
+        if unfit:
+            raise UserError(f"{where}.metrics={_show(metrics)}: {unfit[0]} is not fit for a regression task "
+                            f"(num_labels: 1); its metrics: {', '.join(REGRESSION_METRICS)}")
+    else:
+        unfit = [m for m in metrics if m in REGRESSION_METRICS]
+        if unfit:
+            raise UserError(f"{where}.metrics={_show(metrics)}: {unfit[0]} correlates scores, for a regression task "
+                            f"(num_labels: 1); a classification task's: "
+                            f"{', '.join(m for m in METRICS if m not in REGRESSION_METRICS)}")
+        if "f1" in metrics and labels != 2:
+            raise UserError(f"{where}.metrics={_show(metrics)}: f1 is the F1 of class 1 of two; with {labels} classes "
+                            f"use f1_macro")
+    if task.main_metric not in metrics:
+        raise UserError(f"{where}.main_metric={_show(task.main_metric)}: must be one of its metrics "
+                        f"({_show(metrics)})")
+
+
+def _check_sources(task: DictConfig, where: str) -> None:
+    dataset, files = task.get("dataset"), task.get("files")
+    if dataset is None and files is None:
+        raise UserError(f"{where}: where are its rows? give dataset: (a datasets dataset) or files: (local files)")
+    if dataset is not None:
+        if not isinstance(dataset, DictConfig):
+            raise UserError(f"{where}.dataset={_show(dataset)}: must be a mapping of {', '.join(DATASET_KEYS)}")
+        unknown = sorted(set(dataset.keys()) - set(DATASET_KEYS))
+        if unknown:
+            raise UserError(f"{where}.dataset.{unknown[0]}: not a setting of a dataset; it has {', '.join(DATASET_KEYS)}")
+        for key in ("path", "test"):
+            if not _text(dataset.get(key)):
+                raise UserError(f"{where}.dataset.{key}={_show(dataset.get(key))}: must be "
+                                f"{'a datasets name or path' if key == 'path' else 'the name of the reported split'}")
+        for key in ("name", "train"):
+            if dataset.get(key) is not None and not _text(dataset.get(key)):
+                raise UserError(f"{where}.dataset.{key}={_show(dataset.get(key))}: must be a name")
+    if files is None:
+        return
+    layouts = files_layouts(files) if isinstance(files, (DictConfig, ListConfig)) else None
+    if not layouts or not all(isinstance(layout, DictConfig) for layout in layouts):
+        raise UserError(f"{where}.files={_show(files)}: must be a mapping of {', '.join(FILES_KEYS)}, or a list of them")
+    formats = sorted(set(FORMATS.values()))
+    for layout in layouts:
+        unknown = sorted(set(layout.keys()) - set(FILES_KEYS))
+        if unknown:
+            raise UserError(f"{where}.files.{unknown[0]}: not a setting of files; they have {', '.join(FILES_KEYS)}")
+        for key in ("train", "test"):
+            if not _text(layout.get(key)):
+                raise UserError(f"{where}.files.{key}={_show(layout.get(key))}: must be a file (a path, a glob for "
+                                f"shards) holding the {'training pool' if key == 'train' else 'reported test set'}")
+        if layout.get("format") is not None and layout.format not in formats:
+            raise UserError(f"{where}.files.format={_show(layout.format)}: must be one of {', '.join(formats)}")
+        if not _bool(layout.get("header", True)):
+            raise UserError(f"{where}.files.header={_show(layout.header)}: must be true or false")
+        if layout.get("text") is not None and not _columns(layout.text):
+            raise UserError(f"{where}.files.text={_show(layout.text)}: must be a list of one or two text columns")
+        if layout.get("label") is not None and not _column(layout.label):
+            raise UserError(f"{where}.files.label={_show(layout.label)}: must be the label column's name or index")
+        text = layout.get("text") or task.text
+        if len(text) != len(task.text):
+            raise UserError(f"{where}.files.text={_show(text)}: the task has {len(task.text)} text column(s)")
+
+
 def check_schedule(train: DictConfig) -> None:
     """Training is bounded by epochs (dev after each) or by steps (dev every `eval_every` steps), never both."""
     epochs, steps, every = train.get("epochs"), train.get("max_steps"), train.get("eval_every")
@@ -647,6 +788,10 @@ def check_protocol(cfg: DictConfig) -> None:
         raise UserError(f"k=all: protocol={name} samples K train rows per class; give k=NUMBER (its own: 16)")
     if node.dev in ("glue_dev", "glue_dev_halves") and node.k != "all":
         raise UserError(f"protocol.dev={node.dev} selects on GLUE dev, which only full-data protocols (protocol.k=all) do")
+    task = cfg.get("task") or {}
+    if node.k == "per_class" and task.get("num_labels") == 1 and task.get("lmbff_threshold") is None:
+        raise UserError(f"protocol={name} samples K train rows per class, and task {task.get('name')} is a regression "
+                        f"task: give task.lmbff_threshold, the score below which rows are one class (LM-BFF's STS-B: 2.5)")
     if (node.dev == "per_class") != (node.k == "per_class"):
         raise UserError(f"protocol.dev={node.dev} with protocol.k={node.k}: a dev set of K rows per class goes with "
                         f"K train rows per class")
@@ -701,10 +846,10 @@ def check_known_keys(cfg: DictConfig) -> None:
     removed = sorted(defaults - present)
     if removed:
         raise UserError(f"{removed[0]}: missing (peltbench needs it; its default is {_show(_select(packaged, removed[0]))})")
-    task_keys = _task_keys(str(cfg.task.get("name")))
-    unknown = sorted(set(cfg.task.keys()) - task_keys) if task_keys is not None else []
+    unknown = sorted(set(cfg.task.keys()) - set(TASK_KEYS))
     if unknown:
-        raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}")
+        raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}; a task file has "
+                        f"{', '.join(TASK_KEYS)} (docs/tasks.md)")
     if cfg.get("protocol") is not None:
         known = _protocol_keys()
         unknown = sorted(set(cfg.protocol.keys()) - known)
@@ -716,13 +861,6 @@ def check_known_keys(cfg: DictConfig) -> None:
 def _default_leaves() -> frozenset[str]:
     """The keys conf/config.yaml sets (read once: a sweep checks every run)."""
     return frozenset(_leaves(packaged_config("config.yaml"), skip=("hydra",)))
-
-
-@lru_cache(maxsize=None)
-def _task_keys(name: str) -> frozenset[str] | None:
-    """The settings of packaged task `name` (None: no such file), read once."""
-    task_file = packaged_config(f"task/{name}.yaml")
-    return None if task_file is None else frozenset(task_file.keys())
 
 
 @lru_cache(maxsize=None)

@@ -1,17 +1,22 @@
-"""GLUE data: load a split (Hub, glue_data TSV or parquet), the seeded few-shot split, tokenisation, batches.
+"""Task data: load a split (a `datasets` dataset, or local CSV, TSV, JSON Lines or Parquet files), the seeded
+few-shot split, tokenisation, batches.
 
 The few-shot protocol (UniPELT App. B, docs/protocol.md): perm = numpy.random.default_rng(seed).permutation(n),
-train = perm[:K], dev = perm[K:K + 1000], test = the official GLUE dev split (MNLI: matched). Other protocols
-(docs/protocol.md §10): LM-BFF's K per class (`lmbff_split`) and GLUE dev in two parts (`dev_halves`).
+train = perm[:K], dev = perm[K:K + 1000], test = the task's test set (GLUE: the official dev split; MNLI: matched).
+Other protocols (docs/protocol.md §10): LM-BFF's K per class (`lmbff_split`) and the test set in two parts
+(`dev_halves`). Every task, GLUE's and a user's own (peltbench.tasks, docs/tasks.md), is read by the same code.
 """
 
 from __future__ import annotations
 
 import csv
+import fnmatch
 import functools
 import glob
+import hashlib
 import io
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,163 +26,179 @@ from . import UserError
 from .hub import use_hub
 from .progress import progress
 from .protocols import LMBFF_SEED_ORDER, lmbff_chain  # noqa: F401  (re-exported: the split's definition)
-from .tasks import TaskSpec
+from .tasks import Files, TaskSpec, file_format, label_name
 
-HUB_DATASET = "nyu-mll/glue"
+SPLITS = ("train", "test")
 
 
 @dataclass(eq=False)
 class Split:
-    """The rows of one split: one or two text columns and the labels (int ids, or floats for STS-B)."""
+    """The rows of one split: one or two text columns and the labels (int ids, or floats for a regression task)."""
 
     texts: tuple[list[str], ...]
     labels: np.ndarray
     source: str
     encodings: dict = field(default_factory=dict)  # (tokenizer, max_length) → {row: (input_ids, token_type_ids)}
+    digest: str | None = None  # rows_digest's answer, once asked
 
     def __len__(self) -> int:
         return len(self.labels)
+
+
+# ---------------------------------------------------------------- where a task's rows are
+
+def task_source(task: TaskSpec, data_dir: str | None) -> tuple[Path, Files] | None:
+    """The layout of local files a task's rows are read from (with the folder its relative paths are under), or None
+    for its `datasets` dataset: files under data.dir when it is set; the dataset when it is not and the task names
+    one; else its files, relative to the directory peltbench started in. A UserError where there are none."""
+    if data_dir is None and task.dataset is not None:
+        return None
+    if not task.files:
+        raise UserError(f"task={task.name} reads the datasets dataset {_dataset_name(task)}, not files: data.dir="
+                        f"{data_dir} has no meaning for it (leave data.dir unset)")
+    root = Path(os.path.expanduser(data_dir if data_dir is not None else ".")).absolute()
+    if data_dir is not None and not root.is_dir():
+        raise UserError(f"data.dir={data_dir}: no such directory")
+    for layout in task.files:
+        if any(_matches(root, pattern) for pattern in (layout.train, layout.test)):
+            return root, layout
+    near = [found for layout in task.files for pattern in (layout.train, layout.test)
+            for found in [_near_miss(root, pattern)] if found]
+    expected = " or ".join(str(root / layout.train) for layout in task.files)
+    if near:
+        hint = f"; found {near[0]}: rename it (file and folder names are case-sensitive)"
+    elif task.dataset is not None and data_dir is not None:
+        hint = f"; or leave data.dir unset: task {task.name} reads {_dataset_name(task)} with datasets (README: Offline use)"
+    else:
+        hint = ""
+    raise UserError(f"no {task.name} data under {root}: expected {expected}{hint}")
+
+
+def _dataset_name(task: TaskSpec) -> str:
+    return "/".join(part for part in (task.dataset.path, task.dataset.name) if part)
+
+
+def _matches(root: Path, pattern: str) -> list[str]:
+    """The files a layout's path (a glob) names under `root`, sorted (shards in order)."""
+    path = str(root / os.path.expanduser(pattern))
+    if not glob.has_magic(path):
+        return [path] if os.path.isfile(path) else []
+    return sorted(file for file in glob.glob(path) if os.path.isfile(file))
+
+
+def _near_miss(root: Path, pattern: str) -> str | None:
+    """A path under `root` that `pattern` names but for the case of its letters (`rte/train.tsv` for RTE/train.tsv)."""
+    node = root
+    parts = Path(pattern).parts
+    if Path(pattern).is_absolute():
+        return None
+    for index, part in enumerate(parts):
+        try:
+            entries = sorted(entry.name for entry in os.scandir(node))
+        except OSError:
+            return None
+        found = [name for name in entries if fnmatch.fnmatchcase(name.lower(), part.lower())]
+        if not found:
+            return None
+        exact = [name for name in found if fnmatch.fnmatchcase(name, part)]
+        node = node / (exact or found)[0]
+    return str(node.relative_to(root)) if node != root / pattern and node.exists() else None
+
+
+def check_task_data(task: TaskSpec, data_dir: str | None, runs=()) -> None:
+    """That the task's train pool and test set can be read and are good (columns, labels, text, rows), as a run
+    reads them (load_split, whose cache the runs of this process then share), and that each of `runs` ((k, dev_size,
+    protocol.dev) of a run) fits them as its split will draw it; else a UserError naming the task and the file, split
+    or K. A sweep calls it for each task before its first run starts (peltbench.cli.preflight), torch unloaded."""
+    try:
+        train, test = (load_split(task, data_dir, split) for split in SPLITS)
+        for k, dev_size, dev in runs:
+            check_split_fits(task, train, test, k, dev_size, dev)
+    except UserError as error:
+        message = str(error)
+        raise UserError(message if message.startswith(f"task={task.name}") else f"task={task.name}: {message}") \
+            from None
+
+
+def check_split_fits(task: TaskSpec, train: Split, test: Split, k, dev_size: int, dev: str) -> None:
+    """That a run's k (and dev_size) fit the task's rows under its protocol's dev source (`protocol.dev`): the
+    UserError its split would raise (runner.split_rows), without drawing it."""
+    if dev == "per_class":
+        check_lmbff(lmbff_classes(train.labels, task.lmbff_threshold), int(k))
+    elif k != "all":
+        check_few_shot(len(train), int(k), int(dev_size))
+    elif dev == "glue_dev_halves":
+        check_halves(len(test), f"{task.name}'s test set ({test.source})")
 
 
 # ---------------------------------------------------------------- loading
 
 @functools.lru_cache(maxsize=32)
 def load_split(task: TaskSpec, data_dir: str | None, split: str) -> Split:
-    """`split` is "train" or "test". Cached per process, so a local sweep reads each file once."""
-    if data_dir is None:
-        return _load_hub(task, split)
-    layout, folder = _task_folder(task, data_dir)
-    if layout == "tsv":
-        return read_tsv(folder / ("train.tsv" if split == "train" else task.tsv.test_file), task)
-    return _load_parquet(folder, task, split)
-
-
-def check_task_data(task: TaskSpec, data_dir: str) -> None:
-    """That the local GLUE directory `data_dir` has the task's train and test files (their names only: a run reads
-    and checks their rows), as load_split will look for them; else a UserError naming the task, the folder and how
-    to get it. A sweep calls it for each task before its first run starts (peltbench.cli.preflight), torch unloaded."""
-    layout, folder = _task_folder(task, data_dir)
-    for split in ("train", "test"):
-        if layout == "tsv":
-            path = folder / ("train.tsv" if split == "train" else task.tsv.test_file)
-            found = path.is_file()
-        else:
-            path = folder / f"{_hub_split_name(task, split)}-*.parquet"
-            found = bool(glob.glob(str(path)))
-        if not found:
-            raise UserError(f"task={task.name}: data file not found: {path}")
-
-
-# How to get a task a local GLUE directory lacks (data/glue/README.md: MRPC and STS-B are not shipped, for their terms)
-GET_DATA = ("peltbench ships only CoLA, SST-2 and RTE (data/glue): for other tasks point data.dir at a GLUE download "
-            "(README, Offline use) or leave it unset (the Hub)")
-
-
-def _task_folder(task: TaskSpec, data_dir: str) -> tuple[str, Path]:
-    """("tsv" or "parquet", the task's folder) in a local GLUE directory; a UserError if it has no such folder."""
-    root = Path(data_dir).expanduser().absolute()
-    if not root.is_dir():
-        raise UserError(f"data.dir={data_dir}: no such directory")
-    if (root / task.tsv.folder).is_dir():
-        return "tsv", root / task.tsv.folder
-    if (root / task.hub_config).is_dir():
-        _refuse_tsv_in_parquet_folder(root, task)
-        return "parquet", root / task.hub_config
-    near = sorted(entry.name for entry in root.iterdir() if entry.is_dir()
-                  and entry.name.lower() in (task.tsv.folder.lower(), task.hub_config.lower()))
-    found = f"; found {near[0]}/: rename it (the folder names are case-sensitive)" if near else f"; {GET_DATA}"
-    raise UserError(
-        f"no {task.name} data under {root}: expected {root / task.tsv.folder}/ (glue_data TSV layout) "
-        f"or {root / task.hub_config}/ (parquet layout of `hf download {HUB_DATASET}`){found}"
-    )
-
-
-def _refuse_tsv_in_parquet_folder(root: Path, task: TaskSpec) -> None:
-    """TSV files in the parquet layout's lowercase folder (`rte/train.tsv`): glue_data's folder is `RTE/`."""
-    folder = root / task.hub_config
-    if not list(folder.glob("*.parquet")) and list(folder.glob("*.tsv")):
-        raise UserError(f"{folder}/ holds TSV files, but the glue_data TSV layout names that folder "
-                        f"{task.tsv.folder}/: rename it to {root / task.tsv.folder}/ (a folder {task.hub_config}/ "
-                        f"is read as the parquet layout)")
-
-
-def _hub_split_name(task: TaskSpec, split: str) -> str:
-    return "train" if split == "train" else task.test_split
-
-
-def _load_hub(task: TaskSpec, split: str) -> Split:
-    import datasets
-
-    use_hub()  # fails fast without a network
-    name = _hub_split_name(task, split)
-    try:
-        rows = datasets.load_dataset(HUB_DATASET, task.hub_config, split=name)
-    except Exception as error:  # network, offline mode, missing cache: all end the same way for the user
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(
-            f"could not load {HUB_DATASET}/{task.hub_config} ({name}) from the Hugging Face Hub: {first_line}. "
-            f"Offline? Point data.dir at a local GLUE directory (README: Offline use)."
-        ) from error
-    texts = tuple(list(rows[column]) for column in task.hub_text)
-    labels = _label_array(rows["label"], task, lambda row: f"{HUB_DATASET}/{task.hub_config} ({name} split), row index {row}")
-    return Split(texts, labels, f"hub:{HUB_DATASET}/{task.hub_config}/{name}")
-
-
-def _load_parquet(folder: Path, task: TaskSpec, split: str) -> Split:
-    import pandas as pd
-
-    name = _hub_split_name(task, split)
-    files = sorted(glob.glob(str(folder / f"{name}-*.parquet")))
+    """`split` is "train" (the training pool) or "test" (the reported test set). Cached per process, so a local sweep
+    reads each file once."""
+    source = task_source(task, data_dir)
+    if source is None:
+        return _load_dataset(task, split)
+    root, layout = source
+    pattern = layout.train if split == "train" else layout.test
+    files = _matches(root, pattern)
     if not files:
-        raise UserError(f"data file not found: {folder}/{name}-*.parquet")
-    frames = [_read_parquet(Path(file), task) for file in files]
-    rows = pd.concat(frames, ignore_index=True)
-    if rows.empty:
-        raise UserError(f"{folder}/{name}-*.parquet: no data rows")
-    texts = tuple(rows[c].astype(str).tolist() for c in task.hub_text)
-    labels = np.concatenate([_label_array(frame["label"].tolist(), task, lambda row, file=file: f"{file}, row index {row}")
-                             for frame, file in zip(frames, files)])
-    return Split(texts, labels, f"parquet:{folder}")
+        raise UserError(f"data file not found: {root / pattern}")
+    parts = [read_file(Path(file), layout, task) for file in files]
+    if len(parts) == 1:
+        return parts[0]
+    texts = tuple([text for part in parts for text in part.texts[column]] for column in range(len(layout.text)))
+    return Split(texts, np.concatenate([part.labels for part in parts]), parts[0].source)
 
 
-def _read_parquet(file: Path, task: TaskSpec):
-    import pandas as pd
-
-    try:
-        frame = pd.read_parquet(file)
-    except Exception as error:  # pyarrow's errors for a truncated or foreign file
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UserError(f"{file}: not a readable parquet file ({first_line})") from None
-    missing = [c for c in (*task.hub_text, "label") if c not in frame.columns]
-    if missing:
-        raise UserError(f"{file}: missing column(s) {missing}")
-    return frame
-
-
-def read_tsv(path: Path, task: TaskSpec) -> Split:
-    """Read a glue_data TSV with quoting off (GLUE text has bare quotes); a malformed row is an error."""
+def read_file(path: Path, layout: Files, task: TaskSpec) -> Split:
+    """One file of a layout, in its format; every row checked (text columns hold text, labels are the task's)."""
     if not path.is_file():
         raise UserError(f"data file not found: {path}")
-    layout = task.tsv
-    rows = list(csv.reader(io.StringIO(_utf8_text(path), newline=""), delimiter="\t", quoting=csv.QUOTE_NONE))
+    kind = file_format(layout, str(path))
+    source = f"{kind}:{path.parent}"
+    if kind in ("tsv", "csv"):
+        texts, labels, where = _read_delimited(path, layout, kind)
+    elif kind == "json":
+        texts, labels, where = _read_table(_json_table(path), layout, str(path), lambda row: f"{path}, line {row + 1}")
+    elif kind == "parquet":
+        texts, labels, where = _read_table(_parquet_table(path), layout, str(path), lambda row: f"{path}, row index {row}")
+    else:
+        raise UserError(f"{path}: which format? name it in the task's files (format: tsv, csv, json or parquet), or "
+                        f"use the extension .tsv, .csv, .jsonl or .parquet")
+    return Split(texts, label_array(labels, task, where), source)
+
+
+def _read_delimited(path: Path, layout: Files, kind: str):
+    """A TSV (glue_data's: tab-separated, quoting off, as GLUE text has bare quotes) or a CSV (comma-separated, quoted
+    fields as Python's csv module and spreadsheets write them); a row with another number of fields is an error."""
+    if kind == "tsv":
+        reader = csv.reader(io.StringIO(_utf8_text(path), newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(io.StringIO(_utf8_text(path), newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as error:
+        raise UserError(f"{path}, line {reader.line_num}: not CSV ({error})") from None
     start = 1 if layout.header else 0
-    columns = _column_indices(path, rows[0] if rows else [], task)
+    columns = _column_indices(path, rows[0] if rows else [], layout)
     width = len(rows[0]) if rows else 0  # every row has as many fields as the first (header or data)
+    separated = "tab-separated" if kind == "tsv" else "comma-separated"
     texts: tuple[list[str], ...] = tuple([] for _ in layout.text)
     labels, lines = [], []
     for line, row in enumerate(rows[start:], start=start + 1):
         if not row:
             continue
         if len(row) != width or len(row) <= max(columns):
-            raise UserError(f"malformed row in {path}, line {line}: expected {width} tab-separated fields, found {len(row)}")
+            raise UserError(f"malformed row in {path}, line {line}: expected {width} {separated} fields, found {len(row)}")
         for column, out in zip(columns[:-1], texts):
             out.append(row[column])
-        labels.append(_parse_label(row[columns[-1]], task, path, line))
+        labels.append(row[columns[-1]])
         lines.append(line)
     if not labels:
         raise UserError(f"{path}: no data rows" + (" (only a header)" if rows and layout.header else ""))
-    labels = _label_array(labels, task, lambda row: f"malformed row in {path}, line {lines[row]}")
-    return Split(texts, labels, f"tsv:{path.parent}")
+    return texts, labels, lambda row: f"malformed row in {path}, line {lines[row]}"
 
 
 def _utf8_text(path: Path) -> str:
@@ -187,13 +208,16 @@ def _utf8_text(path: Path) -> str:
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise UserError(f"{path}: not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); "
-                        f"GLUE files are UTF-8") from None
+                        f"task files are UTF-8") from None
 
 
-def _column_indices(path: Path, header: list[str], task: TaskSpec) -> list[int]:
+def _column_indices(path: Path, header: list[str], layout: Files) -> list[int]:
     """Indices of the text columns, then the label column."""
-    wanted = [*task.tsv.text, task.tsv.label]
-    if not task.tsv.header:
+    wanted = [*layout.text, layout.label]
+    if not layout.header:
+        bad = [c for c in wanted if not isinstance(c, int) or c < 0]
+        if bad:
+            raise UserError(f"{path}: header: false, so columns are 0-based indices, not {bad[0]!r}")
         return [int(c) for c in wanted]
     missing = [c for c in wanted if c not in header]
     if missing:
@@ -201,29 +225,99 @@ def _column_indices(path: Path, header: list[str], task: TaskSpec) -> list[int]:
     return [header.index(c) for c in wanted]
 
 
-def _parse_label(value: str, task: TaskSpec, path: Path, line: int) -> float | int:
+def _json_table(path: Path):
+    """JSON Lines (one object a line), or a JSON array of objects, as an Arrow table (pyarrow: as `datasets` reads it)."""
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+
+    if not path.read_bytes().strip():
+        raise UserError(f"{path}: no data rows")
     try:
-        if task.tsv.label_names is not None:
-            return task.tsv.label_names.index(value)
-        return float(value) if task.is_regression else int(value)
+        return pa_json.read_json(str(path))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    import json
+
+    try:  # a JSON array of objects, which pyarrow's line reader does not take
+        rows = json.loads(_utf8_text(path))
     except ValueError:
-        raise UserError(f"malformed row in {path}, line {line}: label {value!r} is not valid for {task.name}") from None
+        rows = None
+    if isinstance(rows, list) and all(isinstance(row, dict) for row in rows):
+        try:
+            return pa.Table.from_pylist(rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    raise UserError(f"{path}: not JSON Lines of one object a row ({first_line})")
 
 
-# STS-B's similarity scores run from 0 to 5 (GLUE); a class label runs from 0 to num_labels - 1.
-REGRESSION_RANGE = {"stsb": (0.0, 5.0)}
+def _parquet_table(path: Path):
+    import pyarrow.parquet as pq
 
-
-def _label_array(labels, task: TaskSpec, where) -> np.ndarray:
-    """The labels as an array, every one checked at once (QQP has 364k): NaN, infinite or out of range is a
-    UserError naming the row, `where(row)` (a file and line, or a file or split and row index)."""
-    labels = list(labels)
     try:
-        values = np.asarray(labels, dtype=np.float64)  # None becomes NaN, refused below
-    except (TypeError, ValueError):
-        values = np.array([v if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan for v in labels])
+        return pq.read_table(str(path))
+    except Exception as error:  # pyarrow's errors for a truncated or foreign file
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{path}: not a readable parquet file ({first_line})") from None
+
+
+def _read_table(table, layout: Files, name: str, where):
+    """Texts and labels of an Arrow table (a JSON Lines or Parquet file, a `datasets` split, `name`): the columns
+    named, each text column holding text, no row empty. `where(row)` names a row."""
+    import pyarrow as pa
+
+    wanted = [*layout.text, layout.label]
+    missing = [c for c in wanted if c not in table.column_names]
+    if table.num_rows == 0:
+        raise UserError(f"{name}: no data rows")
+    if missing:
+        raise UserError(f"{name}: missing column(s) {missing} (found {table.column_names})")
+    texts = []
+    for name in layout.text:
+        column = table.column(name)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            values = column.to_pylist()
+            row = next((i for i, value in enumerate(values) if not isinstance(value, str)), 0)
+            raise UserError(f"{where(row)}: column {name} holds {values[row]!r}, not text (a {column.type} column)")
+        if column.null_count:
+            row = next(i for i, value in enumerate(column.to_pylist()) if value is None)
+            raise UserError(f"{where(row)}: column {name} is empty (null), not text")
+        texts.append(column.to_pylist())
+    return tuple(texts), table.column(layout.label).to_pylist(), where
+
+
+def _load_dataset(task: TaskSpec, split: str) -> Split:
+    """A split of the task's `datasets` dataset: load_dataset(path, name, split=...), from the Hub or, offline
+    (HF_DATASETS_OFFLINE=1, or no network), from the local datasets cache."""
+    import datasets
+
+    use_hub()  # fails fast without a network
+    name = task.dataset.train if split == "train" else task.dataset.test
+    label = _dataset_name(task)
+    try:
+        rows = datasets.load_dataset(task.dataset.path, task.dataset.name, split=name)
+    except Exception as error:  # network, offline mode, missing cache: all end the same way for the user
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        offline = ("Point data.dir at a local copy of its files (README: Offline use)" if task.files else
+                   "Load it once online (or set HF_DATASETS_OFFLINE=1 to read the local datasets cache)")
+        raise UserError(f"could not load {label} ({name}) from the Hugging Face Hub or the local datasets cache: "
+                        f"{first_line}. Offline? {offline}.") from error
+    layout = Files(train=name, test=name, format=None, header=True, text=task.text, label=task.label)
+    table = rows.with_format("arrow")[:] if len(rows) else rows.data.table
+    texts, labels, where = _read_table(table, layout, f"{label} ({name} split)",
+                                       lambda row: f"{label} ({name} split), row index {row}")
+    return Split(texts, label_array(labels, task, where), f"hub:{label}/{name}")
+
+
+# ---------------------------------------------------------------- labels
+
+def label_array(labels, task: TaskSpec, where) -> np.ndarray:
+    """The labels as an array, every one checked at once (QQP has 364k). A class label is one of the task's
+    label_names (its id) or an integer id; a regression label a number, within label_range. NaN, infinite, out of
+    range or not a label is a UserError naming the row, `where(row)` (a file and line, or a file or split and row)."""
+    labels = list(labels)
+    values = _numbers(labels, task)
     if task.is_regression:
-        low, high = REGRESSION_RANGE.get(task.name, (-math.inf, math.inf))
+        low, high = task.label_range or (-math.inf, math.inf)
         bad = (values < low) | (values > high)
     else:
         low, high = 0, task.num_labels - 1
@@ -231,30 +325,115 @@ def _label_array(labels, task: TaskSpec, where) -> np.ndarray:
     bad |= ~np.isfinite(values)
     if bad.any():
         row = int(np.argmax(bad))
-        problem = "not a finite number" if not np.isfinite(values[row]) else f"valid: {low:g} to {high:g}"
-        hint = ", an unlabelled test split?" if values[row] == -1 else ""
-        raise UserError(f"{where(row)}: label {labels[row]!r} is not valid for {task.name} ({problem}{hint})")
+        raise UserError(f"{where(row)}: label {_shown(labels[row], values[row])} is not valid for {task.name} "
+                        f"({_why(labels[row], values[row], task, low, high)})")
     return values.astype(np.float32 if task.is_regression else np.int64)
+
+
+def _numbers(labels: list, task: TaskSpec) -> np.ndarray:
+    """Each label as a float: a class name as its id, a number (or its text) as itself; NaN for anything else."""
+    ids = {name: index for index, name in enumerate(task.label_names or ())}
+    if not ids and all(type(value) is int for value in labels):  # the usual ids: no per-row work
+        return np.asarray(labels, dtype=np.float64)
+    out = np.empty(len(labels), dtype=np.float64)
+    for row, value in enumerate(labels):
+        if isinstance(value, (str, bool)) and label_name(value) in ids and not task.is_regression:
+            out[row] = ids[label_name(value)]
+        elif isinstance(value, str):
+            try:
+                out[row] = float(value)
+            except ValueError:
+                out[row] = np.nan
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[row] = value
+        else:
+            out[row] = np.nan
+    return out
+
+
+def _shown(raw, value: float):
+    """A label as the message shows it: a number parsed from text as that number (2, 5.2, nan), else as the file has it
+    (null: an empty one)."""
+    if raw is None:
+        return "null"
+    if isinstance(raw, str) and not math.isnan(value):
+        value = float(value)
+        return repr(int(value)) if value.is_integer() else repr(value)
+    if isinstance(raw, str) and raw.strip().lower() in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity"):
+        return repr(float(raw))
+    return repr(raw)
+
+
+def _why(raw, value: float, task: TaskSpec, low, high) -> str:
+    if raw is None:
+        return "empty: every row of the task needs a label"
+    if math.isnan(value) and not (isinstance(raw, float) or isinstance(raw, str) and raw.strip().lower() == "nan"):
+        if task.is_regression:
+            return "a regression label is a number"
+        names = f"one of label_names {', '.join(task.label_names)}, or " if task.label_names else ""
+        return f"a label is {names}a class id {low} to {high}; is `label:` the label column?"
+    if not np.isfinite(value):
+        return "not a finite number"
+    hint = ", an unlabelled test split?" if value == -1 else ""
+    return f"valid: {low:g} to {high:g}{hint}"
+
+
+# ---------------------------------------------------------------- a task's rows, as a record identifies them
+
+def rows_digest(split: Split) -> str:
+    """sha256 of a split's rows as read: their texts and labels, in order (what decides a run's numbers, whatever
+    file format, column order or unused columns held them). Computed once per loaded split."""
+    if split.digest is None:
+        digest = hashlib.sha256()
+        for column in split.texts:
+            digest.update(np.fromiter(map(len, column), dtype=np.int64, count=len(column)).tobytes())
+            digest.update("".join(column).encode("utf-8", "surrogatepass"))
+        digest.update(split.labels.dtype.str.encode())
+        digest.update(np.ascontiguousarray(split.labels).tobytes())
+        split.digest = digest.hexdigest()
+    return split.digest
+
+
+def data_digest(task: TaskSpec, data_dir: str | None) -> str:
+    """The train pool's and test set's rows together (rows_digest), as this process reads them (load_split)."""
+    return hashlib.sha256("".join(rows_digest(load_split(task, data_dir, split)) for split in SPLITS).encode()
+                          ).hexdigest()[:16]
+
 
 
 # ---------------------------------------------------------------- the few-shot split
 
 def few_shot_split(num_train: int, k: int, seed: int, dev_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Train and dev row indices (App. B): the same permutation `datasets.Dataset.shuffle(seed=seed)` makes."""
+    check_few_shot(num_train, k, dev_size)
+    permutation = np.random.default_rng(seed).permutation(num_train)
+    return permutation[:k], permutation[k : k + dev_size]
+
+
+def check_few_shot(num_train: int, k: int, dev_size: int) -> None:
     if k + dev_size > num_train:
         raise UserError(
             f"k={k} is too large: the train split has {num_train} rows and k + dev_size ({k} + {dev_size}) "
             f"must not exceed it"
         )
-    permutation = np.random.default_rng(seed).permutation(num_train)
-    return permutation[:k], permutation[k : k + dev_size]
 
 
-# LM-BFF's tools/generate_k_shot_data.py groups STS-B by `0 if float(line[-1]) < 2.5 else 1` (for sampling only).
-STSB_CLASS_THRESHOLD = 2.5
+def lmbff_classes(labels: np.ndarray, threshold: float | None = None) -> np.ndarray:
+    """The classes LM-BFF's split samples K rows of: the labels, or a regression task's scores classed at `threshold`
+    (its tools/generate_k_shot_data.py groups STS-B by `0 if float(line[-1]) < 2.5 else 1`, for sampling only)."""
+    return labels if threshold is None else (labels >= threshold).astype(np.int64)
 
 
-def lmbff_split(labels: np.ndarray, k: int, seed: int, regression: bool = False,
+def check_lmbff(classes: np.ndarray, k: int) -> None:
+    """A class with fewer than 2K rows is refused: LM-BFF's script would silently write a smaller dev set."""
+    values, counts = np.unique(classes, return_counts=True)
+    short = [(value, count) for value, count in zip(values.tolist(), counts.tolist()) if count < 2 * k]
+    if short:
+        raise UserError(f"k={k}: LM-BFF's split takes 2K = {2 * k} train rows of each class (K train, K dev), and "
+                        f"class {short[0][0]} has {short[0][1]}")
+
+
+def lmbff_split(labels: np.ndarray, k: int, seed: int, threshold: float | None = None,
                 chain: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Train and dev row indices of LM-BFF's split (Gao et al. 2021; princeton-nlp/LM-BFF
     tools/generate_k_shot_data.py), the rows that script writes for the same seed:
@@ -267,21 +446,18 @@ def lmbff_split(labels: np.ndarray, k: int, seed: int, regression: bool = False,
         for line in label_list[label][k:k*dev_rate]:    # dev.tsv, dev_rate = 2
 
     Shuffling row indices consumes numpy's legacy stream exactly as shuffling the lines does. `labels` are the train
-    rows' labels in file order (STS-B: scores, classed at 2.5). `chain`: the seeds whose shuffles came first, in order
-    (lmbff_chain: CoLA's in-place shuffles). A class with fewer than 2K rows is refused: the script would silently
-    write a smaller dev set.
+    rows' labels in file order (a regression task's scores, classed at `threshold`: lmbff_classes). `chain`: the seeds
+    whose shuffles came first, in order (lmbff_chain: CoLA's in-place shuffles). A class with fewer than 2K rows is
+    refused (check_lmbff).
     """
+    classes = lmbff_classes(labels, threshold)
+    check_lmbff(classes, k)
     order = list(range(len(labels)))
     for earlier in (*chain, seed):
         np.random.RandomState(earlier).shuffle(order)  # = np.random.seed(seed); np.random.shuffle(train_lines)
-    classes = (labels >= STSB_CLASS_THRESHOLD).astype(np.int64) if regression else labels
     groups: dict = {}
     for row in order:
         groups.setdefault(classes[row].item(), []).append(row)
-    short = [label for label, rows in groups.items() if len(rows) < 2 * k]
-    if short:
-        raise UserError(f"k={k}: LM-BFF's split takes 2K = {2 * k} train rows of each class (K train, K dev), and "
-                        f"class {short[0]} has {len(groups[short[0]])}")
     train = [row for rows in groups.values() for row in rows[:k]]
     dev = [row for rows in groups.values() for row in rows[k : 2 * k]]
     return np.array(train, dtype=np.int64), np.array(dev, dtype=np.int64)
@@ -293,12 +469,16 @@ def dev_halves(num_rows: int, seed: int, where: str = "GLUE dev") -> tuple[np.nd
     of GLUE dev from the data seed (pyreft's torch.utils.data.random_split draws from torch's global generator
     after its model is built: not reproducible outside it). Each part sorted, in the official dev order.
     Fewer than 2 rows (a part would be empty) is a UserError naming `where`, the split."""
-    if num_rows < 2:
-        raise UserError(f"{where} has {num_rows} row{'s' if num_rows != 1 else ''}: protocol full_halves splits it in "
-                        f"two (one part selects the epoch, the other is reported), so it needs at least 2")
+    check_halves(num_rows, where)
     selection = 1000 if num_rows > 5000 else num_rows // 2
     permutation = np.random.default_rng(seed).permutation(num_rows)
     return np.sort(permutation[num_rows - selection :]), np.sort(permutation[: num_rows - selection])
+
+
+def check_halves(num_rows: int, where: str) -> None:
+    if num_rows < 2:
+        raise UserError(f"{where} has {num_rows} row{'s' if num_rows != 1 else ''}: protocol full_halves splits it in "
+                        f"two (one part selects the epoch, the other is reported), so it needs at least 2")
 
 
 # ---------------------------------------------------------------- tokenisation and batches

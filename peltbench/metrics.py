@@ -1,9 +1,10 @@
-"""GLUE metrics, computed directly with scikit-learn and SciPy.
+"""The metrics a task names (peltbench.tasks.METRICS), computed directly with scikit-learn and SciPy.
 
-These are the definitions of the Hub's `evaluate.load("glue", ...)` (which downloads a script at run
+GLUE's are the definitions of the Hub's `evaluate.load("glue", ...)` (which downloads a script at run
 time and so fails offline): CoLA Matthews correlation; MRPC/QQP F1 of the positive class and accuracy;
-STS-B Spearman and Pearson; the rest accuracy. Scores are ×100; an undefined score (e.g. the
-correlation of a constant prediction) is None, never NaN.
+STS-B Spearman and Pearson; the rest accuracy. A task of the user's own may also name macro F1 (the
+unweighted mean of every class's F1). Scores are ×100; an undefined score (e.g. the correlation of a
+constant prediction) is None, never NaN.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def _f1(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(f1_score(labels, predictions, zero_division=0.0))
 
 
+def _f1_macro(predictions: np.ndarray, labels: np.ndarray) -> float:
+    return float(f1_score(labels, predictions, average="macro", zero_division=0.0))
+
+
 def _mcc(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(matthews_corrcoef(labels, predictions))
 
@@ -39,6 +44,7 @@ def _correlation(function):
 METRICS = {
     "accuracy": _accuracy,
     "f1": _f1,
+    "f1_macro": _f1_macro,
     "mcc": _mcc,
     "pearson": _correlation(pearsonr),
     "spearman": _correlation(spearmanr),

@@ -68,12 +68,15 @@ def method_overrides(name: str) -> dict:
 
 
 @lru_cache(maxsize=256)
-def run_defaults(name: str, seed: int | None = None, task: str | None = None) -> DictConfig:
+def run_defaults(name: str, seed: int | None = None, task: str | None = None,
+                 max_length: int | None = None) -> DictConfig:
     """conf/config.yaml with protocol `name`'s top-level values over it, and its settings for `task`
     (conf/protocol_task/<name>_<task>.yaml: e.g. LM-BFF's 256 tokens on RTE) over those: what a run of that protocol
-    has unless the command line says otherwise, `seed` filled in so that `model_seed: ${seed}` resolves. Cached:
-    never change what it returns."""
+    has unless the command line says otherwise, `seed` filled in so that `model_seed: ${seed}` resolves, and the task
+    file's `max_length` (train.max_length's default) where given. Cached: never change what it returns."""
     base = OmegaConf.merge(packaged_config("config.yaml"))
+    if max_length is not None:
+        base.task = {"max_length": max_length}
     for packaged in (protocol_file(name), packaged_config(f"protocol_task/{name}_{task}.yaml") if task else None):
         if packaged is None:
             continue
@@ -119,12 +122,13 @@ def describe(name: str) -> str:
 LMBFF_SEED_ORDER = (100, 13, 21, 42, 87)
 
 
-def lmbff_chain(seed: int, headerless: bool) -> tuple[int, ...]:
+def lmbff_chain(seed: int, chained: bool) -> tuple[int, ...]:
     """The seeds whose shuffles LM-BFF's script applies to a task's train rows before `seed`'s own (lmbff_split's
-    `chain`). Its split_header() returns a fresh slice `lines[1:]` for a file with a header, but the list itself for
-    a headerless file (CoLA), which np.random.shuffle then shuffles in place, seed after seed of the loop: the released
-    CoLA split of a seed is the chain of shuffles over the default seeds up to it. A seed outside the default list is
-    split as `--seed SEED` alone splits it: one shuffle of the file order."""
-    if not headerless or seed not in LMBFF_SEED_ORDER:
+    `chain`), for a task whose file it shuffles in place (`chained`: the task file's `lmbff_chained`, CoLA's). Its
+    split_header() returns a fresh slice `lines[1:]` for a file with a header, but the list itself for a headerless
+    file (CoLA), which np.random.shuffle then shuffles in place, seed after seed of the loop: the released CoLA split
+    of a seed is the chain of shuffles over the default seeds up to it. A seed outside the default list is split as
+    `--seed SEED` alone splits it: one shuffle of the file order."""
+    if not chained or seed not in LMBFF_SEED_ORDER:
         return ()
     return LMBFF_SEED_ORDER[: LMBFF_SEED_ORDER.index(seed)]

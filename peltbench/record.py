@@ -29,6 +29,7 @@ from .files import create, folder_lock, remove_leftovers, temporary_name, write_
 from .model import is_local
 from .packaged import packaged_config
 from .protocols import DEFAULT as DEFAULT_PROTOCOL, identity as protocol_identity, lmbff_chain, method_overrides, protocol_name, run_defaults
+from .tasks import RESULT_KEYS
 
 log = logging.getLogger("peltbench")
 
@@ -93,12 +94,14 @@ LATER_METHOD_KEYS = {"gate_pooling": "masked", "lora_freeze_a": False, "prefix_p
 LATER_KEYS = {"train.max_steps": None, "train.eval_every": None}
 
 
-def semantic_config(cfg: DictConfig | Mapping) -> dict:
+def semantic_config(cfg: DictConfig | Mapping, rows: str | None = None) -> dict:
     """Everything that identifies an experiment: the method's settings, the task, and SEMANTIC_KEYS.
 
     `cfg`: a run's config, or the same as plain data (a record's `config`, a sweep's run as peltbench.missing composes
     it): read the same way (`select`), so the identity is the one OmegaConf would give (a plain config that holds
-    interpolations or `???` is read through OmegaConf)."""
+    interpolations or `???` is read through OmegaConf). A task of the user's own is identified by what decides its
+    numbers (task_identity), its rows by `rows` where given (a record's, as it stored them), else as this process
+    reads them."""
     cfg = readable(cfg)
     method = container(cfg["method"])
     for key, value in LATER_METHOD_KEYS.items():
@@ -107,7 +110,10 @@ def semantic_config(cfg: DictConfig | Mapping) -> dict:
     task = cfg["task"]
     identity = {"method": method, "task": task["name"]}
     main_metric = _packaged_main_metric(task["name"])
-    if main_metric is not None and task.get("main_metric", main_metric) != main_metric:
+    own = task_identity(cfg, rows)
+    if own is not None:
+        identity.update(own)
+    elif main_metric is not None and task.get("main_metric", main_metric) != main_metric:
         identity["task.main_metric"] = task["main_metric"]  # selected on another metric (LM-BFF's STS-B: Pearson)
     for key in SEMANTIC_KEYS:
         identity[key] = select(cfg, key)
@@ -119,10 +125,61 @@ def semantic_config(cfg: DictConfig | Mapping) -> dict:
     protocol = protocol_identity(cfg)  # None at unipelt: records from before protocols keep their hash
     if protocol is not None:
         identity["protocol"] = protocol
-        if protocol.get("dev") == "per_class" and lmbff_chain(int(cfg["seed"]), headerless=not task["tsv"]["header"]):
+        if protocol.get("dev") == "per_class" and lmbff_chain(int(cfg["seed"]), _chained(task)):
             identity["split"] = "lmbff-chained"  # CoLA as LM-BFF released it (protocols.lmbff_chain): records before
             # this key split CoLA from file order for every seed, another split, so they are another run
     return identity
+
+
+# What of a user's own task enters its runs' identity, besides its rows (`task.rows`): the head (num_labels), what is
+# measured and selected on, and how LM-BFF's split samples it. Its columns, label names and files decide its rows,
+# which the identity holds as read (data.rows_digest): a changed file is another run, an unchanged one read from
+# another format or folder the same run.
+TASK_IDENTITY_KEYS = ("num_labels", "metrics", "main_metric", "lmbff_chained", "lmbff_threshold")
+
+
+def task_identity(cfg: DictConfig | Mapping, rows: str | None = None) -> dict | None:
+    """`task.*` parts of the identity of a run of a task that is not a packaged one as shipped (None for those: a
+    packaged task's name stands for its data, as GLUE's records always had it): TASK_IDENTITY_KEYS and `task.rows`,
+    the digest of its train pool's and test set's rows (`rows`, else read through peltbench.data, once a process)."""
+    task = cfg["task"]
+    if is_packaged_task(task):
+        return None
+    identity = {f"task.{key}": container(task.get(key)) for key in TASK_IDENTITY_KEYS}
+    if rows is None:
+        from .data import data_digest
+        from .tasks import TaskSpec
+
+        spec = TaskSpec.from_config(task if isinstance(task, DictConfig) else container(task))
+        data_dir = select(cfg, "data.dir")
+        rows = data_digest(spec, None if data_dir is None else str(data_dir))
+    identity["task.rows"] = rows
+    return identity
+
+
+def is_packaged_task(task: DictConfig | Mapping) -> bool:
+    """Whether a task node is a packaged task file's (conf/task/), as this version ships it or as records from before
+    task files took their present form hold it (`hub` and `tsv`), in what decides results (tasks.RESULT_KEYS)."""
+    packaged = _packaged_task(str(task.get("name")))
+    if packaged is None:
+        return False
+    if "hub" in task and "tsv" in task:
+        return True
+    return all(container(task.get(key)) == packaged.get(key) for key in RESULT_KEYS)
+
+
+@lru_cache(maxsize=None)
+def _packaged_task(name: str) -> dict | None:
+    packaged = packaged_config(f"task/{name}.yaml")
+    return None if packaged is None else OmegaConf.to_container(packaged, resolve=True)
+
+
+def _chained(task) -> bool:
+    """Whether LM-BFF's script shuffles the task's train file in place (protocols.lmbff_chain): the task file's
+    `lmbff_chained`; in a record from before it, the glue_data file's lack of a header (CoLA's)."""
+    if "tsv" in task and "lmbff_chained" not in task:
+        return not task["tsv"]["header"]
+    return bool(task.get("lmbff_chained", False))
 
 
 @lru_cache(maxsize=None)
@@ -297,7 +354,9 @@ def changed_meaning(record: dict) -> list[str]:
     this version's run of its config (a rerun of the config stops at it), so no table may show it as that run.
     [] for every record whose meaning did not change; also for one without a readable config (tables name those)."""
     try:
-        today = semantic_config(record["config"])
+        identity = record.get("identity")
+        rows = identity.get("task.rows") if isinstance(identity, dict) else None
+        today = semantic_config(record["config"], rows=rows or "unknown")  # a user task's rows: as the record has them
         stored = stored_identity(record, today)
     except Exception:
         return []
@@ -327,7 +386,8 @@ def non_default_settings(cfg: DictConfig | Mapping) -> list[tuple[str, object]]:
         if method_defaults is None or key not in method_defaults or method_defaults[key] != value:
             if key != "name":
                 changes.append((key, value))
-    defaults = _top_defaults(protocol, cfg["seed"], cfg["task"]["name"])  # the protocol's k, seeds, train.* are not departures
+    task = cfg["task"]  # the protocol's k, seeds, train.* and the task's max_length are not departures
+    defaults = _top_defaults(protocol, cfg["seed"], task["name"], task.get("max_length"))
     for key in (*FOLDER_KEYS, *LATER_KEYS):
         value = select(cfg, key)
         if key == "model.name":
@@ -350,10 +410,10 @@ def _method_defaults(method: str, protocol: str) -> dict | None:
 
 
 @lru_cache(maxsize=1024)
-def _top_defaults(protocol: str, seed, task: str) -> dict:
-    """The values of FOLDER_KEYS and LATER_KEYS that a run of `protocol`, `seed` and `task` has unless it says
-    otherwise (protocols.run_defaults). Read once each: never change what it returns."""
-    defaults = run_defaults(protocol, seed, task)
+def _top_defaults(protocol: str, seed, task: str, max_length: int | None = None) -> dict:
+    """The values of FOLDER_KEYS and LATER_KEYS that a run of `protocol`, `seed` and `task` (of that `max_length`)
+    has unless it says otherwise (protocols.run_defaults). Read once each: never change what it returns."""
+    defaults = run_defaults(protocol, seed, task, max_length)
     return {key: OmegaConf.select(defaults, key) for key in (*FOLDER_KEYS, *LATER_KEYS)}
 
 

@@ -270,15 +270,15 @@ def split_rows(cfg: DictConfig, task: TaskSpec, train_split, test_split) -> tupl
     dev = cfg.protocol.dev if cfg.get("protocol") is not None else "train"
     everything = np.arange(len(test_split))
     if dev == "per_class":  # LM-BFF: K train and K dev rows per class
-        chain = lmbff_chain(cfg.seed, headerless=not task.tsv.header)
-        train_rows, dev_rows = lmbff_split(train_split.labels, cfg.k, cfg.seed, task.is_regression, chain)
+        chain = lmbff_chain(cfg.seed, task.lmbff_chained)
+        train_rows, dev_rows = lmbff_split(train_split.labels, cfg.k, cfg.seed, task.lmbff_threshold, chain)
         return train_rows, dev_rows, everything, train_split
     if cfg.k != "all":  # UniPELT §4.1: K rows, then dev_size rows, of one seeded permutation
         train_rows, dev_rows = few_shot_split(len(train_split), cfg.k, cfg.seed, cfg.dev_size)
         return train_rows, dev_rows, everything, train_split
     train_rows = np.arange(len(train_split))
     if dev == "glue_dev_halves":  # ReFT: one part of GLUE dev selects, the other is reported
-        dev_rows, test_rows = dev_halves(len(test_split), cfg.seed, f"{task.name}'s GLUE dev ({test_split.source})")
+        dev_rows, test_rows = dev_halves(len(test_split), cfg.seed, f"{task.name}'s test set ({test_split.source})")
         return train_rows, dev_rows, test_rows, test_split
     return train_rows, everything, everything, test_split  # Table 3, full_median, full_mean: GLUE dev for both
 

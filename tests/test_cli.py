@@ -169,13 +169,15 @@ def test_exit_status_1_for_a_failed_run_2_for_bad_input_found_by_the_runner(monk
     def outcome(status, error=None):
         return lambda cfgs, results_dir=None: [Outcome(status, {"status": status}, error) for _ in cfgs]
 
+    write_glue(tmp_path / "glue")  # the command reads each task's data before the first run
+    data = ("data.dir=glue", "k=16", "dev_size=20")
     monkeypatch.setattr(peltbench.runner, "run_group", outcome("failed", RuntimeError("CUDA out of memory")))
-    assert in_process("method=lora", "task=rte", cwd=tmp_path).returncode == 1
-    assert in_process("-m", "method=lora", "task=rte,mrpc", cwd=tmp_path).returncode == 1  # the sweep summary
+    assert in_process("method=lora", "task=rte", *data, cwd=tmp_path).returncode == 1
+    assert in_process("-m", "method=lora", "task=rte,mrpc", *data, cwd=tmp_path).returncode == 1  # the sweep summary
     monkeypatch.setattr(peltbench.runner, "run_group", outcome("error", UserError("data file not found: glue/RTE/dev.tsv")))
-    assert in_process("method=lora", "task=rte", cwd=tmp_path).returncode == 2
+    assert in_process("method=lora", "task=rte", *data, cwd=tmp_path).returncode == 2
     monkeypatch.setattr(peltbench.runner, "run_group", outcome("ok"))
-    assert in_process("method=lora", "task=rte", cwd=tmp_path).returncode == 0
+    assert in_process("method=lora", "task=rte", *data, cwd=tmp_path).returncode == 0
 
 
 def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeypatch, tmp_path, in_process):
@@ -189,9 +191,10 @@ def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeyp
         interrupts._received = True  # as the handler catch_ctrl_c installs does on SIGINT
         return [Outcome("error", error=UserError("could not load model 'bert-base-uncased': KeyboardInterrupt"))]
 
+    write_glue(tmp_path / "glue")  # the command reads each task's data before the first run
     monkeypatch.setattr(interrupts, "_received", False)
     monkeypatch.setattr(peltbench.runner, "run_group", run_group)
-    result = in_process("method=lora", "task=rte", cwd=tmp_path)
+    result = in_process("method=lora", "task=rte", "data.dir=glue", "k=16", "dev_size=20", cwd=tmp_path)
     assert result.returncode == 130
     assert result.stderr == ("peltbench: interrupted: the run did not finish and wrote no record; rerun the same "
                              "command to run it\n")
@@ -201,7 +204,7 @@ def test_what_ctrl_c_became_on_its_way_is_the_interruption_not_bad_input(monkeyp
         raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
 
     monkeypatch.setattr(peltbench.runner, "run_group", crashed)
-    result = in_process("-m", "method=lora", "task=rte,cola", cwd=tmp_path)
+    result = in_process("-m", "method=lora", "task=rte,cola", "data.dir=glue", "k=16", "dev_size=20", cwd=tmp_path)
     assert result.returncode == 130
     assert result.stderr == ("peltbench: interrupted: 0 of 2 runs done, 2 not done; rerun the same command to run "
                              "them (done runs are skipped)\n")
@@ -296,15 +299,15 @@ def test_missing_task_data_is_one_line_before_the_sweep_starts(tmp_path):
               "try:\n    main()\nexcept SystemExit as exit:\n"
               "    print(exit.code, sorted({'torch', 'transformers', 'datasets'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", script, "-m", "method=adapter,lora", "task=rte,mrpc",
-                             "data.dir=glue"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                             "data.dir=glue", "k=16", "dev_size=20"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
     assert result.stdout == "2 []\n", result.stdout + result.stderr
     assert result.stderr == (
-        f"peltbench: error: no mrpc data under {shipped}: expected {shipped}/MRPC/ (glue_data TSV layout) or "
-        f"{shipped}/mrpc/ (parquet layout of `hf download nyu-mll/glue`); peltbench ships only CoLA, SST-2 and RTE "
-        f"(data/glue): for other tasks point data.dir at a GLUE download (README, Offline use) or leave it unset "
-        f"(the Hub)\n")
+        f"peltbench: error: task=mrpc: no mrpc data under {shipped}: expected {shipped}/MRPC/train.tsv or "
+        f"{shipped}/mrpc/train-*.parquet; or leave data.dir unset: task mrpc reads nyu-mll/glue/mrpc with datasets "
+        f"(README: Offline use)\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["glue"]  # no log folder, no results: nothing started
     (shipped / "RTE" / "dev.tsv").unlink()
-    result = peltbench("-m", "method=adapter", "task=rte,cola", "data.dir=glue", cwd=tmp_path)
+    result = peltbench("-m", "method=adapter", "task=rte,cola", "data.dir=glue", "k=16", "dev_size=20", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr == f"peltbench: error: task=rte: data file not found: {shipped}/RTE/dev.tsv\n"

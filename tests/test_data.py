@@ -11,13 +11,18 @@ import torch
 
 from conftest import SHARED_GLUE, SHIPPED_GLUE, TEST_ROWS, TRAIN_ROWS, compose_config, write_glue
 from peltbench import UserError
-from peltbench.data import collate_group, encode, few_shot_split, load_split, read_tsv
+from peltbench.data import collate_group, encode, few_shot_split, load_split, read_file
 from peltbench.packaged import options
 from peltbench.tasks import TaskSpec
 
 
 def spec(name: str) -> TaskSpec:
     return TaskSpec.from_config(compose_config("method=ft", f"task={name}").task)
+
+
+def read_tsv(path, task: TaskSpec):
+    """One glue_data TSV file, read as the task's first layout (glue_data's) reads it."""
+    return read_file(path, task.files[0], task)
 
 
 @pytest.mark.parametrize("seed", [111, 222, 333, 444, 555])
@@ -103,9 +108,9 @@ def test_hub_failure_is_one_clear_line(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     load_split.cache_clear()
-    with pytest.raises(UserError, match=r"^could not load nyu-mll/glue/cola \(train\) from the Hugging Face Hub: Couldn't reach 'nyu-mll/glue' "
-                                        r"on the Hub \(LocalEntryNotFoundError\)\. Offline\? Point data.dir at a local GLUE "
-                                        r"directory \(README: Offline use\)\.$"):
+    with pytest.raises(UserError, match=r"^could not load nyu-mll/glue/cola \(train\) from the Hugging Face Hub or the local "
+                                        r"datasets cache: Couldn't reach 'nyu-mll/glue' on the Hub \(LocalEntryNotFoundError\)\. "
+                                        r"Offline\? Point data.dir at a local copy of its files \(README: Offline use\)\.$"):
         load_split(spec("cola"), None, "train")
     load_split.cache_clear()
 
@@ -117,7 +122,8 @@ def test_missing_file_and_directory(tmp_path):
     with pytest.raises(UserError, match=f"data file not found: {tmp_path}/CoLA/dev.tsv"):
         load_split(spec("cola"), str(tmp_path), "test")
     shutil.rmtree(tmp_path / "RTE")
-    with pytest.raises(UserError, match=r"no rte data under .*expected .*RTE/ .*rte/"):
+    with pytest.raises(UserError, match=r"no rte data under .*expected .*RTE/train.tsv or .*rte/train-\*\.parquet; or "
+                                        r"leave data.dir unset: task rte reads nyu-mll/glue/rte with datasets"):
         load_split(spec("rte"), str(tmp_path), "train")
     with pytest.raises(UserError, match="no such directory"):
         load_split(spec("rte"), str(tmp_path / "nowhere"), "train")
@@ -128,12 +134,12 @@ def test_a_task_folder_spelt_in_another_case_is_named_with_the_expected_one(tmp_
     (tmp_path / "RTE").rename(tmp_path / "rte")  # the parquet layout's name, holding glue_data's TSV files
     (tmp_path / "SST-2").rename(tmp_path / "sst-2")
     load_split.cache_clear()
-    with pytest.raises(UserError, match=rf"^{tmp_path}/rte/ holds TSV files, but the glue_data TSV layout names that "
-                                        rf"folder RTE/: rename it to {tmp_path}/RTE/ \(a folder rte/ is read as the "
-                                        r"parquet layout\)$"):
+    with pytest.raises(UserError, match=rf"^no rte data under {tmp_path}: expected {tmp_path}/RTE/train.tsv or "
+                                        rf"{tmp_path}/rte/train-\*\.parquet; found rte/train.tsv: rename it \(file and "
+                                        r"folder names are case-sensitive\)$"):
         load_split(spec("rte"), str(tmp_path), "train")
-    with pytest.raises(UserError, match=r"^no sst2 data under .*: expected .*/SST-2/ \(glue_data TSV layout\) or "
-                                        r".*/sst2/ \(parquet layout .*\); found sst-2/: rename it"):
+    with pytest.raises(UserError, match=r"^no sst2 data under .*: expected .*/SST-2/train.tsv or .*/sst2/train-\*\.parquet; "
+                                        r"found sst-2/train.tsv: rename it"):
         load_split(spec("sst2"), str(tmp_path), "train")
     (tmp_path / "rte").rename(tmp_path / "RTE")
     assert len(load_split(spec("rte"), str(tmp_path), "train").labels) == 30
@@ -171,7 +177,7 @@ def test_the_shipped_glue_files_are_the_official_ones(task, train_rows, test_row
 
     sums = dict(reversed(line.split("  ")) for line in (SHIPPED_GLUE / "SHA256SUMS").read_text().splitlines())
     assert sums == SHIPPED_SUMS
-    folder = spec(task).tsv.folder
+    folder = spec(task).files[0].train.split("/")[0]
     for name in (f"{folder}/train.tsv", f"{folder}/dev.tsv"):
         assert hashlib.sha256((SHIPPED_GLUE / name).read_bytes()).hexdigest() == sums[name], name
     assert len(load_split(spec(task), str(SHIPPED_GLUE), "train")) == train_rows
@@ -255,7 +261,7 @@ def test_a_class_label_out_of_range_names_file_and_line(tmp_path):
     with pytest.raises(UserError, match=r"CoLA/dev.tsv, line 4: label 2 is not valid for cola \(valid: 0 to 1\)$"):
         read_tsv(tmp_path / "CoLA" / "dev.tsv", spec("cola"))
     replace_label(tmp_path / "CoLA" / "dev.tsv", 4, "nan")
-    with pytest.raises(UserError, match=r"CoLA/dev.tsv, line 4: label 'nan' is not valid for cola$"):
+    with pytest.raises(UserError, match=r"CoLA/dev.tsv, line 4: label nan is not valid for cola \(not a finite number\)$"):
         read_tsv(tmp_path / "CoLA" / "dev.tsv", spec("cola"))
 
 
@@ -266,8 +272,8 @@ def test_parquet_and_hub_labels_name_the_file_or_split_and_row(tmp_path, monkeyp
     frame = pd.DataFrame({"sentence1": ["a b"] * 6, "sentence2": ["c"] * 6, "label": [1.0, 2.0, 3.0, np.nan, 4.0, 0.5]})
     frame.iloc[:3].to_parquet(tmp_path / "stsb" / "validation-00000-of-00002.parquet")
     frame.iloc[3:].to_parquet(tmp_path / "stsb" / "validation-00001-of-00002.parquet")
-    with pytest.raises(UserError, match=r"stsb/validation-00001-of-00002.parquet, row index 0: label nan is not valid "
-                                        r"for stsb \(not a finite number\)$"):
+    with pytest.raises(UserError, match=r"stsb/validation-00001-of-00002.parquet, row index 0: label null is not valid "
+                                        r"for stsb \(empty: every row of the task needs a label\)$"):
         load_split(spec("stsb"), str(tmp_path), "test")
 
     monkeypatch.setattr(datasets, "load_dataset", lambda path, name, split: datasets.Dataset.from_dict(
@@ -296,7 +302,7 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
     lines = path.read_bytes().split(b"\n")
     lines[2] = "caf\xe9 is good\t1".encode("latin-1")
     path.write_bytes(b"\n".join(lines))
-    with pytest.raises(UserError, match=rf"^{path}: not UTF-8 text \(byte 0xe9 on line 3\); GLUE files are UTF-8$"):
+    with pytest.raises(UserError, match=rf"^{path}: not UTF-8 text \(byte 0xe9 on line 3\); task files are UTF-8$"):
         read_tsv(path, spec("sst2"))
 
 
@@ -317,24 +323,25 @@ def test_full_halves_refuses_a_glue_dev_of_one_row_in_one_line(tiny_checkpoint, 
                          f"data.dir={glue}", f"results_dir={tmp_path / 'results'}", "train.epochs=1")
     [outcome] = run_group([cfg])
     assert outcome.status == "error" and str(outcome.error) == (
-        f"rte's GLUE dev (tsv:{glue}/RTE) has 1 row: protocol full_halves splits it in two (one part selects the "
+        f"rte's test set (tsv:{glue}/RTE) has 1 row: protocol full_halves splits it in two (one part selects the "
         f"epoch, the other is reported), so it needs at least 2")
     assert not list((tmp_path / "results").rglob("result.json"))
     assert [part.tolist() for part in dev_halves(2, seed=42)] in ([[0], [1]], [[1], [0]])  # 2 rows: one each
 
 
-def test_check_task_data_finds_a_missing_file_as_load_split_would_look_for_it(tmp_path):
-    """The sweep's preflight (peltbench.cli) asks it for each task before the first run: names only, no rows read."""
+def test_check_task_data_reads_and_checks_both_splits_as_load_split_does(tmp_path):
+    """The sweep's preflight (peltbench.cli) asks it for each task before the first run: the rows a run reads."""
     from peltbench.data import check_task_data
 
     write_glue(tmp_path, 30, 10)
     check_task_data(spec("mnli"), str(tmp_path))
     (tmp_path / "MNLI" / "dev_matched.tsv").unlink()  # MNLI's test split: matched
+    load_split.cache_clear()
     with pytest.raises(UserError, match=f"^task=mnli: data file not found: {tmp_path}/MNLI/dev_matched.tsv$"):
         check_task_data(spec("mnli"), str(tmp_path))
     (tmp_path / "parquet" / "rte").mkdir(parents=True)
-    (tmp_path / "parquet" / "rte" / "train-00000-of-00001.parquet").write_bytes(b"")  # its rows: the run checks them
-    with pytest.raises(UserError, match=r"^task=rte: data file not found: .*/parquet/rte/validation-\*\.parquet$"):
+    (tmp_path / "parquet" / "rte" / "train-00000-of-00001.parquet").write_bytes(b"")
+    with pytest.raises(UserError, match=r"^task=rte: .*/parquet/rte/train-00000-of-00001.parquet: not a readable parquet"):
         check_task_data(spec("rte"), str(tmp_path / "parquet"))
-    with pytest.raises(UserError, match=r"^no cola data under .*\); peltbench ships only CoLA, SST-2 and RTE"):
+    with pytest.raises(UserError, match=r"^task=cola: no cola data under .*: expected .*/CoLA/train.tsv or "):
         check_task_data(spec("cola"), str(tmp_path / "parquet"))

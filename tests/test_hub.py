@@ -91,16 +91,16 @@ def test_an_offline_hub_data_set_fails_at_once_in_one_line(online, monkeypatch, 
 
     from conftest import compose_config
     from peltbench import UserError
-    from peltbench.data import _load_hub
+    from peltbench.data import _load_dataset
     from peltbench.tasks import TaskSpec
 
     monkeypatch.setattr(online, "ENDPOINT", closed_endpoint())
     monkeypatch.setattr(online, "HF_HUB_CACHE", str(tmp_path / "hub"))  # empty caches
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
     task = TaskSpec.from_config(compose_config("method=lora", "task=rte").task)
-    with pytest.raises(UserError, match=r"^could not load nyu-mll/glue/rte \(train\) from the Hugging Face Hub: "
-                                        r"[^\n]*Offline\? Point data.dir at a local GLUE directory"):
-        _load_hub(task, "train")
+    with pytest.raises(UserError, match=r"^could not load nyu-mll/glue/rte \(train\) from the Hugging Face Hub or the "
+                                        r"local datasets cache: [^\n]*Offline\? Point data.dir at a local copy of its files"):
+        _load_dataset(task, "train")
     assert not any("Retry" in record.getMessage() for record in caplog.records)
 
 
@@ -114,5 +114,6 @@ def test_the_readme_example_offline_fails_in_one_line_without_retries(tmp_path):
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("peltbench: error: could not load model 'bert-base-uncased': ")
+    assert result.stderr.startswith("peltbench: error: task=rte: could not load nyu-mll/glue/rte (train) from the Hugging "
+                                    "Face Hub or the local datasets cache: ")  # the data is read before the first run
     assert "Retry" not in result.stdout + result.stderr and "WARNING" not in result.stdout

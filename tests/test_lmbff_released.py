@@ -43,13 +43,13 @@ def test_the_splits_are_lmbffs_released_files(task):
     spec = TaskSpec.from_config(compose_config("method=ft", f"task={task}", "protocol=lmbff").task)
     labels = load_split(spec, str(root), "train").labels
     raw = (root / FOLDERS[task] / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-    header, lines = (raw[:1], raw[1:]) if spec.tsv.header else ([], raw)
+    header, lines = (raw[:1], raw[1:]) if spec.files[0].header else ([], raw)
     assert len(lines) == len(labels)  # the loader keeps every row, in file order
     test_lines = (root / FOLDERS[task] / "dev.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
     sums = released()
     for seed in LMBFF_SEED_ORDER:
-        chain = lmbff_chain(seed, headerless=not spec.tsv.header)
-        train, dev = lmbff_split(labels, 16, seed, spec.is_regression, chain)
+        chain = lmbff_chain(seed, spec.lmbff_chained)
+        train, dev = lmbff_split(labels, 16, seed, spec.lmbff_threshold, chain)
         folder = f"{FOLDERS[task]}/16-{seed}"
         assert md5(header + [lines[i] for i in train]) == sums[f"{folder}/train.tsv"], f"{folder}/train.tsv"
         assert md5(header + [lines[i] for i in dev]) == sums[f"{folder}/dev.tsv"], f"{folder}/dev.tsv"
@@ -57,10 +57,10 @@ def test_the_splits_are_lmbffs_released_files(task):
 
 
 def test_only_cola_chains_its_shuffles_and_only_after_the_first_seed():
-    assert lmbff_chain(100, headerless=True) == ()
-    assert lmbff_chain(42, headerless=True) == (100, 13, 21)
-    assert lmbff_chain(42, headerless=False) == ()
-    assert lmbff_chain(7, headerless=True) == ()  # not a default seed: `--seed 7` alone shuffles once
+    assert lmbff_chain(100, chained=True) == ()
+    assert lmbff_chain(42, chained=True) == (100, 13, 21)
+    assert lmbff_chain(42, chained=False) == ()
+    assert lmbff_chain(7, chained=True) == ()  # not a default seed: `--seed 7` alone shuffles once
 
 
 @pytest.mark.parametrize("task,seed,marked", [("cola", 13, True), ("cola", 87, True), ("cola", 100, False),

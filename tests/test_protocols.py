@@ -53,7 +53,7 @@ def our_split(glue: Path, task_name: str, folder: str, k: int, seed: int) -> tup
 
     task = TaskSpec.from_config(compose_config("method=lora", f"task={task_name}").task)
     split = load_split(task, str(glue), "train")
-    train, dev = lmbff_split(split.labels, k, seed, task.is_regression, lmbff_chain(seed, not task.tsv.header))
+    train, dev = lmbff_split(split.labels, k, seed, task.lmbff_threshold, lmbff_chain(seed, task.lmbff_chained))
     lines = (glue / folder / "train.tsv").read_text().splitlines(keepends=True)
     data = lines if folder == "CoLA" else lines[1:]
     return [data[i] for i in train], [data[i] for i in dev], split.labels
@@ -85,7 +85,7 @@ def test_stsb_is_classed_at_2_5_for_sampling_only():
     from peltbench.data import lmbff_split
 
     scores = np.array([2.5, 0.0, 2.49, 5.0, 1.0, 3.0, 2.4, 4.0], dtype=np.float32)  # 2.5 goes with the high class
-    train, dev = lmbff_split(scores, 2, seed=0, regression=True)
+    train, dev = lmbff_split(scores, 2, seed=0, threshold=2.5)
     order = list(range(8))
     np.random.RandomState(0).shuffle(order)
     high = [row for row in order if scores[row] >= 2.5]

@@ -38,7 +38,9 @@ PAPER_MODEL_IDS = (PAPER_MODEL, "google-bert/bert-base-uncased")
 def config_defaults():
     """conf/config.yaml as a plain dict (read once; never change it): its `train.*`, `dev_size` and
     `model_seed` are the paper's protocol."""
-    return OmegaConf.to_container(packaged_config("config.yaml"))
+    defaults = OmegaConf.to_container(packaged_config("config.yaml"))
+    defaults["train"] = OmegaConf.to_container(packaged_config("config.yaml").train, resolve=True)  # max_length: 128
+    return defaults
 
 
 def paper_protocol():
