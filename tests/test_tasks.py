@@ -346,3 +346,41 @@ def test_every_metric_a_task_may_name_is_computed():
     assert tuple(COMPUTED) == METRICS
     scores = compute_metrics(["f1", "f1_macro"], "f1_macro", np.array([0, 1, 1, 1]), np.array([0, 0, 1, 1]))
     assert scores["f1"] == pytest.approx(100 * 0.8) and scores["f1_macro"] == pytest.approx(100 * (2 / 3 + 0.8) / 2)
+
+
+def test_a_task_of_its_own_gets_a_column_without_a_paper_number(small_jsonl, tmp_path):
+    """peltbench-tables: the user's task beside GLUE's, its metric named in the caption, no paper delta."""
+    from omegaconf import OmegaConf
+
+    from peltbench.record import identity_hash, semantic_config
+    from peltbench.tables.command import main
+
+    search = write_task(tmp_path / "conf", "reviews", f"""text: [sentence]
+label: label
+num_labels: 2
+label_names: [negative, positive]
+metrics: [f1_macro, accuracy]
+main_metric: f1_macro
+files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
+""")
+    runs = tmp_path / "runs"
+    for task, extra in (("sst2", [f"data.dir={SHIPPED_GLUE}"]), ("reviews", [search])):
+        for method, score in (("lora", 80.0), ("adapter", 75.0)):
+            cfg = compose_config(f"method={method}", f"task={task}", "seed=111", "model.name=bert-base-uncased", *extra)
+            config = OmegaConf.to_container(cfg, resolve=True)
+            config.pop("hydra", None)
+            identity = semantic_config(cfg)
+            folder = runs / method / task / "k100" / "seed111"
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps({
+                "schema": 1, "method": method, "variant": method, "task": task, "k": 100, "seed": 111,
+                "model": "bert-base-uncased", "status": "ok", "protocol": "unipelt", "precision": "fp32",
+                "test": {"main": score, "f1_macro": score}, "dev_best": {"main": score}, "config": config,
+                "identity": identity, "config_hash": identity_hash(identity)}))
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path / "none")]) == 0
+    table = (out / "table1.md").read_text()
+    assert "| SST-2 " in table and "| reviews " in table and "0 listed" not in table
+    assert "reviews macro F1; reviews: the test set its task file names, no paper number" in table
+    assert "LoRA" in table and "80.00" in table
+    assert "reviews" not in (out / "other_runs.md").read_text()

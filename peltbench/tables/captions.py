@@ -22,8 +22,8 @@ FULL_DATA_SWEEPS = ("table3",)
 # The experiment files that sweep one data seed (Tables 3 and 4): a named protocol's first seed for Table 4's timings,
 # all its seeds for Table 3's statistic.
 ONE_SEED_SWEEPS = ("table4",)
-METRIC_NAMES = {"accuracy": "accuracy", "f1": "F1", "mcc": "Matthews corr.", "spearman": "Spearman corr.",
-                "pearson": "Pearson corr."}
+METRIC_NAMES = {"accuracy": "accuracy", "f1": "F1", "f1_macro": "macro F1", "mcc": "Matthews corr.",
+                "spearman": "Spearman corr.", "pearson": "Pearson corr."}
 # What each dev source reports on (the test set of a run), for captions.
 REPORTED = {
     "train": "the official GLUE dev split (GLUE's test labels are not public)",
@@ -115,7 +115,10 @@ def metric_words(metrics):
     """`CoLA Matthews corr., MRPC F1, STS-B Pearson corr., ... (MNLI matched)`: each task's main metric."""
     tasks = sorted(metrics, key=lambda task: order_of(task, TASKS))
     words = ", ".join(f"{TASK_LABELS.get(task, task)} {METRIC_NAMES.get(metrics[task], metrics[task])}" for task in tasks)
-    return words + ("; MNLI matched" if "mnli" in metrics else "")
+    own = [task for task in tasks if task not in TASKS]  # a task of the user's own: its task file's test set
+    return (words + ("; MNLI matched" if "mnli" in metrics else "") +
+            (f"; {', '.join(own)}: the test set {'its' if len(own) == 1 else 'their'} task file names, no paper "
+             f"number" if own else ""))
 
 
 def sweep_command(sweep, selection, ks=None, extra=(), tasks=None, data_dir=None):

@@ -122,7 +122,8 @@ def check_baseline(runs, baseline):
 
 
 MCNEMAR_TESTS = {"chi2": "χ²", "mid-p": "mid-p", "none": "no discordant pair"}
-METRIC_NAMES = {"accuracy": "Acc", "mcc": "MCC", "f1": "F1", "spearman": "Spearman", "pearson": "Pearson"}
+METRIC_NAMES = {"accuracy": "Acc", "mcc": "MCC", "f1": "F1", "f1_macro": "Macro-F1", "spearman": "Spearman",
+                "pearson": "Pearson"}
 
 ASSUMPTIONS = [
     "What is paired with what. A data seed fixes the K training examples and the dev examples sampled from the train "

@@ -199,9 +199,19 @@ def _extra_order(column):
 
 
 def known_runs(records):
-    """(known, unknown): runs of a method and task peltbench has, and the rest (listed, never a row or column)."""
-    known = records["method"].isin(known_names("method")) & records["task"].isin(known_names("task"))
+    """(known, unknown): runs of a method and task peltbench has, and the rest (listed, never a row or column). A
+    task of the user's own (a task file of their config folder, issue 46) is known by its records' config, which
+    holds the task file: it gets a column of its own (the papers have no number for it)."""
+    own_task = records["config"].map(own_task_file) & ~records["task"].isin(known_names("task"))
+    known = records["method"].isin(known_names("method")) & (records["task"].isin(known_names("task")) | own_task)
     return records[known], records[~known]
+
+
+def own_task_file(config) -> bool:
+    """Whether a record's config holds a task file of the present form (its rows, classes and metric named)."""
+    task = config.get("task") if isinstance(config, dict) else None
+    return isinstance(task, dict) and all(key in task for key in ("text", "label", "num_labels", "main_metric")) \
+        and ("files" in task or "dataset" in task)
 
 
 def known_names(group):
