@@ -631,7 +631,7 @@ def _columns(value) -> bool:
     return _distinct_list(value) and len(value) in (1, 2) and all(_column(v) for v in value)
 
 
-def check_task(task: DictConfig) -> None:
+def check_task(task: DictConfig | Mapping) -> None:
     """A task file's values (docs/tasks.md), from the file alone: its columns, classes, metrics and where its rows
     are. What its data holds (the columns there, the labels, the rows) is checked when the data is read
     (peltbench.data.check_task_data, before the first run of a sweep)."""
@@ -640,7 +640,8 @@ def check_task(task: DictConfig) -> None:
         raise UserError(f"task.name={_show(name)}: must be a name of letters, digits, '.', '_' and '-' (its results' "
                         f"folder)")
     where = f"task={name}: task"
-    missing = [key for key in ("text", "label", "num_labels", "metrics", "main_metric") if task.get(key) is None]
+    missing = [key for key in ("text", "label", "num_labels", "metrics", "main_metric", "max_length")
+               if task.get(key) is None]
     if missing:
         raise UserError(f"{where}.{missing[0]}: missing (docs/tasks.md)")
     if not _columns(task.text):
@@ -654,20 +655,20 @@ def check_task(task: DictConfig) -> None:
                         f"task (one output, MSE loss)")
     _check_labels(task, where, labels)
     _check_metrics(task, where, labels)
-    if task.get("max_length") is not None and not _positive_int(task.max_length):
+    if not _positive_int(task.max_length):
         raise UserError(f"{where}.max_length={_show(task.max_length)}: must be a positive number of tokens")
     if not _bool(task.get("lmbff_chained", False)):
         raise UserError(f"{where}.lmbff_chained={_show(task.lmbff_chained)}: must be true or false")
     _check_sources(task, where)
 
 
-def _check_labels(task: DictConfig, where: str, labels: int) -> None:
+def _check_labels(task: DictConfig | Mapping, where: str, labels: int) -> None:
     names, bounds, threshold = task.get("label_names"), task.get("label_range"), task.get("lmbff_threshold")
     if labels == 1:
         if names is not None:
             raise UserError(f"{where}.label_names={_show(names)}: a regression task (num_labels: 1) has no classes; "
                             f"set label_names: null")
-        if bounds is not None and not (isinstance(bounds, ListConfig) and len(bounds) == 2 and
+        if bounds is not None and not (isinstance(bounds, (list, ListConfig)) and len(bounds) == 2 and
                                        all(_is_number(b) for b in bounds) and bounds[0] < bounds[1]):
             raise UserError(f"{where}.label_range={_show(bounds)}: must be [LOW, HIGH], the valid scores")
         if threshold is not None and not _is_number(threshold):
@@ -688,7 +689,7 @@ def _is_number(value) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-def _check_metrics(task: DictConfig, where: str, labels: int) -> None:
+def _check_metrics(task: DictConfig | Mapping, where: str, labels: int) -> None:
     metrics = task.metrics
     if not (_distinct_list(metrics) and len(metrics) > 0):
         raise UserError(f"{where}.metrics={_show(metrics)}: must be a list of distinct metrics from {', '.join(METRICS)}")
@@ -715,12 +716,12 @@ def _check_metrics(task: DictConfig, where: str, labels: int) -> None:
                         f"({_show(metrics)})")
 
 
-def _check_sources(task: DictConfig, where: str) -> None:
+def _check_sources(task: DictConfig | Mapping, where: str) -> None:
     dataset, files = task.get("dataset"), task.get("files")
     if dataset is None and files is None:
         raise UserError(f"{where}: where are its rows? give dataset: (a datasets dataset) or files: (local files)")
     if dataset is not None:
-        if not isinstance(dataset, DictConfig):
+        if not isinstance(dataset, (DictConfig, Mapping)):
             raise UserError(f"{where}.dataset={_show(dataset)}: must be a mapping of {', '.join(DATASET_KEYS)}")
         unknown = sorted(set(dataset.keys()) - set(DATASET_KEYS))
         if unknown:
@@ -734,8 +735,8 @@ def _check_sources(task: DictConfig, where: str) -> None:
                 raise UserError(f"{where}.dataset.{key}={_show(dataset.get(key))}: must be a name")
     if files is None:
         return
-    layouts = files_layouts(files) if isinstance(files, (DictConfig, ListConfig)) else None
-    if not layouts or not all(isinstance(layout, DictConfig) for layout in layouts):
+    layouts = files_layouts(files) if isinstance(files, (DictConfig, ListConfig, Mapping, list)) else None
+    if not layouts or not all(isinstance(layout, (DictConfig, Mapping)) for layout in layouts):
         raise UserError(f"{where}.files={_show(files)}: must be a mapping of {', '.join(FILES_KEYS)}, or a list of them")
     formats = sorted(set(FORMATS.values()))
     for layout in layouts:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from .packaged import options, packaged_config
 
 DEFAULT = "unipelt"       # today's protocol: records without a `protocol` field ran it
+GLUE_MAX_LENGTH = 128     # App. B; every GLUE task file's max_length, and every record's from before task files had one
 K_COUNTS = ("total", "per_class", "all")  # K rows in all, K per class, or the whole train split only
 DEV_SOURCES = ("train", "per_class", "glue_dev", "glue_dev_halves")
 STATISTICS = ("mean", "median")
@@ -73,10 +74,8 @@ def run_defaults(name: str, seed: int | None = None, task: str | None = None,
     """conf/config.yaml with protocol `name`'s top-level values over it, and its settings for `task`
     (conf/protocol_task/<name>_<task>.yaml: e.g. LM-BFF's 256 tokens on RTE) over those: what a run of that protocol
     has unless the command line says otherwise, `seed` filled in so that `model_seed: ${seed}` resolves, and the task
-    file's `max_length` (train.max_length's default) where given. Cached: never change what it returns."""
-    base = OmegaConf.merge(packaged_config("config.yaml"))
-    if max_length is not None:
-        base.task = {"max_length": max_length}
+    file's `max_length` (train.max_length's default; GLUE's where not given). Cached: never change what it returns."""
+    base = OmegaConf.merge(packaged_config("config.yaml"), {"task": {"max_length": max_length or GLUE_MAX_LENGTH}})
     for packaged in (protocol_file(name), packaged_config(f"protocol_task/{name}_{task}.yaml") if task else None):
         if packaged is None:
             continue

@@ -48,6 +48,7 @@ num_labels: 2
 label_names: [negative, positive]
 metrics: [accuracy, f1, f1_macro]
 main_metric: accuracy
+max_length: 128
 files:
   train: {root}/train.jsonl
   test: {root}/dev.jsonl
@@ -218,6 +219,7 @@ num_labels: 2
 label_names: [false, true]
 metrics: [accuracy, mcc]
 main_metric: accuracy
+max_length: 128
 dataset: {path: lab/boolq_like, train: train, test: validation}
 """)
     load_split.cache_clear()
@@ -281,7 +283,7 @@ def bad_task(root: Path, conf: Path, case: str) -> list[str]:
     values = dict(line.split(": ", 1) for line in body.strip().splitlines())
     args = values.pop("args", "").split()
     values = {"num_labels": "2", "label_names": "[negative, positive]", "metrics": "[accuracy]",
-              "main_metric": "accuracy", **values}
+              "main_metric": "accuracy", "max_length": "64", **values}
     test = values.pop("test", "dev.jsonl")
     text = "".join(f"{key}: {value}\n" for key, value in values.items())
     search = write_task(conf, "bad", f"{text}files: {{train: {root}/train.jsonl, test: {root}/{test}}}\n")
@@ -361,6 +363,7 @@ num_labels: 2
 label_names: [negative, positive]
 metrics: [f1_macro, accuracy]
 main_metric: f1_macro
+max_length: 128
 files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
 """)
     runs = tmp_path / "runs"
@@ -384,3 +387,38 @@ files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
     assert "reviews macro F1; reviews: the test set its task file names, no paper number" in table
     assert "LoRA" in table and "80.00" in table
     assert "reviews" not in (out / "other_runs.md").read_text()
+
+
+def test_the_example_task_runs_end_to_end(tiny_checkpoint, tmp_path, in_process, monkeypatch, capsys):
+    """examples/own_task as README "Your own task" runs it (the command from main() on, in this process), under
+    protocol=lmbff (K per class); then peltbench-missing finds the sweep done. The example's files are what its
+    make_data.py writes."""
+    import shutil
+    import subprocess
+    import sys
+
+    from peltbench.missing import main as missing
+
+    repo = Path(__file__).resolve().parents[1]
+    example = repo / "examples" / "own_task"
+    shutil.copytree(example, tmp_path / "examples" / "own_task")
+    (tmp_path / "data").symlink_to(repo / "data")  # the shipped SST-2 the example's rows come from
+    subprocess.run([sys.executable, str(tmp_path / "examples" / "own_task" / "make_data.py")], check=True,
+                   cwd=tmp_path)  # reproducible: it writes the files it ships, here over the copy's
+    for name, rows in (("train.csv", 400), ("test.csv", 200)):
+        assert (tmp_path / "examples/own_task/data" / name).read_bytes() == (example / "data" / name).read_bytes()
+        assert len((example / "data" / name).read_text().splitlines()) == rows
+    args = ["-m", "protocol=lmbff", "method=lora,bitfit", "task=movie_reviews",
+            "hydra.searchpath=[file://examples/own_task/conf]", "data.dir=examples/own_task/data",
+            f"model.name={tiny_checkpoint}", "train.max_steps=4", "train.eval_every=2", "seed=13", "device=cpu"]
+    result = in_process(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = sorted((tmp_path / "results" / "runs").rglob("result.json"))
+    assert [path.relative_to(tmp_path / "results" / "runs").parts[1:] for path in records] == \
+        [("movie_reviews", "k16", "seed13", "result.json")] * 2
+    record = json.loads(records[0].read_text())
+    assert record["status"] == "ok" and record["test_examples"] == 200 and len(record["split"]["train_indices"]) == 32
+    assert record["config"]["train"]["max_length"] == 64 and set(record["test"]) == {"accuracy", "f1_macro", "main"}
+    capsys.readouterr()
+    assert missing(args) == 0
+    assert capsys.readouterr().out.startswith("2 runs: 2 done")

@@ -39,7 +39,7 @@ def config_defaults():
     """conf/config.yaml as a plain dict (read once; never change it): its `train.*`, `dev_size` and
     `model_seed` are the paper's protocol."""
     defaults = OmegaConf.to_container(packaged_config("config.yaml"))
-    defaults["train"] = OmegaConf.to_container(packaged_config("config.yaml").train, resolve=True)  # max_length: 128
+    defaults["train"] = OmegaConf.to_container(run_defaults(DEFAULT_PROTOCOL).train, resolve=True)  # max_length: 128
     return defaults
 
 
@@ -60,7 +60,8 @@ def run_protocol(config, precision):
     name = protocol_name(config)
     if name != DEFAULT_PROTOCOL:  # only what departs from the protocol's own settings (its seed resolves model_seed)
         task = (config.get("task") or {}).get("name")  # a protocol's own settings for the task (LM-BFF's RTE: 256)
-        own = run_defaults(name, config.get("seed"), task) if protocol_file(name) is not None else None
+        length = (config.get("task") or {}).get("max_length")
+        own = run_defaults(name, config.get("seed"), task, length) if protocol_file(name) is not None else None
         settings = {PROTOCOL: name, **{key: value for key, value in settings.items()
                                        if own is None or canonical(value) != canonical(OmegaConf.select(own, key))}}
     settings[PRECISION] = precision
