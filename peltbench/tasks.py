@@ -73,6 +73,7 @@ class TaskSpec:
     @classmethod
     def from_config(cls, task: DictConfig) -> TaskSpec:
         node = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else task
+        node = current_form(node)
         text, label = tuple(node["text"]), node["label"]
         dataset = node.get("dataset")
         names, bounds = node.get("label_names"), node.get("label_range")
@@ -94,6 +95,20 @@ class TaskSpec:
             lmbff_chained=bool(node.get("lmbff_chained", False)),
             lmbff_threshold=None if node.get("lmbff_threshold") is None else float(node["lmbff_threshold"]),
         )
+
+
+def current_form(node: dict) -> dict:
+    """A task node as this version's task files write it. A record from before task files took this form (a GLUE task
+    with `hub` and `tsv` sections: peltbench.load_run rebuilding a saved run) holds a packaged task: that task file's,
+    with the record's own main metric (LM-BFF's STS-B: Pearson)."""
+    if not ("hub" in node and "tsv" in node):
+        return node
+    from .packaged import packaged_config
+
+    packaged = packaged_config(f"task/{node['name']}.yaml")
+    if packaged is None:
+        raise ValueError(f"task {node['name']}: a task of an earlier peltbench that this version does not ship")
+    return {**OmegaConf.to_container(packaged, resolve=True), "main_metric": node["main_metric"]}
 
 
 def files_layouts(files) -> list:

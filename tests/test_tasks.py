@@ -115,8 +115,10 @@ def test_sst2_as_json_lines_gives_task_sst2s_records_alone_and_fused(sst2_jsonl,
     common = ("method=lora", *tiny(tiny_checkpoint))
     [glue] = run(tmp_path, *common, "task=sst2", f"data.dir={SHIPPED_GLUE}", "task.metrics=[accuracy,f1,f1_macro]",
                  results="glue")
-    [own] = run(tmp_path, *common, "task=sst2_jsonl", search, results="own")
+    [own] = run(tmp_path, *common, "task=sst2_jsonl", search, "save.predictions=true", results="own")
     same_results(own, glue)
+    predictions = next((tmp_path / "own").rglob("predictions.csv")).read_text().splitlines()
+    assert predictions[0] == "index,label,prediction,logit_0,logit_1" and len(predictions) == 1 + 872
     assert set(own["test"]) == {"accuracy", "f1", "f1_macro", "main"}
     assert own["identity"]["task"] == "sst2_jsonl" and len(own["identity"]["task.rows"]) == 16
     assert own["data_source"] == f"json:{root}"
@@ -422,3 +424,37 @@ def test_the_example_task_runs_end_to_end(tiny_checkpoint, tmp_path, in_process,
     capsys.readouterr()
     assert missing(args) == 0
     assert capsys.readouterr().out.startswith("2 runs: 2 done")
+
+
+def test_a_task_node_of_an_earlier_version_reads_as_its_task_file():
+    """A record written before task files took this form (peltbench.load_run rebuilds a saved run from its config)
+    holds a GLUE task as `hub` and `tsv` sections: it is that packaged task, with the record's main metric."""
+    from peltbench.tasks import TaskSpec
+
+    earlier = {"name": "stsb", "num_labels": 1, "metrics": ["spearman", "pearson"], "main_metric": "pearson",
+               "hub": {"config": "stsb", "text": ["sentence1", "sentence2"], "test_split": "validation"},
+               "tsv": {"folder": "STS-B", "test_file": "dev.tsv", "header": True, "text": ["sentence1", "sentence2"],
+                       "label": "score", "label_names": None}}
+    spec = TaskSpec.from_config(earlier)
+    assert spec == TaskSpec.from_config({**compose_config("method=lora", "task=stsb").task, "main_metric": "pearson"})
+    assert spec.label_range == (0.0, 5.0) and spec.lmbff_threshold == 2.5
+
+
+def test_halving_on_a_task_of_ones_own_decides_as_on_the_same_glue_rows(rte_csv, tiny_checkpoint, tmp_path):
+    """A fused grid with successive halving (halving=2) on RTE as CSV prunes and keeps what task=rte's grid does."""
+    from peltbench.runner import run_group
+
+    root, search = rte_csv
+    common = ("method=lora", f"model.name={tiny_checkpoint}", "k=16", "dev_size=20", "train.epochs=4",
+              "train.patience=null", "train.max_length=100", "fuse=true", "halving=2", "device=cpu", "logger=[]")
+    grids = {}
+    for name, extra in (("glue", ("task=rte", f"data.dir={SHIPPED_GLUE}")), ("own", ("task=rte_csv", search,
+                                                                                     f"data.dir={root}"))):
+        configs = [compose_config(*common, *extra, f"method.lr={lr}", f"results_dir={tmp_path / name}")
+                   for lr in ("1e-4", "3e-2")]
+        grids[name] = run_group(configs)
+    assert sorted(outcome.status for outcome in grids["own"]) == ["ok", "pruned"]
+    for ours, theirs in zip(grids["own"], grids["glue"]):
+        assert ours.status == theirs.status
+        same_results(ours.record, theirs.record)
+        assert ours.record.get("pruned", {}).get("rung") == theirs.record.get("pruned", {}).get("rung")
