@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from conftest import SHIPPED_GLUE
 
 from peltbench.overrides import as_given, pin_group_settings
 
@@ -46,7 +47,7 @@ def _jobs(monkeypatch, tmp_path, *arguments):
 
     monkeypatch.setattr(peltbench.runner, "run_group", run_group)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["peltbench", *arguments])
+    monkeypatch.setattr(sys, "argv", ["peltbench", *arguments, f"data.dir={SHIPPED_GLUE}"])  # read before the runs
     try:
         main()
     except SystemExit as exit:

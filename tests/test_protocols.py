@@ -171,7 +171,7 @@ def test_a_single_run_of_a_protocol_is_not_a_sweep_but_its_sweep_runs_its_seeds(
     from peltbench.cli import preflight
     from peltbench.missing import expand
 
-    preflight(["protocol=lmbff", "method=lora", "task=rte"])  # no "this is a sweep"
+    preflight(["protocol=lmbff", "method=lora", "task=rte", f"data.dir={SHIPPED_GLUE}"])  # no "this is a sweep"
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         config = loader.load_configuration("config", ["protocol=lmbff", "method=lora", "task=rte"], RunMode.MULTIRUN)
