@@ -114,30 +114,40 @@ def test_a_fused_member_releases_its_claim_when_its_record_is_written(workdir):
 
 def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir, in_process):
     # 4 runs: max_length 256 cannot hold a long test row (the tiny model has 128 positions: found once its rows are
-    # tokenised, a failed record says why); k=50 + dev_size=20 > 60 rows is a config error (no record).
+    # tokenised, a failed record says why); a model that is not there is bad input only its runs find (no record).
     test_file = workdir / "glue" / "RTE" / "dev.tsv"
     lines = test_file.read_text().splitlines()
     lines[1] = "\t".join([lines[1].split("\t")[0], " ".join(["the dog sat on the mat"] * 40), "a cat", "entailment"])
     test_file.write_text("\n".join(lines) + "\n")
-    sweep = ["-m", "method=adapter", "task=rte", "k=16,50", "train.max_length=256,64", "train.epochs=2", *TINY,
-             "hydra.sweep.dir=sweeps/failing"]
+    sweep = ["-m", "method=adapter", "task=rte", "k=16", "train.max_length=256,64", "train.epochs=2", *TINY,
+             "model.name=tiny-bert,nowhere/", "hydra.sweep.dir=sweeps/failing"]
     result = in_process(*sweep, cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "Traceback" not in output
     summary = output[output.index("peltbench sweep:"):].splitlines()
-    variant = f"adapter,dev_size=20,model.name={workdir.name}_tiny-bert,train.epochs=2,train.patience=50,train.max_length={{}}"
+    variant = "adapter,dev_size=20,model.name={},train.epochs=2,train.patience=50,train.max_length={}"
     assert summary[0] == "peltbench sweep: 4 runs: 1 done (0 of them skipped as already done), 1 failed, 2 missing"
-    assert summary[1] == (f"  failed   {variant.format(256)}/rte/k16/seed111: method=adapter task=rte: the "
-                          "longest row's 245 tokens = 245 positions, but the model has 128 "
+    assert summary[1] == (f"  failed   {variant.format(f'{workdir.name}_tiny-bert', 256)}/rte/k16/seed111: "
+                          "method=adapter task=rte: the longest row's 245 tokens = 245 positions, but the model has 128 "
                           "(max_position_embeddings): set train.max_length=128 or lower")
-    too_large = "k=50 is too large: the train split has 60 rows and k + dev_size (50 + 20) must not exceed it"
-    assert summary[2] == (f"  missing  {variant.format(256)}/rte/k50/seed111: {too_large} (no record; its log: "
-                          f"sweeps/failing/2_adapter_rte_k50_s111)")  # the reason, from the job's outcome.json
-    assert summary[3].startswith(f"  missing  {variant.format(64)}/rte/k50/seed111: {too_large} (no record")
+    for line, length in zip(summary[2:4], (256, 64)):  # the reason, from the job's outcome.json
+        assert line.startswith(f"  missing  {variant.format('nowhere', length)}/rte/k16/seed111: could not load model "
+                               f"'nowhere/'"), line
+        assert "(no record; its log: sweeps/failing/" in line
     assert summary[4].startswith("Rerun the same command to run the failed and missing ones (done runs are skipped): peltbench -m ")
     assert len(summary) == 5
-    assert "k=50 is too large" in output  # the config error itself was logged when its run came up
+
+
+def test_k_above_the_training_pool_stops_the_sweep_before_it_starts(workdir, in_process):
+    """Issue 46: a K the task's rows cannot give (k + dev_size above the training pool) is found when the command
+    reads the task's data, before the first run: one line, exit status 2, nothing started."""
+    sweep = ["-m", "method=adapter", "task=rte", "k=16,50", "train.epochs=2", *TINY, "hydra.sweep.dir=sweeps/k"]
+    result = in_process(*sweep, cwd=workdir)
+    assert result.returncode == 2
+    assert result.stderr == ("peltbench: error: task=rte: k=50 is too large: the train split has 60 rows and k + "
+                             "dev_size (50 + 20) must not exceed it\n")
+    assert not (workdir / "sweeps").exists() and not (workdir / "results").exists()
 
 
 def test_hydras_sweeper_does_not_compose_again_the_runs_peltbench_checked(workdir, in_process, monkeypatch):
