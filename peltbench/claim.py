@@ -65,8 +65,11 @@ class Claim:
             log.warning("could not release the claim on %s: %s", self.path.parent, error.strerror)
 
     def beat(self) -> bool:
-        """Refresh the heartbeat; False (and a warning) if the claim is no longer ours: it was taken over."""
+        """Refresh the heartbeat; False (and a warning) if the claim is no longer ours: it was taken over. A claim
+        released since the heartbeat thread listed it (a member leaving its group) is left alone, without a word."""
         with folder_lock(self.path.parent):
+            if self.released:
+                return True
             current = _read(self.path)[0]
             if current.get("token") != self.holder["token"]:
                 log.warning("lost the claim on %s (now: %s): another process may be running it too",

@@ -157,6 +157,15 @@ def test_a_claim_taken_over_is_not_refreshed_nor_deleted_by_its_old_holder(tmp_p
     assert json.loads((tmp_path / CLAIM_NAME).read_text())["token"] == "the new holder's"
 
 
+def test_a_claim_released_while_the_heartbeat_runs_is_not_called_lost(tmp_path, caplog):
+    """The heartbeat thread lists the claims it holds, then beats each: a member that left its group in between (its
+    claim released, its file gone) was warned about as "lost the claim ... (now: none)"."""
+    claim = claim_run(tmp_path / "result.json")
+    claim.release()
+    assert claim.beat()
+    assert "lost the claim" not in caplog.text and not (tmp_path / CLAIM_NAME).exists()
+
+
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664)])
 def test_claims_honour_the_umask(tmp_path, umask, mode):
     old = os.umask(umask)
