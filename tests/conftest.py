@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
+# The tiny random encoders (hidden 32, 2 layers, O(1) weights) and their word-level vocabulary: peltbench.tiny, which
+# peltbench-check-method builds its models with too
+from peltbench.tiny import (ENCODERS, O1_INIT, ROBERTA_STYLE, TINY, WORDS, save_tiny_encoder,  # noqa: F401
+                            tiny_encoder, tiny_encoder_config, tiny_tokenizer)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach the Hub
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -19,10 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"  # every task's real files, where ../shared is beside the clone
 SHIPPED_GLUE = REPO / "data" / "glue"                    # CoLA, SST-2, RTE, shipped with peltbench (data/glue/README.md)
 TEST_DEVICE = os.environ.get("PELTBENCH_TEST_DEVICE")   # scripts/check_gpu.py runs the device-sensitive tests on cuda
-WORDS = ("the a cat dog sat ran on mat log big small red blue good bad not very happy sad movie film "
-         "is was it this that and or but with man woman car house tree runs sleeps").split()
-TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-            max_position_embeddings=128, type_vocab_size=2)
 
 
 def tiny_config(num_labels: int = 2):
@@ -54,18 +55,6 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return folder
 
 
-# Tiny random configs of every supported architecture (hidden 32, 2 layers), each shaped like its real checkpoints:
-# DeBERTa-v3's relative attention (shared keys, log buckets, the relative embeddings' LayerNorm, no token types, no
-# absolute positions), ModernBERT's alternating global and sliding-window (here 4 tokens) attention, mean pooling.
-ENCODERS = {
-    "bert": {},
-    "roberta": {"type_vocab_size": 1},
-    "electra": {"embedding_size": 16},  # ELECTRA-small's embeddings project up to hidden
-    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 16,
-                   "max_relative_positions": -1, "share_att_key": True, "norm_rel_ebd": "layer_norm",
-                   "type_vocab_size": 0, "position_biased_input": False},
-    "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 4, "classifier_pooling": "mean"},
-}
 # Method settings a tiny model (hidden 32) needs where the packaged one cannot fit it: C3A's paper block size 128
 # (conf/method/c3a.yaml) does not divide 32, and is refused there in one line. A test that runs every packaged method on
 # a tiny model applies these (`tiny_method_overrides` as command-line overrides).
@@ -75,78 +64,6 @@ TINY_METHOD_SETTINGS = {"c3a": {"c3a_block_size": 8}}
 def tiny_method_overrides(name: str) -> list[str]:
     """`method.KEY=VALUE` overrides that fit method `name` to a tiny model (TINY_METHOD_SETTINGS)."""
     return [f"method.{key}={value}" for key, value in TINY_METHOD_SETTINGS.get(name, {}).items()]
-
-
-# O(1) weights for the encoder tests: N(0, 0.2²) makes attention scores O(1) at hidden 32 (attention probabilities up to
-# 0.3-0.9 instead of the uniform 1/17 of transformers' default 0.02, logits O(1) instead of O(0.01)). With the default,
-# a whole missing code path (DeBERTa's relative bias: 4e-7 on the logits) hides inside the tests' tolerances.
-O1_INIT = 0.2
-# RoBERTa and ModernBERT tokenizers use <s> </s> (a pair: <s> A </s></s> B </s>) and return no token type ids.
-ROBERTA_STYLE = ("roberta", "modernbert")
-
-
-def tiny_tokenizer(model_type: str, folder: Path | None = None):
-    """A word-level tokenizer with the architecture's own special tokens and pair template, saved to `folder`."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    roberta = model_type in ROBERTA_STYLE
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] if roberta else ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    cls, pad, sep, unk, mask = (specials[0], specials[1], specials[2], specials[3], specials[4]) if roberta else \
-        (specials[2], specials[0], specials[3], specials[1], specials[4])
-    tokens = specials + list(WORDS)
-    vocab = {token: i for i, token in enumerate(tokens + [f"[unused{i}]" for i in range(TINY["vocab_size"] - len(tokens))])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=unk))
-    tokenizer.normalizer = normalizers.Lowercase()
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    if roberta:
-        tokenizer.post_processor = processors.RobertaProcessing((sep, vocab[sep]), (cls, vocab[cls]))
-        names = ["input_ids", "attention_mask"]
-    else:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
-        names = ["input_ids", "token_type_ids", "attention_mask"]
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token=cls, sep_token=sep, pad_token=pad, unk_token=unk,
-                                   mask_token=mask, model_input_names=names)
-    if folder is not None:
-        fast.save_pretrained(folder)
-    return fast
-
-
-def tiny_encoder_config(model_type: str, num_labels: int = 2, dropout: float = 0.1, **changes):
-    from transformers import AutoConfig
-
-    tokenizer = tiny_tokenizer(model_type)
-    special = {"pad_token_id": tokenizer.pad_token_id}
-    if model_type == "modernbert":
-        special.update(bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
-                       cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
-                       embedding_dropout=dropout, attention_dropout=dropout, mlp_dropout=dropout, classifier_dropout=dropout)
-    else:
-        special.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    settings = {key: value for key, value in TINY.items() if not (model_type == "modernbert" and key == "type_vocab_size")}
-    settings["initializer_range"] = O1_INIT
-    settings.update(ENCODERS[model_type])
-    settings.update(special)
-    settings.update(changes)
-    return AutoConfig.for_model(model_type, num_labels=num_labels, **settings)
-
-
-def tiny_encoder(model_type: str, num_labels: int = 2, seed: int = 0, dropout: float = 0.1, **changes):
-    """A tiny random `*ForSequenceClassification` of an architecture, in eval mode."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    torch.manual_seed(seed)
-    config = tiny_encoder_config(model_type, num_labels, dropout, **changes)
-    return AutoModelForSequenceClassification.from_config(config).eval()
-
-
-def save_tiny_encoder(model_type: str, folder: Path, dropout: float = 0.1, **changes) -> Path:
-    """A local checkpoint directory of a tiny random encoder with its tokenizer saved beside, as a user's would be."""
-    tiny_tokenizer(model_type, folder)
-    tiny_encoder(model_type, dropout=dropout, **changes).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The device net itself (tests/devicecheck.py): every way a host tensor is born is a host tensor, and a host tensor left
+"""The device net itself (peltbench/devicecheck.py): every way a host tensor is born is a host tensor, and a host tensor left
 in one of peltbench's own paths fails the device tests (tests/test_devices.py), as it would fail on a GPU.
 
 What this caught on main at cadcef0 (issue 40): the net did not see tensors made by `torch.from_numpy`,
@@ -29,7 +29,7 @@ import peltbench.methods.prefix
 import peltbench.methods.randomness
 import peltbench.train
 from conftest import save_tiny_encoder
-from devicecheck import MODEL_DEVICE, DeviceCheck, DeviceFault
+from peltbench.devicecheck import MODEL_DEVICE, DeviceCheck, DeviceFault
 from peltbench.packaged import options
 from test_devices import GROUP, METHODS, gpu_path
 from test_devices import test_every_method_trains_saves_and_reloads_alone_in_bf16 as device_test_alone

@@ -4,7 +4,7 @@ bf16 autocast with a GPU's batch shapes, and what peltbench creates stays on the
 On a CUDA GPU `precision=auto` is bf16 autocast and a fused group's members share one pass; on the CPU that runs the
 test suite, fp32 and a few members per pass. The `as_on_a_gpu` fixture gives a CPU run the GPU's path: bf16 autocast
 (a way in for tests only: `precision=bf16` on a CPU stays refused for users, config.CPU_BF16), every member in one
-pass (runner.group_settings' CUDA shapes), and `DeviceCheck` (tests/devicecheck.py), which fails what would mix the
+pass (runner.group_settings' CUDA shapes), and `DeviceCheck` (peltbench/devicecheck.py), which fails what would mix the
 CPU and the GPU there. Under `make check-gpu` (PELTBENCH_TEST_DEVICE=cuda) the same tests run on the GPU itself, and
 each says where its runs trained (PELTBENCH_DEVICE_REPORT: scripts/check_gpu.py requires them all on CUDA).
 
@@ -30,7 +30,7 @@ import torch
 import peltbench
 import peltbench.runner as runner
 from conftest import ENCODERS, TEST_DEVICE, compose_config, save_tiny_encoder, tiny_method_overrides, tiny_run_overrides
-from devicecheck import MODEL_DEVICE, DeviceCheck
+from peltbench.devicecheck import MODEL_DEVICE, DeviceCheck
 from peltbench.packaged import packaged_config
 
 METHODS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "conf" / "method").glob("*.yaml"))
