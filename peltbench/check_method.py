@@ -155,7 +155,7 @@ def parse(argv: Sequence[str]) -> Request:
     parser.add_argument("--lr", type=float, default=None,
                         help="the learning rate of the runs (default: the method's own)")
     parser.add_argument("--keep", metavar="DIR", help="keep the checkpoints, data and records the checks made in DIR")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # settings before or after the options
     search = [_folder(directory) for directory in args.config_dir]
     name = args.method
     if name.endswith((".yaml", ".yml")):  # a method file's path: its config folder is the folder above method/
@@ -426,7 +426,8 @@ def check_count(subject: Subject) -> tuple[str, str | None]:
 
     cfg, task = subject.cfg, _task(subject.cfg)
     backbone = load_backbone(str(cfg.model.name), task.num_labels, cfg.model_seed)
-    pretrained = {id(parameter) for parameter in backbone.parameters()}  # what the built model keeps of them is theirs
+    originals = list(backbone.parameters())  # held, so that no new Parameter takes a dropped one's id (the head's)
+    pretrained = {id(parameter) for parameter in originals}  # what the built model keeps of them is the checkpoint's
     model = build_pelt_model(backbone, cfg.method, cfg.model_seed,
                              [initial_head(str(cfg.model.name), task.num_labels, cfg.model_seed)])
     counts = parameter_counts(model)
@@ -454,9 +455,10 @@ def check_count(subject: Subject) -> tuple[str, str | None]:
     idle = [name for name, parameter in model.named_parameters()
             if name not in marked and not name.startswith("head.") and id(parameter) not in pretrained | affine
             and model.stored_name(name) not in frozen]
+    del originals
     if idle:
         raise CheckFailed(f"{len(idle)} Parameters it adds train for no member and are not declared frozen "
-                          f"(frozen_state): {_names(idle)}: left out of `mark`? (a tensor meant to stay fixed is a "
+                          f"(frozen_state): {_names([model.stored_name(name) for name in idle])}: left out of `mark`? (a tensor meant to stay fixed is a "
                           f"buffer, or declared by the component's frozen_state)")
     with torch.device("meta"):
         base = _bert_base_count(cfg.method, BertConfig(num_labels=task.num_labels), count_method)
@@ -852,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         request = parse(argv)
     except UserError as error:
         _refuse(error)
-    logging.getLogger("peltbench").setLevel(logging.ERROR)  # the runs' own lines: the verdicts say what matters
+    logging.getLogger("peltbench").setLevel(logging.CRITICAL)  # the runs' own lines: the verdicts say what matters
     started, cpu = time.time(), time.process_time()
     root = Path(request.keep).expanduser() if request.keep else Path(tempfile.mkdtemp(prefix="peltbench-check-"))
     try:

@@ -17,7 +17,7 @@ import pytest
 import peltbench.methods.lora
 from conftest import REPO, TINY_METHOD_SETTINGS
 from peltbench import config as peltbench_config
-from peltbench.check_method import CHECKS, Request, main, run_checks
+from peltbench.check_method import CHECKS, Request, main, parse, run_checks
 from peltbench.methods import COMPONENTS
 from peltbench.packaged import options
 from peltbench.tiny import ENCODERS
@@ -139,7 +139,7 @@ BROKEN = {
 }
 
 
-@pytest.mark.parametrize("broken", list(BROKEN))
+@pytest.mark.parametrize("broken", [name for name in BROKEN if name != "b_host"])
 def test_a_broken_component_fails_the_check_that_names_it(broken, tmp_path, monkeypatch):
     change, named, also = BROKEN[broken]
     conf = user_component(tmp_path, monkeypatch, broken, change)
@@ -148,3 +148,49 @@ def test_a_broken_component_fails_the_check_that_names_it(broken, tmp_path, monk
     report = "\n".join(verdict.line() for verdict in verdicts)
     assert named in failed and failed <= {named, *also}, report
     assert all(verdict.status == "PASS" for verdict in verdicts if verdict.check not in failed), report
+
+
+def test_the_command_fails_a_host_tensor_naming_its_line_with_exit_status_1(tmp_path, monkeypatch, capsys):
+    """The fourth broken component through the command (the search path given as Hydra takes it): only `device`
+    fails, and its line names the file and line that made the host tensor."""
+    change, named, _ = BROKEN["b_host"]
+    conf = user_component(tmp_path, monkeypatch, "b_host", change)
+    with pytest.raises(SystemExit) as exit:
+        main(["b_host", f"hydra.searchpath=[file://{conf}]", "--encoders", "bert"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 1, out
+    [failed] = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert failed.startswith(f"FAIL  {named}") and f"{tmp_path}/code/b_host.py:" in failed, out
+    assert "a tensor on the host (shape (32,)" in failed and "torch.ones(rows.shape[-1])" in failed
+    assert out.splitlines()[-1].startswith("7 checks: 6 passed, 1 failed, 0 skipped"), out
+
+
+@pytest.mark.parametrize("arguments,says", [
+    (["nosuch"], "Could not find 'method/nosuch'; Available options in 'method': adalora, adapter"),
+    (["my_method"], "Could not find 'method/my_method'"),  # a method of the user's own, without its config folder
+    (["c3a", "--encoders", "bert"], "method c3a does not fit the tiny bert encoder (hidden 32, 2 layers) the checks "
+                                    "use: method=c3a task=sst2: c3a_block_size=128 must divide"),
+    (["lora", "method.lora_rank=0"], "method.lora_rank=0: "),
+    (["lora", "method.bottleneck=8"], "method.bottleneck: a setting of adapter, mam"),
+    (["lora", "task=rte"], "task=rte: only method.KEY=VALUE settings and hydra.searchpath=[file://DIR] are taken"),
+    (["lora", "--config-dir", "/no/such/folder"], "--config-dir /no/such/folder: no such folder"),
+    (["lora", "--encoders", "gpt2"], "--encoders gpt2: choose from bert,roberta,electra,deberta-v2,modernbert"),
+    (["conf/lora.yaml"], "conf/lora.yaml: a method YAML is found as Hydra finds it, in a folder named method/"),
+])
+def test_what_cannot_be_checked_is_one_line_and_exit_status_2(arguments, says, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(arguments)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"peltbench-check-method: error: {says}"), err
+
+
+def test_a_method_yaml_is_named_by_its_path_or_its_config_folder(tmp_path):
+    """`DIR/method/NAME.yaml`, `NAME --config-dir DIR` and `NAME hydra.searchpath=[file://DIR]` are the same method."""
+    (tmp_path / "method").mkdir()
+    (tmp_path / "method" / "mine.yaml").write_text(LORA_YAML)
+    by_path = parse([str(tmp_path / "method" / "mine.yaml"), "method.lora_rank=4"])
+    by_folder = parse(["mine", "--config-dir", str(tmp_path), "method.lora_rank=4"])
+    by_search = parse(["mine", f"hydra.searchpath=[file://{tmp_path}]", "method.lora_rank=4"])
+    assert by_path == by_folder == by_search
+    assert by_path.overrides() == ["method=mine", f"hydra.searchpath=[file://{tmp_path}]", "method.lora_rank=4"]
