@@ -10,7 +10,8 @@ inspected through peltbench's own code (the runner, the training loop, saving an
 of each supported family (peltbench.tiny: BERT, RoBERTa, DeBERTa-v3, ELECTRA, ModernBERT; hidden 32, 2 layers, O(1)
 weights, dropout 0.1, a tokenizer saved beside) and a small sentiment task (peltbench.tiny.write_sentiment_task):
 
-  trains    the train loss falls (the method's learning rate, `--lr` instead), and the tensors it trains move;
+  trains    the train loss falls (at the method's learning rate or 10 or 100 times it; `--lr` one rate instead), and
+            every tensor it trains moves;
   fused     a member's record (every epoch's train loss and dev score, its test scores) equals its run alone, fused
             with another seed of itself and with other methods (lora, adapter, prefix, bitfit), dropout on;
   slot      its initial weights do not depend on its slot in a group, nor on the members beside it;
@@ -23,8 +24,8 @@ weights, dropout 0.1, a tokenizer saved beside) and a small sentiment task (pelt
   reload    its saved weights reload (`peltbench.load_run`) and predict its test rows as the run did.
 
 One line per check, PASS or FAIL with its reason (SKIP where a check cannot apply: fine-tuning trains alone and trains
-the backbone); exit status 0 when every check passes, 1 when one fails, 2 for a METHOD or setting that cannot be
-checked (one line, before any model is built).
+the backbone); exit status 0 when no check fails, 1 when one fails, 2 for a METHOD or setting that cannot be checked
+(one line on stderr, before any run: docs/check-method.md).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ ABSOLUTE = 1e-6      # `fused`: dev and test scores; `reload`: test scores
 SCALE = 1e-5         # `backbone`: logits computed two ways, to this share of their scale
 TASK_ROWS = {"k": 32, "dev_size": 16}
 NAME_MAX = 255       # bytes of a file name (a run folder's), on the file systems peltbench runs on
+ALONE = "it trains alone (peltbench.fusion keeps it out of every group, as fine-tuning)"
 USAGE = "peltbench-check-method METHOD [method.KEY=VALUE ...] [--config-dir DIR | hydra.searchpath=[file://DIR]]"
 
 
@@ -237,7 +239,7 @@ def make_bench(encoder: str, root: Path, compose: Composer) -> Bench:
     data = root / "data"
     if not (data / "SST-2").is_dir():
         write_sentiment_task(data)
-    checkpoint = root / "encoders" / encoder
+    checkpoint = root / "tiny" / encoder  # model.name=tiny_<encoder> in the runs' folder names
     if not (checkpoint / "config.json").is_file():
         save_tiny_encoder(encoder, checkpoint, dropout=0.1)
     (root / "runs").mkdir(exist_ok=True)  # a new folder each time: no run is found done by an earlier check
@@ -259,8 +261,11 @@ class Subject:
     trained: dict | None = None     # the record of its run at its own learning rate in `trains`
 
 
-def fine_tuning(cfg: DictConfig) -> bool:
-    return "full" in cfg.method.components
+def trains_alone(subject: Subject) -> bool:
+    """Whether fusion keeps the method out of every group (fine-tuning: it trains the backbone itself)."""
+    from .fusion import group_key
+
+    return group_key(_fused_run(subject.cfg, subject.bench, "fused")) is None
 
 
 def check_trains(subject: Subject) -> tuple[str, str | None]:
@@ -314,7 +319,7 @@ def check_fused(subject: Subject) -> tuple[str, str | None]:
     cfgs = [_fused_run(cfg, bench, "fused") for cfg in (subject.cfg, _other_seed(subject), *_companions(subject))]
     group = next(group for group in plan_groups(cfgs) if 0 in group)
     if len(group) == 1:
-        raise Skip("it trains alone (peltbench.fusion.group_key: fine-tuning trains the backbone itself)")
+        raise Skip(ALONE)
     outcomes = run_group([cfgs[i] for i in group])
     bad = [(cfgs[i].method.name, o) for i, o in zip(group, outcomes) if o.status != "ok"]
     if bad:
@@ -337,8 +342,8 @@ def check_slot(subject: Subject) -> tuple[str, str | None]:
     from .saving import member_weights
 
     task, cfg = _task(subject.cfg), subject.cfg
-    if fine_tuning(cfg):
-        raise Skip("fine-tuning trains alone (a group cannot hold it)")
+    if trains_alone(subject):
+        raise Skip(ALONE)
     alone = group_model([cfg], task, _cpu())
     expected = {**member_weights(alone, 0, cfg.method, alone.config), **member_frozen(alone, 0, cfg.method)}
     others = _companions(subject)
@@ -366,8 +371,6 @@ def check_backbone(subject: Subject) -> tuple[str, str | None]:
     from .train import MemberAdamW
 
     cfg = subject.cfg
-    if fine_tuning(cfg):
-        raise Skip("fine-tuning trains the backbone itself")
     task = _task(cfg)
     plain = copy.deepcopy(cfg)
     plain.method = OmegaConf.create({"name": "no_components", "components": [], "head": "frozen", "lr": 0.0})
@@ -375,6 +378,8 @@ def check_backbone(subject: Subject) -> tuple[str, str | None]:
     beside = group_key(_fused_run(plain, subject.bench, "x")) == group_key(_fused_run(cfg, subject.bench, "x"))
     cfgs = [cfg, plain] if beside else [cfg]
     model = group_model(cfgs, task, _cpu())
+    if model.unstacked:
+        raise Skip(f"it trains the backbone's own tensors ({len(model.unstacked)} of them, as fine-tuning)")
     reference = load_backbone(str(cfg.model.name), task.num_labels, plain.model_seed).eval()
     differing = _differing_from_pretrained(model, reference)
     if differing:
@@ -787,7 +792,7 @@ def compose_method(request: Request, composer: Composer) -> DictConfig:
     (UserError: one line)."""
     from .config import check_config
 
-    cfg = composer(*request.overrides(), "task=sst2")
+    cfg = composer(f"method={request.method}", *request.settings, "task=sst2")  # the composer adds the search path
     check_config(cfg)
     return cfg
 
@@ -805,7 +810,9 @@ def check_fit(request: Request, bench: Bench) -> DictConfig:
     except UserError as error:
         raise UserError(f"method {cfg.method.name} does not fit the tiny {bench.encoder} encoder (hidden 32, 2 layers) "
                         f"the checks use: {error}; give method.KEY=VALUE settings that fit it") from None
-    folder = variant_name(cfg)
+    other = copy.deepcopy(cfg)
+    other.model_seed = 43  # _other_seed's, which its folder's name says
+    folder = max((variant_name(cfg), variant_name(other)), key=len)
     if len(folder.encode()) > NAME_MAX:
         raise UserError(f"method {cfg.method.name}: the checks' run folders would be named {folder[:60]}... "
                         f"({len(folder.encode())} bytes; a file system takes {NAME_MAX}): a method not packaged with "

@@ -76,29 +76,34 @@ LORA_SOURCE = Path(peltbench.methods.lora.__file__).read_text()
 LORA_YAML = (REPO / "conf" / "method" / "lora.yaml").read_text()
 
 
-def user_component(root: Path, monkeypatch, name: str, change: tuple[str, str] | None = None) -> Path:
-    """`peltbench/methods/lora.py` copied into the user's own module `name` (relative imports made absolute; `change`:
-    (text, replacement) applied once), and `root/conf/method/<name>.yaml`, lora.yaml naming it; returns the config
-    folder."""
+def user_component(root: Path, monkeypatch, name: str, change: tuple[str, str] | None = None,
+                   module: str | None = None) -> Path:
+    """`peltbench/methods/lora.py` copied into the user's own package, as module `mylab.<module>` (default: the method's
+    name; relative imports made absolute; `change`: (text, replacement) applied once), and
+    `root/conf/method/<name>.yaml`, lora.yaml naming it as `components: [mylab.<module>]`; returns the config folder."""
+    module = module or name
     source = LORA_SOURCE.replace("from ..architectures import", "from peltbench.architectures import")
     source = source.replace("from .base import", "from peltbench.methods.base import")
     if change is not None:
         assert source.count(change[0]) == 1, change[0]
         source = source.replace(*change)
-    (root / "code").mkdir(parents=True, exist_ok=True)
-    (root / "code" / f"{name}.py").write_text(source)
+    package = root / "code" / "mylab"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").touch()
+    (package / f"{module}.py").write_text(source)
     monkeypatch.syspath_prepend(str(root / "code"))
-    monkeypatch.delitem(sys.modules, name, raising=False)
-    module = importlib.import_module(name)
-    # Registered by hand until components named by their import path land (issue 45, items 1-2): then the YAML names
-    # the module (`components: [NAME]` with NAME importable) and these two lines go.
-    monkeypatch.setitem(COMPONENTS, name, module)
-    monkeypatch.setitem(peltbench_config.COMPONENT_SETTINGS, name, peltbench_config.COMPONENT_SETTINGS["lora"])
+    component = f"mylab.{module}"
+    for imported in ("mylab", component):  # another test's mylab, from its own folder
+        monkeypatch.delitem(sys.modules, imported, raising=False)
+    # Registered by hand until components named by their import path land (issue 45, items 1-2); then these two lines
+    # go, and peltbench imports `mylab.<name>` itself.
+    monkeypatch.setitem(COMPONENTS, component, importlib.import_module(component))
+    monkeypatch.setitem(peltbench_config.COMPONENT_SETTINGS, component, peltbench_config.COMPONENT_SETTINGS["lora"])
     folder = root / "conf" / "method"
     folder.mkdir(parents=True, exist_ok=True)
     yaml = re.sub(r"(?m)^name: lora$", f"name: {name}", LORA_YAML)
-    yaml = re.sub(r"(?m)^components: \[lora\]", f"components: [{name}]", yaml)
-    assert yaml.count(name) == 2
+    yaml = re.sub(r"(?m)^components: \[lora\]", f"components: [{component}]", yaml)
+    assert f"name: {name}\n" in yaml and f"components: [{component}]" in yaml
     (folder / f"{name}.yaml").write_text(yaml)
     return root / "conf"
 
@@ -106,7 +111,7 @@ def user_component(root: Path, monkeypatch, name: str, change: tuple[str, str] |
 def test_a_component_of_the_users_own_passes_every_check(tmp_path, monkeypatch, capsys):
     """LoRA copied into the user's own module, named by a method YAML in the user's config folder: the command passes
     it on a tiny BERT, one PASS line per check, exit status 0."""
-    conf = user_component(tmp_path, monkeypatch, "my_lora")
+    conf = user_component(tmp_path, monkeypatch, "my_lora", module="lora")
     with pytest.raises(SystemExit) as exit:
         main(["my_lora", "--config-dir", str(conf), "--encoders", "bert"])
     out = capsys.readouterr().out
@@ -160,7 +165,7 @@ def test_the_command_fails_a_host_tensor_naming_its_line_with_exit_status_1(tmp_
     out = capsys.readouterr().out
     assert exit.value.code == 1, out
     [failed] = [line for line in out.splitlines() if line.startswith("FAIL")]
-    assert failed.startswith(f"FAIL  {named}") and f"{tmp_path}/code/b_host.py:" in failed, out
+    assert failed.startswith(f"FAIL  {named}") and f"{tmp_path}/code/mylab/b_host.py:" in failed, out
     assert "a tensor on the host (shape (32,)" in failed and "torch.ones(rows.shape[-1])" in failed
     assert out.splitlines()[-1].startswith("7 checks: 6 passed, 1 failed, 0 skipped"), out
 
