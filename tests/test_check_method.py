@@ -31,6 +31,8 @@ QUICK = ("slot", "backbone", "count")
 FUSED_APART = {  # FourierFT fused beside other methods drifts from its run alone beyond rounding: issue 48, item 6
     "fourierft": "issue 48 item 6: FourierFT fused with another method differs from its run alone (2.7e-7 at step 0, "
                  "amplified by training)",
+    "prompt": "found by this check: on DeBERTa-v3 at its lr 0.3 (a rising loss, 3.0 after 16 steps) its epoch-4 train "
+              "loss fused beside another prompt run differs by 1.8e-5 of it from its run alone (2.989788 / 2.989735)",
 }
 
 
