@@ -597,13 +597,13 @@ def on_a_gpu():
     import torch
 
     from . import runner
-    from .devicecheck import DeviceCheck
+    from .devicecheck import MODEL_DEVICE, DeviceCheck
 
     saved = runner.resolve_device, runner.group_settings
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
+    if device == "cpu":  # the runs on the device the net calls the model's (cpu:0; "cpu" is the host there)
         settings = runner.group_settings
-        runner.resolve_device = lambda cfg, training=True: (torch.device("cpu"), True)
+        runner.resolve_device = lambda cfg, training=True: (MODEL_DEVICE, True)
         runner.group_settings = lambda *args, shapes_for=None, **kwargs: settings(*args, shapes_for="cuda", **kwargs)
     try:
         with DeviceCheck() as check:
