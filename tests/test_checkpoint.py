@@ -9,8 +9,11 @@ timer. The command end to end (exit status, a real SIGTERM and kill -9): the tes
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,8 +66,15 @@ def comparable(record: dict) -> dict:
 
 
 def records(results: Path) -> dict[str, dict]:
-    return {str(path.parent.relative_to(results)): comparable(json.loads(path.read_text()))
-            for path in sorted(results.rglob("result.json"))}
+    """Each run's record (`comparable`) and its metrics.csv (the default logger's; less each epoch's seconds)."""
+    found = {}
+    for path in sorted(results.rglob("result.json")):
+        metrics = path.with_name("metrics.csv")
+        rows = list(csv.DictReader(metrics.open())) if metrics.exists() else None
+        found[str(path.parent.relative_to(results))] = {
+            **comparable(json.loads(path.read_text())),
+            "metrics.csv": [{key: value for key, value in row.items() if key != "epoch_seconds"} for row in rows or []]}
+    return found
 
 
 def signal_at_step(monkeypatch, step: int, signum: int = signal.SIGINT) -> None:
@@ -125,7 +135,7 @@ def test_every_method_stopped_inside_an_epoch_resumes_to_its_uninterrupted_recor
     [resumed] = run_group([config("stopped")])
     assert trained == list(range(STOP_AT.get(method, 5) + 1, 8))  # on from the step after the stop, to the 8th
     assert resumed.status == reference.status == "ok" and not resumed.skipped
-    assert comparable(resumed.record) == comparable(reference.record)
+    assert records(tmp_path / "stopped") == records(tmp_path / "whole")  # metrics.csv too
     assert not (folder / checkpoints.NAME).exists()  # gone with the record
 
 
@@ -251,3 +261,140 @@ def test_a_group_killed_resumes_from_its_last_checkpoint(where, whole_small_grou
     assert records(tmp_path) == whole_small_group
     assert not list(tmp_path.rglob(f"{checkpoints.TEMPORARY}*")) and folders_with_checkpoints(tmp_path) == []
     assert sum(not outcome.skipped for outcome in outcomes) >= 1
+
+
+def test_a_halving_group_of_prompt_runs_stopped_after_a_rung_resumes_to_its_records(tmp_path, monkeypatch):
+    """Successive halving (η = 2: rungs after epochs 1 and 2) in a group of prompt-tuning runs (prompts fuse with their
+    own length only): stopped in epoch 2, after rung 1 pruned half of them; the ledger's decisions and the pruned
+    runs' records stay, and the rest go on to the records of the group never stopped."""
+    from conftest import save_tiny_encoder, write_glue
+
+    model, glue = save_tiny_encoder("bert", tmp_path / "model", dropout=0.1), write_glue(tmp_path / "glue")
+
+    def grid(results: Path) -> list:
+        return [compose_config("method=prompt", f"method.lr={lr}", "task=rte", f"model.name={model}",
+                               f"data.dir={glue}", f"results_dir={results}", "k=16", "dev_size=20",
+                               "train.batch_size=4", "train.epochs=3", "train.patience=null", "fuse=true", "halving=2",
+                               f"seed={seed}")
+                for lr in ("1e-3", "3e-2") for seed in (111, 222)]
+
+    whole = run_group(grid(tmp_path / "whole"))
+    assert sorted(outcome.status for outcome in whole) == ["ok", "ok", "pruned", "pruned"]
+    signal_at_step(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        run_group(grid(tmp_path / "stopped"))
+    assert [record["status"] for record in records(tmp_path / "stopped").values()] == ["pruned", "pruned"]
+    trained = run_again(monkeypatch)
+    run_group(grid(tmp_path / "stopped"))
+    assert trained[0] == 6 and records(tmp_path / "stopped") == records(tmp_path / "whole")
+    ledger = lambda results: json.loads(next((results / ".halving").glob("*.json")).read_text())["rungs"]
+    assert ledger(tmp_path / "stopped") == ledger(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("why", ["damaged", "another config", "another training code"])
+def test_a_checkpoint_that_no_longer_matches_its_run_is_refused_in_one_line_and_the_run_starts_over(
+        why, tiny_checkpoint, glue_dir, tmp_path, monkeypatch, caplog):
+    def config(where: str):
+        return compose_config(*overrides(tiny_checkpoint, glue_dir, tmp_path / where, "lora"))
+
+    run_group([config("whole")])
+    signal_at_step(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        run_group([config("stopped")])
+    [folder] = folders_with_checkpoints(tmp_path / "stopped")
+    path = folder / checkpoints.NAME
+    if why == "damaged":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        expected = rf"^{path} is damaged \(.*\): lora\S* starts over$"
+    elif why == "another config":
+        payload = torch.load(path, weights_only=True)
+        payload["members"][0]["config_hash"] = "0" * 12
+        torch.save(payload, path)
+        expected = rf"^{path} is of another config \(config hash 000000000000, this run's \w+\): lora\S* starts over$"
+    else:
+        monkeypatch.setattr(checkpoints, "training_code", lambda: "another")
+        expected = (rf"^{path} was written by peltbench \S+ whose training code differs from this one's \(digest \w+, "
+                    rf"now another\): lora\S* starts over$")
+    trained = run_again(monkeypatch)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="peltbench"):
+        [outcome] = run_group([config("stopped")])
+    [line] = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert re.match(expected, line), line
+    assert trained == list(range(8)) and outcome.status == "ok"  # from the start
+    assert records(tmp_path / "stopped") == records(tmp_path / "whole")
+
+
+def test_checkpoints_come_every_checkpoint_every_minutes_and_not_at_all_with_null(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(checkpoints.time, "monotonic", lambda: clock[0])
+    every = checkpoints.Checkpointer([], [], 10, lambda: [])
+    never = checkpoints.Checkpointer([], [], None, lambda: [])
+    clock[0] += 599
+    assert not every.due() and not never.due()
+    clock[0] += 1
+    assert every.due() and not never.due()
+    every.save(lambda: {}, {"steps": 1, "members": []})  # no run folder to write (every run has left): a no-op
+    assert not every.due()
+
+
+def test_the_optimisers_state_is_read_whole_whatever_it_holds():
+    """MemberAdamW.state() keeps every tensor, array and plain value it and its banks hold but the parameters and
+    views (so state added to the optimiser later is kept without naming it), and restore() puts it back in place."""
+    from peltbench.methods import build_pelt_model
+    from peltbench.packaged import packaged_config
+    from peltbench.train import MemberAdamW
+    from conftest import tiny_backbone
+
+    import numpy as np
+
+    model = build_pelt_model(tiny_backbone(), packaged_config("method/lora.yaml"), 42)
+    optimizer = MemberAdamW(model)
+    bank = optimizer.banks[0]
+    bank.step_counts = np.arange(3)  # state a later version might add, under a name nothing here knows
+    optimizer.per_member = {"steps": [1, 2]}
+    bank.exp_avg.normal_()
+    state = optimizer.state()
+    assert set(state["banks"][0]) >= {"exp_avg", "exp_avg_sq", "step_counts"}
+    assert "spans" not in state["banks"][0] and "params" not in state["banks"][0]  # gradients between steps, parameters
+    assert state["optimizer"]["per_member"] == {"steps": [1, 2]}
+    saved = torch.save(state, buffer := io.BytesIO()) or torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    again = MemberAdamW(model)
+    again.banks[0].step_counts = np.zeros(3, dtype=np.int64)
+    again.restore(saved)
+    assert torch.equal(again.banks[0].exp_avg, bank.exp_avg) and again.banks[0].step_counts.tolist() == [0, 1, 2]
+    assert again.per_member == {"steps": [1, 2]}
+
+
+def test_adalora_budget_state_round_trips():
+    """AdaLoRA's importance (both EMAs) and masks, after steps inside its budgeting phase, put back into a fresh
+    model: the same scores, and the same masks after the next steps."""
+    from peltbench.methods import build_pelt_model, component_state, plan_training, restore_components
+    from peltbench.packaged import packaged_config
+    from conftest import tiny_backbone
+
+    def built():
+        model = build_pelt_model(tiny_backbone(), packaged_config("method/adalora.yaml"), 42)
+        plan_training(model, [40])
+        return model
+
+    def steps(model, first, count):
+        generator = torch.Generator().manual_seed(first)
+        for step in range(first, first + count):
+            for parameter in model.adalora.parameters():
+                parameter.grad = torch.randn(parameter.shape, generator=generator)
+            model.adalora.after_step(step, [0])
+
+    model = built()
+    steps(model, 0, 10)  # t_i = 6: importance from step 0, masks from step 7
+    saved = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True) if torch.save(
+        component_state(model), buffer := io.BytesIO()) is None else None
+    copy = built()
+    with torch.no_grad():
+        for theirs, mine in zip(model.adalora.parameters(), copy.adalora.parameters()):
+            mine.copy_(theirs)
+    restore_components(copy, saved)
+    assert torch.equal(copy.adalora.scores(), model.adalora.scores())
+    steps(model, 10, 3)
+    steps(copy, 10, 3)
+    assert torch.equal(copy.adalora.kept, model.adalora.kept) and copy.adalora.kept.sum() < model.adalora.kept.numel()
