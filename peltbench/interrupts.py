@@ -27,6 +27,7 @@ _received = False
 _signal = signal.SIGINT  # the last stop signal received: what the command's line and exit status say
 _deferring = 0           # > 0 while a training loop stops at its next step boundary (`step_boundaries`)
 _pending: tuple[int, Callable[[int], None]] | None = None  # a signal waiting there, and what it asks for then
+STOPS = "the command stops"
 
 
 def catch_ctrl_c() -> None:
@@ -58,7 +59,7 @@ def exit_status() -> int:
 def _handler(signum, frame) -> None:
     global _received, _signal
     _received, _signal = True, signum
-    if not _defer(signum, _stop_command):
+    if not _defer(signum, _stop_command, STOPS):
         raise KeyboardInterrupt
 
 
@@ -66,25 +67,24 @@ def _stop_command(signum: int) -> None:
     raise KeyboardInterrupt
 
 
-def at_step_boundary(signum: int, then: Callable[[int], None]) -> None:
+def at_step_boundary(signum: int, then: Callable[[int], None], after: str) -> None:
     """Handle `signum` at the training loop's next step boundary, after a checkpoint: `then(signum)` runs there (it
-    may raise or exit; if it returns, training goes on). Outside training `then` runs at once. For a SLURM job's
-    USR2 and SIGTERM (peltbench_slurm)."""
+    may raise or exit; if it returns, training goes on); `after` says what it does, for the log. Outside training
+    `then` runs at once. For a SLURM job's USR2 and SIGTERM (peltbench_slurm)."""
     def handler(signum, frame) -> None:
-        if not _defer(signum, then):
+        if not _defer(signum, then, after):
             then(signum)
     signal.signal(signum, handler)
 
 
-def _defer(signum: int, then: Callable[[int], None]) -> bool:
+def _defer(signum: int, then: Callable[[int], None], after: str) -> bool:
     """Leave the signal to the next step boundary, if a training loop is running and the same signal is not already
     waiting there (Ctrl-C twice: at once). Another signal replaces what the waiting one asks for."""
     global _pending
     if not _deferring or (_pending is not None and _pending[0] == signum):
         return False
-    if _pending is None:
-        again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
-        log.warning("%s: stopping after this training step, once a checkpoint is written%s", _name(signum), again)
+    again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
+    log.warning("%s: a checkpoint at the end of this training step, then %s%s", _name(signum), after, again)
     _pending = (signum, then)
     return True
 

@@ -39,7 +39,8 @@ from .interrupts import interrupted
 from .halving import Halving, ledger_path, pruned_record
 from .protocols import protocol_name
 from .tasks import TaskSpec
-from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit, predicted
+from .train import (EvaluationSet, GroupSettings, Member, MemberResult, ResumeError, TrainSettings, evaluate, fit,
+                    predicted)
 
 log = logging.getLogger("peltbench")
 DROPOUT = "per-run"  # how dropout masks are drawn (methods/randomness.py; docs/record.md `dropout`)
@@ -442,13 +443,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         model = group_model([run.cfg for run in runs], task, device)
     except Exception as error:  # a member the group cannot be built with fails alone; the others train without it
         if resume is not None and not interrupted():  # the group it was cannot be built now: start over without it
-            log.warning("cannot rebuild the group of checkpoint %s (%s): its runs start over", resume.where,
-                        (str(error).strip().splitlines() or [type(error).__name__])[0])
-            mine = [run for run in runs if not run.replay]
-            for run in mine:
-                checkpoints.remove(run.path.parent)
-                run.resumed = None
-            _train_group(mine, task, device, bf16, pad_id, outcomes)
+            _start_over(runs, resume, error, task, device, bf16, pad_id, outcomes)
             return
         if len(runs) == 1 or interrupted():
             raise
@@ -509,9 +504,28 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         with kept_memory(device):  # a CPU keeps freed memory for the next step (peltbench.allocator)
             fit(model, [run.member for run in runs], task, group, on_done, on_epoch,
                 halving=Halving([ledger_entry(run) for run in runs]), checkpoint=checkpoint)
+    except ResumeError as error:  # before any step: no record is written yet
+        for run in runs:
+            run.logger.close(failed=True)
+        del model
+        _start_over(runs, resume, error, task, device, bf16, pad_id, outcomes)
+        return
     finally:
         for run in runs:
             run.logger.close(failed=id(run) not in outcomes or outcomes[id(run)].status not in ("ok", "pruned"))
+
+
+def _start_over(runs: list[_Run], resume: checkpoints.Resumed, error: BaseException, task: TaskSpec,
+                device: torch.device, bf16: bool, pad_id: int, outcomes: dict[int, Outcome]) -> None:
+    """A checkpoint's group that cannot be built or put back now: one line, and this job's runs start over."""
+    log.warning("%s cannot resume its group (%s): its runs start over", resume.where,
+                (str(error).strip().splitlines() or [type(error).__name__])[0])
+    mine = [run for run in runs if not run.replay]
+    for run in mine:
+        checkpoints.remove(run.path.parent)
+        run.resumed = run.checkpoint = None
+        run.member.wanted = True
+    _train_group(mine, task, device, bf16, pad_id, outcomes)
 
 
 def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -> Outcome:

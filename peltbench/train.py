@@ -139,6 +139,10 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
     Training(model, members, task, group, on_done, on_epoch, halving, checkpoint).run()
 
 
+class ResumeError(Exception):
+    """A checkpoint's state that cannot be put back into its group (raised before any step: the group starts over)."""
+
+
 @dataclass
 class _Period:
     """The evaluation period in progress: each step's losses so far (on the device), rows, and the seconds of its
@@ -175,7 +179,10 @@ class Training:
         self.current = _Period()
         self._started = 0.0   # when this job began the period in progress (perf_counter)
         if checkpoint is not None and checkpoint.resume is not None:
-            self.restore(checkpoint.resume)
+            try:
+                self.restore(checkpoint.resume)
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as error:
+                raise ResumeError(f"its state does not fit this group ({error})") from error
 
     def run(self) -> None:
         members, group = self.members, self.group
