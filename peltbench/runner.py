@@ -524,7 +524,7 @@ def _start_over(runs: list[_Run], resume: checkpoints.Resumed, error: BaseExcept
     for run in mine:
         checkpoints.remove(run.path.parent)
         run.resumed = run.checkpoint = None
-        run.member.wanted = True
+        run.member.reset()
     _train_group(mine, task, device, bf16, pad_id, outcomes)
 
 

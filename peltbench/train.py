@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -93,6 +93,12 @@ class Member:
     error: str | None = None  # why it stopped without a result (a non-finite loss)
     test_rows: np.ndarray | None = None  # the official dev rows of `test` when it is a part of them (full_halves)
     wanted: bool = True  # False: it trains only so that its group computes what it did (a resumed group's done run)
+
+    def reset(self) -> None:
+        """Back to before training (MEMBER_PROGRESS at their defaults): a group that could not resume starts over."""
+        for item in fields(self):
+            if item.name in MEMBER_PROGRESS:
+                setattr(self, item.name, item.default_factory() if item.default is MISSING else item.default)
 
 
 @dataclass
