@@ -294,12 +294,27 @@ class Training:
             "period": {"losses": torch.stack(current.losses) if current.losses else None, "rows": list(current.rows),
                        "seconds": current.seconds + (time.perf_counter() - self._started if current.rows else 0.0)},
             "members": [{key: getattr(member, key) for key in MEMBER_PROGRESS} for member in self.members],
-            "parameters": {name: parameter.detach() for name, parameter, _, _ in self.model.member_parameters()},
+            "parameters": self._trained_tensors(),
             "optimizer": self.optimizer.state(),
             "components": component_state(self.model),
             "data": self.data.state(),
             "random": random_state(self.group.device),
         }
+
+    def _trained_tensors(self) -> dict:
+        """The trained parameters: a backbone weight (fine-tuning) as it is, a member-stacked one as the slots some
+        member trains ({slots, values}, a copy of those slots): the others hold what the model was built with and
+        never change (no step updates a slot its member does not train), so the checkpoint leaves them out (in a
+        mixed group, each component's tensors have a slot for every member)."""
+        tensors = {}
+        for name, parameter, flags, stacked in self.model.member_parameters():
+            if not stacked:
+                tensors[name] = parameter.detach()
+                continue
+            slots = [m for m, trains in enumerate(flags) if trains]
+            tensors[name] = {"slots": slots, "values": parameter.detach()[slots] if len(slots) < len(flags)
+                             else parameter.detach()}
+        return tensors
 
     @torch.no_grad()
     def restore(self, state: dict) -> None:
@@ -320,7 +335,12 @@ class Training:
         if set(parameters) != set(state["parameters"]):
             raise ValueError("the checkpoint's trained tensors are not this group's")
         for name, parameter in parameters.items():
-            parameter.copy_(state["parameters"][name])
+            saved = state["parameters"][name]
+            if isinstance(saved, dict):  # the slots some member trains
+                slots = torch.tensor(saved["slots"], device=parameter.device)
+                parameter.index_copy_(0, slots, saved["values"].to(parameter.device, parameter.dtype))
+            else:
+                parameter.copy_(saved)
         self.optimizer.restore(state["optimizer"])
         restore_components(self.model, state["components"])
         self.data.restore(state["data"])

@@ -52,7 +52,7 @@ def case(name: str, args, device, bf16, tokenizer, task) -> dict:
             sync(device)
             started = time.perf_counter()
             _train_steps(model, members, active, task, settings, training.optimizer, training.clip, training.data,
-                         step, 1, training.current)
+                         step, 1)
             sync(device)
             steps.append(time.perf_counter() - started)
         for m in active:  # each member has a best state, as after its first dev evaluation
