@@ -138,6 +138,8 @@ SETTINGS: dict[str, Rule] = {
     "train.max_length": POSITIVE_INT,
     "train.grad_clip": (_positive_number, "must be a positive number (the gradient-norm limit)"),
     "train.eval_batch_size": POSITIVE_INT,
+    "train.checkpoint_every": (lambda v: v is None or _positive_number(v),
+                               "must be a positive number of minutes, or null: no checkpoints on a timer"),
     "results_dir": (_text, "must be a directory"),
     "device": (lambda v: isinstance(v, str) and DEVICE.fullmatch(v) is not None,
                "must be auto, cpu, cuda, cuda:N or mps"),

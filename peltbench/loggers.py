@@ -7,7 +7,10 @@ The training loop opens one RunLogger per run (in fused training, one per member
                                  "gate_adapter": ...})
         logger.log_test({"test_accuracy": ..., "dev_best_accuracy": ..., "best_epoch": 7}, epoch=7)
     # leaving the `with` closes it; an exception closes it as failed (MLflow and W&B mark the run so); a run stopped
-    # by Ctrl-C or SIGTERM, which writes no record, removes what its loggers wrote beside it (logger.discard())
+    # by Ctrl-C or SIGTERM, which writes no record, removes what its loggers wrote beside it (logger.discard()),
+    # unless a checkpoint goes on from it: then `logger.state()` is in the checkpoint, and
+    # open_logger(..., resume=state) goes on where it was (metrics.csv cut back to it, TensorBoard's later steps
+    # purged, the same MLflow or W&B run)
 
 A None metric is left out (an empty cell in CSV). Each logger imports its library when it is opened, so importing
 this module costs nothing. A logger fails before the model loads, or not at all: a missing library is reported when
@@ -68,6 +71,11 @@ class RunLogger:
             for name, backend in list(self.backends.items()):
                 self._call(name, backend.close, failed)
 
+    def state(self) -> dict:
+        """What a checkpoint keeps of the loggers: the last step logged and each logger's own (open_logger(resume=))."""
+        return {"last_epoch": self.last_epoch,
+                "backends": {name: backend.state() for name, backend in self.backends.items() if hasattr(backend, "state")}}
+
     def discard(self) -> None:
         """The run was stopped (Ctrl-C, SIGTERM) and writes no record: remove what the loggers wrote beside it (a
         partial metrics.csv would pass for a run's), closing them first. A service's run (MLflow, W&B) stays, marked
@@ -92,9 +100,9 @@ class RunLogger:
         self.close(failed=error is not None)
 
 
-def open_logger(cfg: DictConfig, run_dir: Path, run_name: str) -> RunLogger:
+def open_logger(cfg: DictConfig, run_dir: Path, run_name: str, resume: dict | None = None) -> RunLogger:
     """The loggers `cfg.logger` chooses, opened for the run whose record lives in `run_dir` (one that cannot open is
-    left out with a warning).
+    left out with a warning); `resume`: a RunLogger.state() from a checkpoint, where they go on from.
 
     run_name names the run where several share one place (a TensorBoard folder, an MLflow experiment, a W&B
     project), e.g. `adapter,bottleneck=256/rte/k100/seed111`.
@@ -106,11 +114,18 @@ def open_logger(cfg: DictConfig, run_dir: Path, run_name: str) -> RunLogger:
     backends = {}
     for name, settings in (chosen or {}).items():
         try:
-            backends[name] = BACKENDS[name](settings, cfg, run_dir, run_name)
+            if resume is None:
+                backends[name] = BACKENDS[name](settings, cfg, run_dir, run_name)
+            else:
+                backends[name] = BACKENDS[name](settings, cfg, run_dir, run_name,
+                                                resume={"last_epoch": resume["last_epoch"],
+                                                        **resume["backends"].get(name, {})})
         except Exception as error:  # e.g. a server that stopped answering since start-up
             log.warning("logger %s could not start for %s and is left out; the run goes on: %s", name, run_name,
                         _first_line(error))
-    return RunLogger(backends, run_name)
+    logger = RunLogger(backends, run_name)
+    logger.last_epoch = resume["last_epoch"] if resume else 0
+    return logger
 
 
 def check_can_start(logger: DictConfig | None) -> None:
@@ -164,10 +179,16 @@ class CsvLogger:
     Rewritten whole at each call (a few dozen rows), so a column first seen late gets a header and a reader never
     sees half a row."""
 
-    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
+    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str,
+                 resume: dict | None = None) -> None:
         self.path = run_dir / "metrics.csv"
-        self.rows: list[dict[str, object]] = []
+        self.rows: list[dict[str, object]] = [dict(row) for row in (resume or {}).get("rows", [])]
         self.unit = step_unit(cfg)  # the first column: `epoch`, or `step` when dev is evaluated every N steps
+        if resume is not None:  # rows logged after the checkpoint (a job killed later) go
+            self._write()
+
+    def state(self) -> dict:
+        return {"rows": [dict(row) for row in self.rows]}
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         self.rows.append({self.unit: epoch, **metrics})
@@ -200,13 +221,17 @@ class CsvLogger:
 class TensorBoardLogger:
     """Scalars per epoch (step = epoch) and the result at the best epoch; the run's config as text."""
 
-    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
+    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str,
+                 resume: dict | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         folder = run_dir / "tensorboard" if settings.save_dir is None else Path(settings.save_dir).expanduser() / run_name
+        self.folder = folder
+        if resume is not None:  # the same curves, what was logged after the checkpoint hidden (TensorBoard's purge)
+            self.writer = SummaryWriter(log_dir=str(folder), purge_step=int(resume["last_epoch"]) + 1)
+            return
         for stale in folder.glob("events.out.tfevents.*"):  # a rerun of a failed run replaces its curves
             stale.unlink()
-        self.folder = folder
         self.writer = SummaryWriter(log_dir=str(folder))
         self.writer.add_text("config", "    " + OmegaConf.to_yaml(_without_hydra(cfg)).replace("\n", "\n    "))
 
@@ -235,7 +260,8 @@ class MlflowLogger:
     of a fused sweep log side by side. The run's settings are its params; metrics have step = epoch (the result: the
     best epoch); at the end the run's record and metrics.csv are its artifacts."""
 
-    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
+    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str,
+                 resume: dict | None = None) -> None:
         # MLflow 3 refuses its file store unless told it is wanted; the file store is what needs no server.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient
@@ -243,6 +269,10 @@ class MlflowLogger:
 
         self.client = MlflowClient(tracking_uri=_tracking_uri(str(settings.tracking_uri)))
         self.run_dir = run_dir
+        if resume is not None and resume.get("run_id"):  # the same MLflow run, running again (steps after the
+            self.run_id = resume["run_id"]               # checkpoint are logged again, with the same values)
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
         experiment = self._experiment(str(settings.experiment_name))
         run = self.client.create_run(experiment, run_name=run_name, tags={"peltbench.run_dir": str(run_dir.absolute())})
         self.run_id = run.info.run_id
@@ -260,6 +290,9 @@ class MlflowLogger:
             return self.client.create_experiment(name)
         except MlflowException:  # another process created it just now
             return self.client.get_experiment_by_name(name).experiment_id
+
+    def state(self) -> dict:
+        return {"run_id": self.run_id}
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -288,14 +321,20 @@ class WandbLogger:
     """One W&B run per peltbench run (several may be open at once), its files under <run folder>/wandb; metrics
     per epoch with step = epoch, the test metrics in the run's summary."""
 
-    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str) -> None:
+    def __init__(self, settings: DictConfig, cfg: DictConfig, run_dir: Path, run_name: str,
+                 resume: dict | None = None) -> None:
         import wandb
 
+        again = {"id": resume["run_id"], "resume": "allow"} if resume and resume.get("run_id") else {}
         self.run = wandb.init(
             project=settings.project, entity=settings.entity, group=settings.group, tags=list(settings.tags),
             mode=settings.mode, name=run_name, dir=str(run_dir), config=run_params(cfg), reinit="create_new",
             settings=wandb.Settings(console="off", quiet=True),  # peltbench's own log says what happens
+            **again,  # a checkpoint's run goes on (W&B ignores steps it has: those after the checkpoint)
         )
+
+    def state(self) -> dict:
+        return {"run_id": self.run.id}
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=epoch)

@@ -40,6 +40,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from . import UserError
+from .checkpoint import progress_of
 from .claim import describe, live_claim
 from .config import check_config
 from .interrupts import stopped_by
@@ -144,15 +145,23 @@ def record_states(cfgs: Sequence[DictConfig | Plain]) -> list[str]:
 
 def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
     """The line Ctrl-C (or SIGTERM) ends a run or sweep with (exit status 130, 143): how many of its runs are done,
-    read from their records. A run stopped while training wrote no record (the members of its fused group that
-    finished first did), and released its claim (peltbench.claim): the same command runs what is not done."""
-    done = sum(state == "done" for state in record_states(cfgs))
+    read from their records, and how many can go on from a checkpoint. A run stopped while training wrote no record
+    (the members of its fused group that finished first did) but a checkpoint (peltbench.checkpoint), and released its
+    claim (peltbench.claim): the same command runs what is not done, from where it stopped."""
+    runs = record_runs(cfgs)
+    done = sum(run.state == "done" for run in runs)
+    resumable = [run.error for run in runs if run.state == "missing" and (run.error or "").startswith("resumable")]
     how = stopped_by()
     if not sweep:
-        return (f"{how} after the run finished (its record is written)" if done else
-                f"{how}: the run did not finish and wrote no record; rerun the same command to run it")
+        if done:
+            return f"{how} after the run finished (its record is written)"
+        if resumable:
+            return (f"{how}: the run did not finish; its checkpoint is written, at {resumable[0].removeprefix('resumable, ')}:"
+                    f" rerun the same command to go on from it")
+        return f"{how}: the run did not finish and wrote no record; rerun the same command to run it"
+    going_on = f"; {len(resumable)} of them go on from a checkpoint" if resumable else ""
     return (f"{how}: {done} of {len(cfgs)} runs done, {len(cfgs) - done} not done; rerun the same command to "
-            f"run them (done runs are skipped)")
+            f"run them (done runs are skipped{going_on})")
 
 
 def compose_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]],
@@ -375,6 +384,8 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
         run.state, run.error = "running", describe(holder)
     elif record is not None:
         run.state, run.error = "failed", record.get("error")
+    else:
+        run.error = progress_of(path.parent, label)  # `resumable, epoch 12 of 50`: a checkpoint goes on from there
     return run
 
 

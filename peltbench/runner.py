@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
+from . import checkpoint as checkpoints
 from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit, few_shot_warning
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
 from .methods import (added_tokens, build_pelt_model, count_method, layout_key, load_member_head, load_member_state,
@@ -38,7 +39,8 @@ from .interrupts import interrupted
 from .halving import Halving, ledger_path, pruned_record
 from .protocols import protocol_name
 from .tasks import TaskSpec
-from .train import EvaluationSet, GroupSettings, Member, MemberResult, TrainSettings, evaluate, fit, predicted
+from .train import (EvaluationSet, GroupSettings, Member, MemberResult, ResumeError, TrainSettings, evaluate, fit,
+                    predicted)
 
 log = logging.getLogger("peltbench")
 DROPOUT = "per-run"  # how dropout masks are drawn (methods/randomness.py; docs/record.md `dropout`)
@@ -129,6 +131,9 @@ class _Run:
     record: dict | None = None
     logger: RunLogger | None = None
     held: Claim | None = None  # this process's claim on the run, while it trains
+    replay: bool = False  # a member of a resumed group that trains along only (its record exists, or not this job's)
+    resumed: dict | None = None  # what its group's checkpoint kept for it (runs_state: its loggers, when it started)
+    checkpoint: checkpoints.Checkpointer | None = None  # its group's, while it trains
 
     @classmethod
     def prepare(cls, cfg: DictConfig, results_dir: Path) -> _Run:
@@ -165,6 +170,7 @@ class _Run:
                 log.info("skip: %s is being run by another process (%s)", self.path.parent, holder)
                 return Outcome("running", error=RuntimeError(f"being run by another process ({holder})"))
             self.held = claims.enter_context(claim)
+            checkpoints.clean(self.path.parent)  # a checkpoint write that was killed
             self.finished = self.done(say=False)  # written by whoever held the claim until now?
         if self.finished is None:
             log.info("run: %s", self.path.parent)
@@ -174,6 +180,7 @@ class _Run:
             return None
         _release(self)  # finished by whoever held the claim until now
         drop_dead_claim(self.path)
+        checkpoints.remove(self.path.parent)  # a done run's: left by a process killed as it wrote the record
         if self.finished.get("status") == "pruned":
             log.info("skip: %s was pruned at rung %s (halving; halving=null trains it fully)", self.path.parent,
                      (self.finished.get("pruned") or {}).get("rung"))
@@ -218,6 +225,11 @@ def _train(runs: list[_Run]) -> list[Outcome]:
             except UserError as error:  # bad input (a data file, k beyond the rows): no record, as before a run
                 outcomes[id(run)] = Outcome("error", error=error)
                 _abandon(run)
+        resumed = _resumed_groups(ready, task, tokenizer, model_config)
+        for group_runs, resume in resumed:
+            _train_group(group_runs, task, device, bf16, tokenizer.pad_token_id, outcomes, resume)
+        going_on = {id(run) for group_runs, _ in resumed for run in group_runs}
+        ready = [run for run in ready if id(run) not in going_on]
         longest = max((len(ids) for run in ready for ids in run.member.train.input_ids), default=0)
         cap = memory_cap([run.cfg for run in ready], task, device, bf16, longest) if ready else 1
         for start in range(0, len(ready), cap):
@@ -235,6 +247,44 @@ def _train(runs: list[_Run]) -> list[Outcome]:
             if id(run) not in outcomes:
                 outcomes[id(run)] = _failed(run, error, trace)
     return [outcomes[id(run)] for run in runs]
+
+
+def _resumed_groups(ready: list[_Run], task: TaskSpec, tokenizer, model_config) -> list[tuple[list[_Run], object]]:
+    """The groups that go on from a checkpoint (peltbench.checkpoint.resumable), each as it was: its members in its
+    order, the ones not among `ready` (done since, or not this job's) as runs that train along only (`replay`)."""
+    groups = []
+    for resumed in checkpoints.resumable([(run.path.parent, run.digest, run.label) for run in ready]):
+        mine = [ready[index] for index in resumed.runs.values()]
+        try:
+            runs = []
+            for position, member in enumerate(resumed.members):
+                run = ready[resumed.runs[position]] if position in resumed.runs else \
+                    _replay(member, mine[0].path.parents[4], task, tokenizer, model_config)
+                run.resumed = resumed.payload["runs"][position]
+                runs.append(run)
+        except (UserError, KeyError, ValueError, TypeError) as error:  # a member's data or config is not there now
+            log.warning("cannot rebuild the group of checkpoint %s (%s): its runs start over", resumed.where, error)
+            for run in mine:
+                checkpoints.remove(run.path.parent)
+            continue
+        along = sum(run.replay for run in runs)
+        what = mine[0].label if len(runs) == 1 else f"a fused group of {len(runs)} runs ({len(mine)} of this job's)"
+        log.info("resume: %s from its checkpoint at %s%s", what, resumed.line(),
+                 f"; {along} of them (done since, or not this job's) train along again, writing nothing" if along else "")
+        groups.append((runs, resumed))
+    return groups
+
+
+def _replay(member: dict, results_dir: Path, task: TaskSpec, tokenizer, model_config) -> _Run:
+    """A member of a resumed group that this job does not record: it trains along so that the group computes what it
+    did (its record exists by now, or another job has it)."""
+    cfg = OmegaConf.create(member["config"])
+    run = _Run(cfg, record_path(cfg, results_dir), member["config_hash"], None, replay=True,
+               record=_identity(cfg, member["config_hash"]))
+    check_model_fit(cfg, model_config)
+    run.member, _ = prepare_member(cfg, task, tokenizer, run.label)
+    run.member.wanted = False
+    return run
 
 
 def prepare_member(cfg: DictConfig, task: TaskSpec, tokenizer, name: str) -> tuple[Member, dict]:
@@ -381,14 +431,20 @@ def group_settings(cfg: DictConfig, model, pad_id: int, device: torch.device, bf
 
 
 def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: bool, pad_id: int,
-                 outcomes: dict[int, Outcome]) -> None:
-    runs = sorted(runs, key=lambda run: layout_key(run.cfg.method))
+                 outcomes: dict[int, Outcome], resume: checkpoints.Resumed | None = None) -> None:
+    """Train a group (its runs, or with `resume` a group as its checkpoint has it, members that train along included)
+    and write each run's record as it finishes."""
+    if resume is None:
+        runs = sorted(runs, key=lambda run: layout_key(run.cfg.method))
     first = runs[0].cfg
     fused = _fused(runs)
     measures = reset_peak_memory(device)  # each group's own peak (record `peak_memory`)
     try:
         model = group_model([run.cfg for run in runs], task, device)
     except Exception as error:  # a member the group cannot be built with fails alone; the others train without it
+        if resume is not None and not interrupted():  # the group it was cannot be built now: start over without it
+            _start_over(runs, resume, error, task, device, bf16, pad_id, outcomes)
+            return
         if len(runs) == 1 or interrupted():
             raise
         faults = {id(run): fault for run in runs if (fault := _fails_alone(run, task, device)) is not None}
@@ -418,7 +474,16 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
                  f"{record['optimizer_params']:,}", device, record["precision"])
     group = group_settings(first, model, pad_id, device, bf16)
     for run in runs:
-        run.logger = open_logger(run.cfg, run.path.parent, run.label)
+        if run.resumed is not None:
+            run.record["started_at"] = run.resumed["started_at"]
+        run.logger = RunLogger({}, run.label) if run.replay else \
+            open_logger(run.cfg, run.path.parent, run.label, resume=(run.resumed or {}).get("logger"))
+    checkpoint = checkpoints.Checkpointer(
+        [{"label": run.label, "config_hash": run.digest, "config": run.record["config"]} for run in runs],
+        [None if run.replay else run.path.parent for run in runs], first.train.get("checkpoint_every"),
+        lambda: [{"started_at": run.record["started_at"], "logger": run.logger.state()} for run in runs], resume)
+    for run in runs:
+        run.checkpoint = checkpoint
 
     def on_epoch(index: int, evaluation: int, metrics: dict) -> None:  # logged at its step when dev is every N steps
         every = runs[index].cfg.train.get("eval_every")
@@ -430,16 +495,37 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
         return run.cfg, ledger_path(run.path.parents[4], run.cfg), -(-settings.total_steps(spe) // settings.period(spe))
 
     def on_done(index: int, result: MemberResult) -> None:
+        if runs[index].replay:  # its record exists, or is another job's
+            return
         runs[index].record["peak_memory"] = peak_memory(device, len(runs), measures)
         outcomes[id(runs[index])] = _finish(runs[index], result, model, index, task)
 
     try:
         with kept_memory(device):  # a CPU keeps freed memory for the next step (peltbench.allocator)
             fit(model, [run.member for run in runs], task, group, on_done, on_epoch,
-                halving=Halving([ledger_entry(run) for run in runs]))
+                halving=Halving([ledger_entry(run) for run in runs]), checkpoint=checkpoint)
+    except ResumeError as error:  # before any step: no record is written yet
+        for run in runs:
+            run.logger.close(failed=True)
+        del model
+        _start_over(runs, resume, error, task, device, bf16, pad_id, outcomes)
+        return
     finally:
         for run in runs:
             run.logger.close(failed=id(run) not in outcomes or outcomes[id(run)].status not in ("ok", "pruned"))
+
+
+def _start_over(runs: list[_Run], resume: checkpoints.Resumed, error: BaseException, task: TaskSpec,
+                device: torch.device, bf16: bool, pad_id: int, outcomes: dict[int, Outcome]) -> None:
+    """A checkpoint's group that cannot be built or put back now: one line, and this job's runs start over."""
+    log.warning("%s cannot resume its group (%s): its runs start over", resume.where,
+                (str(error).strip().splitlines() or [type(error).__name__])[0])
+    mine = [run for run in runs if not run.replay]
+    for run in mine:
+        checkpoints.remove(run.path.parent)
+        run.resumed = run.checkpoint = None
+        run.member.reset()
+    _train_group(mine, task, device, bf16, pad_id, outcomes)
 
 
 def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -> Outcome:
@@ -486,6 +572,7 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
         record.update(status="pruned", pruned=result.pruned, gates=None)
     try:
         write_record(run.path, {**record, "finished_at": utc_now()})
+        _recorded(run)
     except RecordWriteError as error:  # logged; the others go on, and the sweep summary reports this run
         return Outcome("failed", record, error)
     finally:
@@ -527,12 +614,22 @@ def _failed(run: _Run, error: BaseException, trace: str | None, result: MemberRe
         record.update(history=result.history, epochs_run=result.epochs_run, train_steps=result.train_steps)
     try:
         write_record(run.path, {**record, "finished_at": utc_now()})
+        _recorded(run)
     except RecordWriteError:  # logged, with the run's own error
         return Outcome("failed", record, error)
     finally:
         _release(run)
     log.error("failed: %s: %s (record written to %s)", run.label, record["error"], run.path)
     return Outcome("failed", record, error)
+
+
+def _recorded(run: _Run) -> None:
+    """The run's record is written: its checkpoint goes (its group's other runs keep theirs)."""
+    checkpoints.mark_progress()
+    if run.checkpoint is not None:
+        run.checkpoint.leave(run.path.parent)
+    else:
+        checkpoints.remove(run.path.parent)
 
 
 def _release(run: _Run) -> None:
@@ -545,10 +642,14 @@ def _release(run: _Run) -> None:
 
 def _abandon(run: _Run) -> None:
     """A run that leaves without a record (stopped by Ctrl-C or SIGTERM; bad input found once it had started): its
-    claim released, what its loggers wrote removed, and its folder, if that leaves only its lock, removed."""
+    claim released, what its loggers wrote removed (kept where a checkpoint goes on from it), and its folder, if that
+    leaves only its lock, removed."""
     _release(run)
     if run.logger is not None:
-        run.logger.discard()
+        if checkpoints.exists(run.path.parent):
+            run.logger.close(failed=True)
+        else:
+            run.logger.discard()
     remove_empty_run_folder(run.path)
 
 

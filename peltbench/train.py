@@ -15,16 +15,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .data import Encoded, collate_group, collate_host
-from .methods import after_step, load_member_state, member_state, plan_training, regulariser
+from .interrupts import step_boundaries, stop, stop_pending
+from .methods import (after_step, component_state, load_member_state, member_state, plan_training, regulariser,
+                      restore_components)
 from .methods.randomness import step_keys
 from .metrics import compute_metrics
 from .progress import progress
@@ -89,6 +92,13 @@ class Member:
     steps: int = 0
     error: str | None = None  # why it stopped without a result (a non-finite loss)
     test_rows: np.ndarray | None = None  # the official dev rows of `test` when it is a part of them (full_halves)
+    wanted: bool = True  # False: it trains only so that its group computes what it did (a resumed group's done run)
+
+    def reset(self) -> None:
+        """Back to before training (MEMBER_PROGRESS at their defaults): a group that could not resume starts over."""
+        for item in fields(self):
+            if item.name in MEMBER_PROGRESS:
+                setattr(self, item.name, item.default_factory() if item.default is MISSING else item.default)
 
 
 @dataclass
@@ -116,39 +126,103 @@ Logger = Callable[[int, int, dict], None]  # (member index, epoch, metrics)
 
 
 def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
-        on_done: Callable[[int, MemberResult], None], on_epoch: Logger | None = None, halving=None) -> None:
+        on_done: Callable[[int, MemberResult], None], on_epoch: Logger | None = None, halving=None,
+        checkpoint=None) -> None:
     """Train the group until every member has stopped; `on_done(index, result)` for each, as it stops.
 
     `halving(evaluation, histories, active, stopping)` (peltbench.halving.Halving), after each dev evaluation: the
     members it names stop there, pruned (no test pass), with `MemberResult.pruned` saying why.
 
+    `checkpoint` (peltbench.checkpoint.Checkpointer): at every step boundary, when `checkpoint.due()` or a stop signal
+    waits there (peltbench.interrupts), `checkpoint.save(state)` gets the loop's whole state (`Training.state`);
+    training starts from `checkpoint.resume` (such a state) when it has one. Members that are not `wanted` (a resumed
+    group's runs whose records exist) train along only while a wanted member does.
+
     The loop runs in evaluation periods: an epoch, or `eval_every` steps (members of a group share it: fusion.py).
     Each member's seconds are those of the loop it was in (its group's); its `*_seconds_share` is its part of them,
     each pass split by its share of the rows (`shares`).
     """
-    steps_per_epoch, optimizer, clip, data = start_training(model, members, group)
-    period = members[0].settings.period(steps_per_epoch)
-    dev = [EvaluationSet(m.dev, group) for m in members]
-    test = [EvaluationSet(m.test, group) for m in members]
+    Training(model, members, task, group, on_done, on_epoch, halving, checkpoint).run()
 
-    active = list(range(len(members)))
-    evaluation, step = 0, 0
-    total = max(-(-m.settings.total_steps(steps_per_epoch) // period) for m in members)
-    bar = progress(total=total, desc="epoch" if members[0].settings.eval_every is None else "evaluation",
-                   unit="epoch" if members[0].settings.eval_every is None else "eval", lines=False, outermost=True)
-    while active:
-        evaluation += 1
+
+class ResumeError(Exception):
+    """A checkpoint's state that cannot be put back into its group (raised before any step: the group starts over)."""
+
+
+@dataclass
+class _Period:
+    """The evaluation period in progress: each step's losses so far (on the device), rows, and the seconds of its
+    steps in earlier jobs (a resumed period)."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# What a member's checkpoint holds of the loop's bookkeeping (`Member`'s fields that training changes)
+MEMBER_PROGRESS = ("history", "best_score", "best_epoch", "dev_best", "best_state", "train_seconds", "eval_seconds",
+                   "train_seconds_share", "eval_seconds_share", "steps", "error")
+
+
+class Training:
+    """The training loop of `fit`, whose whole state at a step boundary is `state()`, put back with `restore()`: the
+    position (evaluations done, the active members, the steps of the period in progress and their losses), every
+    member's bookkeeping (history, best score and state, patience, seconds), the trained tensors, the optimiser
+    (`MemberAdamW.state`), what components keep beside their tensors (methods.component_state: AdaLoRA's budget), the
+    members' data order and the random generators."""
+
+    def __init__(self, model, members: list[Member], task: TaskSpec, group: GroupSettings,
+                 on_done: Callable[[int, MemberResult], None], on_epoch: Logger | None = None, halving=None,
+                 checkpoint=None) -> None:
+        self.model, self.members, self.task, self.group = model, members, task, group
+        self.on_done, self.on_epoch, self.halving, self.checkpoint = on_done, on_epoch, halving, checkpoint
+        self.steps_per_epoch, self.optimizer, self.clip, self.data = start_training(model, members, group)
+        self.period = members[0].settings.period(self.steps_per_epoch)
+        self.dev = [EvaluationSet(m.dev, group) for m in members]
+        self.test = [EvaluationSet(m.test, group) for m in members]
+        self.active = list(range(len(members)))
+        self.evaluation = 0   # dev evaluations done
+        self.current = _Period()
+        self._started = 0.0   # when this job began the period in progress (perf_counter)
+        if checkpoint is not None and checkpoint.resume is not None:
+            try:
+                self.restore(checkpoint.resume)
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as error:
+                raise ResumeError(f"its state does not fit this group ({error})") from error
+
+    def run(self) -> None:
+        members, group = self.members, self.group
+        total = max(-(-m.settings.total_steps(self.steps_per_epoch) // self.period) for m in members)
+        in_steps = members[0].settings.eval_every is not None
+        bar = progress(total=total, desc="evaluation" if in_steps else "epoch", unit="eval" if in_steps else "epoch",
+                       lines=False, outermost=True)
+        if self.evaluation:
+            bar.update(self.evaluation)
+        with step_boundaries():
+            while self.active and any(members[m].wanted for m in self.active):
+                self._period()
+                bar.update(1)  # after the test pass of the members that stop: its progress lines name this epoch
+        bar.close()
+        self.model.members.set_active(None)
+
+    def _period(self) -> None:
+        """One evaluation period: its (remaining) steps, the dev evaluation, and the members that stop after it."""
+        model, members, group, period, active = self.model, self.members, self.group, self.period, self.active
         model.members.set_active(active, group.device)
-        start = _now(group.device)
-        losses, first_bad = _train_steps(model, members, active, task, group, optimizer, clip, data, step, period)
-        seconds = _now(group.device) - start
-        step += period
+        first = self.evaluation * period
+        start = self._started = _now(group.device)
+        losses, first_bad = _train_steps(model, members, active, self.task, group, self.optimizer, self.clip,
+                                         self.data, first, period, self.current, self._boundary)
+        seconds = self.current.seconds + _now(group.device) - start
+        self.current = _Period()
+        self.evaluation += 1
+        evaluation, step = self.evaluation, first + period
         model.members.start_gate_recording()
-        scores, eval_seconds = evaluate(model, [dev[m] for m in active], task, group, "dev")
+        scores, eval_seconds = evaluate(model, [self.dev[m] for m in active], self.task, group, "dev")
         gates = model.members.stop_gate_recording()
-        train_shares = shares(seconds, [_rows_trained(len(members[m].train), group.batch_size, steps_per_epoch,
-                                                      step - period, period) for m in active])
-        eval_shares = shares(eval_seconds, [len(dev[m]) for m in active])
+        train_shares = shares(seconds, [_rows_trained(len(members[m].train), group.batch_size, self.steps_per_epoch,
+                                                      first, period) for m in active])
+        eval_shares = shares(eval_seconds, [len(self.dev[m]) for m in active])
         stopping = []
         for position, m in enumerate(active):
             member = members[m]
@@ -168,25 +242,109 @@ def fit(model, members: list[Member], task: TaskSpec, group: GroupSettings,
             if member.best_state is None or score > member.best_score:  # strict improvement only (HF)
                 member.best_score, member.best_epoch, member.dev_best = score, evaluation, scores[position]
                 member.best_state = member_state(model, m)
-            if on_epoch is not None:
-                on_epoch(m, evaluation, _epoch_metrics(losses[position], scores[position], optimizer.lr_at(m, step - 1),
-                                                       seconds + eval_seconds, gates[m]))
+            if self.on_epoch is not None:
+                self.on_epoch(m, evaluation, _epoch_metrics(losses[position], scores[position],
+                                                            self.optimizer.lr_at(m, step - 1), seconds + eval_seconds,
+                                                            gates[m]))
             patience = member.settings.patience
             if (patience is not None and evaluation - member.best_epoch >= patience) or \
-                    step >= member.settings.total_steps(steps_per_epoch):
+                    step >= member.settings.total_steps(self.steps_per_epoch):
                 stopping.append(m)
-        pruned = halving(evaluation, [m.history for m in members], active, stopping) if halving else {}
-        _log_epoch(members, active, evaluation, losses, scores, seconds + eval_seconds, task)
+        pruned = self.halving(evaluation, [m.history for m in members], active, stopping) if self.halving else {}
+        _log_epoch(members, active, evaluation, losses, scores, seconds + eval_seconds, self.task)
         for m in [*stopping, *pruned]:
-            optimizer.leave(m)
+            self.optimizer.leave(m)
         if stopping:
-            _finish(model, members, stopping, test, task, group, evaluation, period, on_done)
+            _finish(model, members, stopping, self.test, self.task, group, evaluation, period, self.on_done)
         if pruned:
-            _prune(members, pruned, evaluation, period, on_done)
-        active = [m for m in active if m not in stopping and m not in pruned]
-        bar.update(1)  # after the test pass of the members that stop: its progress lines name this epoch
-    bar.close()
-    model.members.set_active(None)
+            _prune(members, pruned, evaluation, period, self.on_done)
+        self.active = [m for m in active if m not in stopping and m not in pruned]
+
+    def _boundary(self) -> None:
+        """Between two training steps (and before the first and after the last of a period): write a checkpoint when
+        one is due or a stop signal waits, then do what the signal asks (peltbench.interrupts)."""
+        stopping = stop_pending()
+        if self.checkpoint is not None and (stopping or self.checkpoint.due()):
+            self.checkpoint.save(self.state, self.progress())
+        if stopping:
+            stop()
+
+    def progress(self) -> dict:
+        """How far the group is: `steps` done, and each member's unit (epoch, or step under train.eval_every), how many
+        it has done, of how many planned, and whether it still trains (peltbench-missing: `resumable, epoch 12 of
+        50`)."""
+        steps = self.evaluation * self.period + len(self.current.rows)
+        members = []
+        for m, member in enumerate(self.members):
+            total = member.settings.total_steps(self.steps_per_epoch)
+            if member.settings.eval_every is None:
+                done = {"unit": "epoch", "done": self.evaluation, "of": -(-total // self.steps_per_epoch),
+                        "steps_into_next": len(self.current.rows)}
+            else:
+                done = {"unit": "step", "done": steps, "of": total}
+            members.append({**done, "training": m in self.active})
+        return {"steps": steps, "members": members}
+
+    def state(self) -> dict:
+        """The loop's whole state now, at a step boundary: tensors as they are (on their device; a checkpoint writes
+        them as it reads them, so nothing is copied twice), the rest as plain values."""
+        current = self.current
+        return {
+            "evaluation": self.evaluation, "active": list(self.active),
+            "period": {"losses": torch.stack(current.losses) if current.losses else None, "rows": list(current.rows),
+                       "seconds": current.seconds + (time.perf_counter() - self._started if current.rows else 0.0)},
+            "members": [{key: getattr(member, key) for key in MEMBER_PROGRESS} for member in self.members],
+            "parameters": self._trained_tensors(),
+            "optimizer": self.optimizer.state(),
+            "components": component_state(self.model),
+            "data": self.data.state(),
+            "random": random_state(self.group.device),
+        }
+
+    def _trained_tensors(self) -> dict:
+        """The trained parameters: a backbone weight (fine-tuning) as it is, a member-stacked one as the slots some
+        member trains ({slots, values}, a copy of those slots): the others hold what the model was built with and
+        never change (no step updates a slot its member does not train), so the checkpoint leaves them out (in a
+        mixed group, each component's tensors have a slot for every member)."""
+        tensors = {}
+        for name, parameter, flags, stacked in self.model.member_parameters():
+            if not stacked:
+                tensors[name] = parameter.detach()
+                continue
+            slots = [m for m, trains in enumerate(flags) if trains]
+            tensors[name] = {"slots": slots, "values": parameter.detach()[slots] if len(slots) < len(flags)
+                             else parameter.detach()}
+        return tensors
+
+    @torch.no_grad()
+    def restore(self, state: dict) -> None:
+        """Put back a `state()` (its tensors anywhere: each is copied to where the loop's own lives)."""
+        self.evaluation, self.active = int(state["evaluation"]), [int(m) for m in state["active"]]
+        period = state["period"]
+        losses = period["losses"]
+        self.current = _Period([] if losses is None else list(losses.to(self.group.device).unbind(0)),
+                               [int(rows) for rows in period["rows"]], float(period["seconds"]))
+        device = self.group.device
+        for member, saved in zip(self.members, state["members"], strict=True):
+            for key in MEMBER_PROGRESS:
+                value = saved[key]
+                if key == "best_state" and value is not None:
+                    value = {name: tensor.to(device) for name, tensor in value.items()}
+                setattr(member, key, value)
+        parameters = {name: parameter for name, parameter, _, _ in self.model.member_parameters()}
+        if set(parameters) != set(state["parameters"]):
+            raise ValueError("the checkpoint's trained tensors are not this group's")
+        for name, parameter in parameters.items():
+            saved = state["parameters"][name]
+            if isinstance(saved, dict):  # the slots some member trains
+                slots = torch.tensor(saved["slots"], device=parameter.device)
+                parameter.index_copy_(0, slots, saved["values"].to(parameter.device, parameter.dtype))
+            else:
+                parameter.copy_(saved)
+        self.optimizer.restore(state["optimizer"])
+        restore_components(self.model, state["components"])
+        self.data.restore(state["data"])
+        restore_random(state["random"], device)
 
 
 def start_training(model, members: list[Member], group: GroupSettings):
@@ -244,16 +402,56 @@ class _DataOrder:
             self.orders[m] = torch.randperm(self.sizes[m], generator=self.shufflers[m]).tolist()
         return self.orders[m][position * batch_size : (position + 1) * batch_size]
 
+    def state(self) -> dict:
+        """Each member's generator and its order of the epoch in progress."""
+        return {"shufflers": [shuffler.get_state() for shuffler in self.shufflers],
+                "orders": {m: list(order) for m, order in self.orders.items()}}
 
-def _train_steps(model, members, active, task, group, optimizer, clip, data, first_step, count):
+    def restore(self, state: dict) -> None:
+        for shuffler, saved in zip(self.shufflers, state["shufflers"], strict=True):
+            shuffler.set_state(saved)
+        self.orders = {int(m): [int(row) for row in order] for m, order in state["orders"].items()}
+
+
+def random_state(device: torch.device) -> dict:
+    """The process's random generators (torch's on the CPU and on a CUDA device, numpy's, Python's): nothing in the
+    loop draws from them (dropout masks are computed: methods/randomness.py; data order: each member's generator),
+    but what a component or library might is kept too."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                       "has_gauss": int(has_gauss), "cached": float(cached)}}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_random(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"],
+                         numpy["has_gauss"], numpy["cached"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _train_steps(model, members, active, task, group, optimizer, clip, data, first_step, count, current=None,
+                 boundary=None):
     """`count` steps of the active members from global step `first_step`; per member its mean loss over the rows it
     saw, and the first step (counted from `first_step`) whose loss was not finite (-1). The losses stay on the device
-    until the period ends: one copy to the host then (`_period_losses`), none inside a step."""
+    until the period ends: one copy to the host then (`_period_losses`), none inside a step.
+
+    `current` (_Period): the steps of this period already done (a resumed period goes on after them), to which each
+    step adds its losses and rows; `boundary()` is called between steps, before the first and after the last (a
+    checkpoint may be written there: Training._boundary)."""
     model.train()
+    current = _Period() if current is None else current
     settings = [member.settings for member in members]
-    step_losses, step_rows = [], []
     passes = member_passes(len(active), group)
-    for step in progress(range(count), "train", unit="step", advances_outer=True):
+    for step in progress(range(len(current.rows), count), "train", unit="step", advances_outer=True):
+        if boundary is not None:
+            boundary()
         rows = [data.rows(m, first_step + step, group.batch_size) for m in active]
         losses = []
         for chosen in passes:  # the members whose forward and backward run together (all of them, or a few at a time)
@@ -267,9 +465,11 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
         optimizer.step(first_step + step)
         after_step(model, first_step + step)  # reads this step's gradients (AdaLoRA's importance)
         optimizer.zero_grad()
-        step_losses.append(losses[0] if len(losses) == 1 else torch.cat(losses))
-        step_rows.append(len(rows[0]))
-    return _period_losses(step_losses, step_rows)
+        current.losses.append(losses[0] if len(losses) == 1 else torch.cat(losses))
+        current.rows.append(len(rows[0]))
+    if boundary is not None:
+        boundary()
+    return _period_losses(current.losses, current.rows)
 
 
 def _period_losses(step_losses: list[torch.Tensor], step_rows: list[int]) -> tuple[list[float], list[int]]:
@@ -459,6 +659,19 @@ class MemberAdamW:
         for bank in banks:
             bank.adamw(step_sizes, beta1, beta2, math.sqrt(1 - beta2**self.count), self.eps)
 
+    def state(self) -> dict:
+        """Everything the optimiser keeps but the parameters themselves: its own values (step count, each member's
+        learning rate, schedule and whether it trains) and each bank's (its moments; any tensor or array it keeps whole,
+        whatever it is called), read generically (`_kept`), so that state added later is kept too."""
+        params = {parameter.untyped_storage().data_ptr() for parameter in self.params}
+        return {"optimizer": _kept(self, params), "banks": [_kept(bank, params) for bank in self.banks]}
+
+    @torch.no_grad()
+    def restore(self, state: dict) -> None:
+        _put(self, state["optimizer"])
+        for bank, saved in zip(self.banks, state["banks"], strict=True):
+            _put(bank, saved)
+
     def zero_grad(self) -> None:
         for parameter in self.params:
             parameter.grad = None
@@ -472,6 +685,70 @@ class MemberAdamW:
             self._present = [bank for bank in self.banks if bank.gather()]
             self._gathered = True
         return self._present
+
+
+def _kept(owner, params: set[int]) -> dict:
+    """The state of an optimiser object, generically: each attribute that is a plain value (number, string, None), a
+    tensor that owns its memory whole (not a view, not a parameter, not a buffer whose memory is handed back between
+    steps), a numpy array, or a list, tuple or dict of only such values."""
+    kept = {}
+    for name, value in vars(owner).items():
+        plain = _plain(value, params)
+        if plain is not _SKIP:
+            kept[name] = plain
+    return kept
+
+
+_SKIP = object()
+
+
+def _plain(value, params: set[int]):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        whole = storage.nbytes() == value.numel() * value.element_size() and value.storage_offset() == 0
+        if isinstance(value, torch.nn.Parameter) or not whole or not storage.nbytes() \
+                or storage.data_ptr() in params:
+            return _SKIP
+        return value.detach()
+    if isinstance(value, (list, tuple)):
+        items = [_plain(item, params) for item in value]
+        return _SKIP if any(item is _SKIP for item in items) else type(value)(items) if isinstance(value, list) \
+            else tuple(items)
+    if isinstance(value, dict):
+        items = {key: _plain(item, params) for key, item in value.items()}
+        return _SKIP if any(item is _SKIP for item in items.values()) else items
+    return _SKIP
+
+
+def _put(owner, saved: dict) -> None:
+    """Put back what `_kept` read: tensors and arrays in place (views of them stay valid), the rest as attributes."""
+    for name, value in saved.items():
+        setattr(owner, name, _restored(getattr(owner, name, None), value, name))
+
+
+def _restored(current, value, name: str):
+    if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
+        if current.shape != value.shape:
+            raise ValueError(f"the checkpoint's optimiser {name} has shape {tuple(value.shape)}, this group's "
+                             f"{tuple(current.shape)}")
+        return current.copy_(value)
+    if isinstance(current, np.ndarray) and isinstance(value, torch.Tensor):
+        np.copyto(current, value.numpy())
+        return current
+    if isinstance(current, np.generic):
+        return type(current)(value)
+    if isinstance(current, (list, tuple)) and isinstance(value, (list, tuple)) and len(current) == len(value):
+        items = [_restored(c, v, name) for c, v in zip(current, value)]
+        return items if isinstance(current, list) else tuple(items)
+    if isinstance(current, dict) and isinstance(value, dict):
+        return {key: _restored(current.get(key), item, name) for key, item in value.items()}
+    return value
 
 
 class _Bank:

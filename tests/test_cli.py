@@ -272,20 +272,24 @@ def test_help_lists_every_setting(tmp_path):
 
 
 def test_ctrl_c_ends_a_run_with_one_line_and_status_130_and_no_record(workdir, in_process):
-    """Issue 26, 5: Ctrl-C printed a traceback and exited 1; the interrupted run leaves nothing that blocks its rerun."""
+    """Issue 26, 5: Ctrl-C printed a traceback and exited 1; the interrupted run leaves nothing that blocks its rerun.
+    Issue 47: it stops at the end of the training step, with a checkpoint the rerun goes on from."""
     from test_sweep import interrupt, training
 
     arguments = ["method=adapter", "task=rte", *common(workdir), "train.epochs=20", "results_dir=results"]
     status, out, err = interrupt(workdir, arguments, lambda: training(workdir))
     assert status == 130, out + err
-    assert err == "peltbench: interrupted: the run did not finish and wrote no record; rerun the same command to run it\n"
+    assert re.fullmatch(r"peltbench: interrupted: the run did not finish; its checkpoint is written, at epoch \d+ of 20"
+                        r"( \(\+\d+ steps?\))?: rerun the same command to go on from it\n", err), err
     assert "Traceback" not in out
-    # no record, no claim, and (issue 32, 6) neither its partial metrics.csv nor a folder holding only `.lock`
-    assert list((workdir / "results").iterdir()) == []
+    # no record and no claim; its checkpoint, and its metrics.csv so far, which the rerun goes on in
+    [folder] = [path.parent for path in (workdir / "results").rglob("checkpoint.pt")]
+    assert sorted(path.name for path in folder.iterdir()) == [".lock", "checkpoint.pt", "metrics.csv"]
     rerun = in_process(*arguments, cwd=workdir)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "from its checkpoint at epoch " in rerun.stdout + rerun.stderr
     [record] = records(workdir)
-    assert json.loads(record.read_text())["status"] == "ok"
+    assert json.loads(record.read_text())["status"] == "ok" and not (folder / "checkpoint.pt").exists()
 
 
 def test_missing_task_data_is_one_line_before_the_sweep_starts(tmp_path):

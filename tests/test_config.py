@@ -144,7 +144,8 @@ def test_good_values_pass(overrides):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (("+train.epoch=3",), "train.epoch: not a peltbench setting; train has batch_size, epochs, eval_batch_size"),
+    (("+train.epoch=3",), "train.epoch: not a peltbench setting; train has batch_size, checkpoint_every, epochs, "
+                          "eval_batch_size"),
     (("+model.revision=main",), "model.revision: not a peltbench setting; model has name"),
     (("+epochs=3",), "epochs: not a peltbench setting"),
     (("+method.bottlenek=256",), "method.bottlenek: not a setting of method adapter"),

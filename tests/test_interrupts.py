@@ -77,3 +77,29 @@ def test_sigterm_stops_the_command_as_ctrl_c_does_with_status_143(monkeypatch):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def test_during_training_a_stop_signal_waits_for_the_end_of_the_step_and_twice_stops_at_once(monkeypatch, caplog):
+    """Issue 47: inside the training loop (step_boundaries) Ctrl-C and SIGTERM only say that a stop waits (the loop
+    writes a checkpoint at the end of the step, then `stop()` raises); the same signal again stops at once; outside
+    the loop a signal stops at once, as before."""
+    import signal
+
+    monkeypatch.setattr(interrupts, "_received", False)
+    monkeypatch.setattr(interrupts, "_pending", None)
+    with interrupts.step_boundaries():
+        interrupts._handler(signal.SIGINT, None)  # returns: the stop waits
+        assert interrupts.stop_pending() and interrupts.interrupted()
+        with pytest.raises(KeyboardInterrupt):
+            interrupts._handler(signal.SIGINT, None)  # Ctrl-C again: at once
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.stop()  # the end of the step, after the checkpoint
+        assert not interrupts.stop_pending()
+        followed = []
+        interrupts._defer(signal.SIGUSR2, followed.append, "the job requeues")  # a SLURM job's USR2
+        interrupts.stop()
+        assert followed == [signal.SIGUSR2]
+    assert "Ctrl-C: a checkpoint at the end of this training step, then the command stops (Ctrl-C again to stop at " \
+           "once)" in caplog.text
+    with pytest.raises(KeyboardInterrupt):
+        interrupts._handler(signal.SIGTERM, None)  # outside training

@@ -1,8 +1,9 @@
 """`hydra/launcher=slurm`: the preset, the plugin, and real sweeps on a local SLURM cluster (scripts/slurm-local.sh).
 
 The cluster tests (marker `slurm`) submit the tiny model's runs as real SLURM jobs: a sweep, a sweep with one job
-cancelled mid-run and then rerun, and a packed sweep (2 runs per job) that gets SLURM's pre-timeout signal and
-requeues itself. Without a cluster they skip, saying why.
+cancelled mid-run and then rerun, a packed sweep (2 runs per job) that gets SLURM's pre-timeout signal and requeues
+itself, going on from its checkpoint, and a fused group whose time limit is shorter than its training, which finishes
+across requeues with the records of a group never stopped. Without a cluster they skip, saying why.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def start(workdir: Path, *args: str, sweep: str) -> subprocess.Popen:
                             cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(sweep: subprocess.Popen) -> tuple[int, str]:
-    output = sweep.communicate(timeout=600)[0]
+def finish(sweep: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+    output = sweep.communicate(timeout=timeout)[0]
     return sweep.returncode, output
 
 
@@ -192,11 +193,44 @@ def test_a_packed_job_requeues_itself_on_the_pre_timeout_signal(cluster, workdir
     first, second = check_records(workdir, 2)
     log = job_logs(workdir, "packed")[job]
     assert "Requeued job" in log
-    after_requeue = log[log.index("Requeued job"):]
+    before, after_requeue = log[:log.index("Requeued job")], log[log.index("Requeued job"):]
+    assert "SIGUSR2: a checkpoint at the end of this training step, then the job requeues" in before
+    assert "checkpoint: epoch " in before  # written at the end of the step the signal came in
     assert f"skip: {first.parent if 'seed111' in str(first) else second.parent}" in after_requeue  # the finished run
-    assert after_requeue.count("run: ") == 1  # the interrupted run restarted, from scratch
+    assert after_requeue.count("run: ") == 1 and "from its checkpoint at epoch " in after_requeue  # it goes on
     job_ids = {OmegaConf.load(path).hydra.job.id for path in (workdir / "sweeps" / "packed").glob("*/.hydra/hydra.yaml")}
     assert job_ids == {job}  # both runs ran in the one job
+
+
+@pytest.mark.slurm
+def test_a_group_longer_than_its_time_limit_finishes_across_requeues_with_the_same_records(cluster, workdir):
+    """timeout_min=2 for a fused group that trains for minutes: each job gets USR2 before its time limit (about 90 s
+    in: SLURM sends it at a check every 30 s), writes a checkpoint at the end of its step and requeues; with
+    max_num_timeout=0, which allows no time-limit requeue but those of jobs that trained (docs/slurm.md). Its records
+    equal the same group's trained here, in this process, meanwhile, never stopped."""
+    from test_checkpoint import comparable
+
+    from conftest import compose_config
+    from peltbench.runner import run_group
+
+    group = ["task=rte", "seed=111", "fuse=true", *tiny(workdir, 1)[:-2], "train.epochs=null", "train.max_steps=800",
+             "train.eval_every=200", "train.patience=null", "logger=[]"]
+    sweep = start(workdir, "method=adapter,lora", *group, "hydra.launcher.timeout_min=2",
+                  "hydra.launcher.signal_delay_s=10", "hydra.launcher.max_num_timeout=0", sweep="limited")
+    here = [f"results_dir={workdir}/whole" if arg.startswith("results_dir=") else arg for arg in group]
+    assert all(outcome.status == "ok" for outcome in run_group([compose_config(f"method={method}", *here)
+                                                               for method in ("adapter", "lora")]))
+    code, output = finish(sweep, timeout=1800)
+    assert code == 0, output
+    [log] = job_logs(workdir, "limited").values()
+    requeues = log.count("[submitit][INFO] - Requeued job")
+    assert requeues >= 1 and log.count("does not count against max_num_timeout=0") == requeues, log
+    assert log.count("from its checkpoint at step ") == requeues, log  # every requeued job went on from it
+    whole = {path.parent.relative_to(workdir / "whole"): comparable(json.loads(path.read_text()))
+             for path in (workdir / "whole").rglob("result.json")}
+    limited = {path.parent.relative_to(workdir / "results"): comparable(json.loads(path.read_text()))
+               for path in check_records(workdir, 2)}
+    assert limited == whole
 
 
 @pytest.mark.slurm
@@ -267,3 +301,28 @@ def test_the_wait_logs_runs_done_with_an_eta(monkeypatch, caplog):
     assert [record.getMessage() for record in caplog.records] == [
         "runs: 16 of 20 done (2 of 3 array tasks) · 2m00s elapsed · ETA 1m",
         "runs: 20 of 20 done (3 of 3 array tasks) · 5m00s elapsed"]
+
+
+def test_max_num_timeout_counts_the_requeues_without_progress_only(monkeypatch):
+    """submitit lowers its countdown at every time-limit requeue; a job that trained since it started puts it back at
+    max_num_timeout first (docs/slurm.md), one that did not leaves it."""
+    from hydra_plugins.peltbench_slurm._launcher import _count_progress
+    from peltbench import checkpoint
+
+    class SignalHandler:  # submitit's, as far as _count_progress reads it
+        def __init__(self) -> None:
+            self._delayed = type("Delayed", (), {"_timeout_countdown": 0})()
+
+        def has_timed_out(self) -> bool:
+            return True
+
+        def checkpoint_and_try_requeue(self, signum, frame) -> None:
+            pass
+
+    handler = SignalHandler()
+    monkeypatch.setattr(checkpoint, "_progressed", False)
+    _count_progress(handler.checkpoint_and_try_requeue, 3)
+    assert handler._delayed._timeout_countdown == 0  # counted: submitit stops requeueing it
+    checkpoint.mark_progress()
+    _count_progress(handler.checkpoint_and_try_requeue, 3)
+    assert handler._delayed._timeout_countdown == 4  # submitit lowers it to 3: the requeued job starts afresh

@@ -101,15 +101,18 @@ def test_a_fused_member_releases_its_claim_when_its_record_is_written(workdir):
     assert (training / "claim.json").exists()  # its run had not finished: the next sweep takes the dead claim over
 
     # Issue 32, 6: the same command takes over what kill -9 left and trains the run; `kill -TERM` (what SLURM sends)
-    # then ends it as Ctrl-C does: one line, status 143, the claims released, the stopped run's folder gone
+    # then ends it as Ctrl-C does: one line, status 143, the claims released; issue 47: at the end of the step, with a
+    # checkpoint in the stopped run's folder (kill -9 came before the first one was due: it started over)
     status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/again"],
                                  lambda: "epoch 1/100000" in (workdir / "stdout.txt").read_text(), signal.SIGTERM)
     assert status == 143, out + err
     assert "2 runs: 1 already done (skipped), 1 to train\n" in out and f"taking over the stale claim on {training}" in out
+    assert "resume: " not in out
     assert err == ("peltbench: terminated (SIGTERM): 1 of 2 runs done, 1 not done; rerun the same command to run them "
-                   "(done runs are skipped)\n")
+                   "(done runs are skipped; 1 of them go on from a checkpoint)\n")
     assert list((workdir / "results").rglob("claim.json")) == []
-    assert list((workdir / "results").glob("*/rte/k16/seed111")) == [finished.parent]
+    assert sorted((workdir / "results").glob("*/rte/k16/seed111")) == sorted([finished.parent, training])
+    assert (training / "checkpoint.pt").is_file() and not (training / "result.json").exists()
 
 
 def test_the_end_of_a_sweep_lists_what_failed_and_exits_1(workdir, in_process):
@@ -448,8 +451,9 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_status_130_and_the_same_command_f
                                  lambda: len(records(workdir)) == 1 and training(workdir))  # lora mid-training
     assert status == 130, out + err
     assert err == ("peltbench: interrupted: 1 of 2 runs done, 1 not done; rerun the same command to run them "
-                   "(done runs are skipped)\n")
+                   "(done runs are skipped; 1 of them go on from a checkpoint)\n")
     assert "Traceback" not in out and "KeyboardInterrupt" not in out
+    assert "Ctrl-C: a checkpoint at the end of this training step, then the command stops" in out
     [done] = records(workdir)
     assert "/adapter," in str(done) and json.loads(done.read_text())["status"] == "ok"
     assert list((workdir / "results").rglob("claim.json")) == []  # the interrupted run's claim went with it
@@ -457,7 +461,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_status_130_and_the_same_command_f
     rerun = in_process(*grid, "hydra.sweep.dir=sweeps/b", cwd=workdir)
     output = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, output
-    assert "2 runs: 1 already done (skipped), 1 to train" in output
+    assert "2 runs: 1 already done (skipped), 1 to train" in output and "from its checkpoint at epoch " in output
     check_records(workdir, 2)
     assert "peltbench sweep: 2 runs: 2 done (1 of them skipped as already done), 0 failed, 0 missing" in output
 
@@ -470,14 +474,17 @@ def test_ctrl_c_in_a_fused_group_keeps_its_finished_members_and_leaves_no_claim(
     assert status == 130, out + err
     assert "2 runs: 2 to train in 1 fused group" in out
     assert err == ("peltbench: interrupted: 1 of 2 runs done, 1 not done; rerun the same command to run them "
-                   "(done runs are skipped)\n")
+                   "(done runs are skipped; 1 of them go on from a checkpoint)\n")
     [finished] = records(workdir)
     assert json.loads(finished.read_text())["fused"]["size"] == 2
     assert list((workdir / "results").rglob("claim.json")) == []
-    # the stopped member's folder is gone (issue 32, 6: it was left with `.lock` and a partial metrics.csv)
-    assert list((workdir / "results").glob("*/rte/k16/seed111")) == [finished.parent]
-    # the same command skips the finished member and trains the other at once: nothing of the first process blocks it
-    status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/b"], lambda: training(workdir) and
-                                 "epoch 1/100000" in (workdir / "stdout.txt").read_text())
+    # the stopped member's folder holds its checkpoint (issue 47), no claim and no record
+    [stopped] = [path for path in (workdir / "results").glob("*/rte/k16/seed111") if path != finished.parent]
+    assert (stopped / "checkpoint.pt").is_file()
+    # the same command skips the finished member and goes on with the other at once, in the group it trained in (the
+    # finished member's slot inactive): nothing of the first process blocks it
+    status, out, err = interrupt(workdir, [*grid, "hydra.sweep.dir=sweeps/b"], lambda: "runs training" in
+                                 (workdir / "stdout.txt").read_text().partition("resume: ")[2])
     assert status == 130 and "2 runs: 1 already done (skipped), 1 to train\n" in out, out + err
+    assert "resume: a fused group of 2 runs (1 of this job's) from its checkpoint at epoch " in out
     assert "peltbench: interrupted: 1 of 2 runs done, 1 not done;" in err and err.count("\n") == 1

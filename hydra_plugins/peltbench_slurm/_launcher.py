@@ -9,10 +9,18 @@ Before submitting, the request (cpus_per_task, mem_gb, gpus_per_node, timeout_mi
 while waiting, the jobs' pending reasons are logged, and a reason that can never clear stops the sweep (_request.py).
 
 Resume: runs whose records are already done are not submitted, nor runs that another live process is training
-(claimed: peltbench.claim), and each submitted run skips itself if its record is done by then (peltbench.runner). On SLURM's pre-timeout or preemption signal, submitit calls `checkpoint()`
-(SlurmLauncher's), which requeues the same pack: its finished runs skip, the interrupted one restarts from scratch.
+(claimed: peltbench.claim), and each submitted run skips itself if its record is done by then (peltbench.runner).
+Groups are planned on the whole sweep, done runs included, then those are left out: a sweep run again forms the
+groups it formed before, so their checkpoints resume them. On SLURM's pre-timeout or preemption signal (USR2), the
+job's training writes a checkpoint at the end of its step (peltbench.checkpoint), then submitit calls `checkpoint()`
+(SlurmLauncher's), which requeues the same pack: its finished runs skip, the interrupted one goes on from its
+checkpoint. SIGTERM (preemption, scancel, the time limit without USR2) writes a checkpoint at the end of the step
+too, and lets SLURM end the job. `max_num_timeout` counts the time-limit requeues in a row that made no progress: a
+job that trained (a checkpoint further on than where it started, or a run finished) requeues with the count back at
+max_num_timeout, so a group longer than timeout_min finishes across as many requeues as it takes, and one that cannot
+train a step within timeout_min stops after max_num_timeout of them (`_count_progress`).
 A pack that ends without results (scancel, node failure) is logged and its runs returned as `lost`, so the
-sweep's other jobs and batches go on; rerunning the sweep runs what it lacks.
+sweep's other jobs and batches go on; rerunning the sweep runs what it lacks, from its checkpoints.
 """
 
 from __future__ import annotations
@@ -70,11 +78,12 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         Singleton.set_state(singleton_state)
         setup_globals()
-        job_id = submitit.JobEnvironment().job_id
-        return [ret for piece in pack for ret in run_pack(self, piece, job_id)]
+        environment = submitit.JobEnvironment()
+        checkpoint_on_signals(environment._usr_sig(), int(self.params["max_num_timeout"]))
+        return [ret for piece in pack for ret in run_pack(self, piece, environment.job_id)]
 
     # checkpoint() is SlurmLauncher's: a DelayedSubmission of this object with the same pack, which submitit
-    # pickles and requeues on the pre-timeout / preemption signal (max_num_timeout bounds the time-limit requeues).
+    # pickles and requeues on the pre-timeout / preemption signal (max_num_timeout: checkpoint_on_signals).
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Submit one array task per pack of `runs_per_job` runs not yet done; wait; one JobReturn per run, in order.
@@ -90,7 +99,7 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         returns = {num: skipped_return(overrides, states[num]) for overrides, num in runs
                    if states[num].state in ("done", "running")}
         todo = [run for run in runs if run[1] not in returns]
-        packs = self._packs(todo)
+        packs = self._packs(runs, set(returns))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit 'slurm' sweep output dir : %s", sweep_dir)
@@ -119,15 +128,18 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
                     returns[num] = ret
         return [returns[num] for _, num in runs]
 
-    def _packs(self, todo: List[Run]) -> List[List[List[Run]]]:
+    def _packs(self, runs: List[Run], skipped: Set[int]) -> List[List[List[Run]]]:
         """The array tasks: each a list of pieces (a run of its own, or a fused group of compatible runs, fuse=true).
 
-        A fused group is one array task (its size is capped by fuse_members); other runs are packed `runs_per_job`
-        to a task."""
+        Groups are planned on all of the sweep's runs, then the `skipped` ones (done, or another process's) leave
+        them: a sweep run again forms the groups it formed before (as the local launcher does), so that their
+        checkpoints resume them. A fused group is one array task (its size is capped by fuse_members); other runs
+        are packed `runs_per_job` to a task."""
         from hydra_plugins.peltbench_local._launcher import plan_packs
 
         assert self.hydra_context is not None and self.config is not None
-        pieces, _ = plan_packs(self.hydra_context.config_loader, self.config, todo)
+        planned, _ = plan_packs(self.hydra_context.config_loader, self.config, runs)
+        pieces = [left for piece in planned if (left := [run for run in piece if run[1] not in skipped])]
         single = [piece for piece in pieces if len(piece) == 1]
         packs = [[piece] for piece in pieces if len(piece) > 1]
         return packs + [single[i:i + self.runs_per_job] for i in range(0, len(single), self.runs_per_job)]
@@ -183,6 +195,46 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
             ret.return_value = "lost"  # not FAILED: the sweep goes on; its summary reports the run as missing
             lost.append(ret)
         return lost
+
+
+def checkpoint_on_signals(usr_signal: int, max_num_timeout: int) -> None:
+    """In the job: SLURM's USR2 (`usr_signal`: signal_delay_s before the time limit, or at preemption) and SIGTERM
+    wait for the training loop's step to end, where a checkpoint is written (peltbench.interrupts); then USR2 does what
+    submitit's handler does (calls checkpoint(), requeues the job, exits), counting progress (`_count_progress`), and
+    SIGTERM what submitit does with it (nothing: SLURM ends or requeues the job). Outside training, at once."""
+    import signal
+
+    from peltbench.interrupts import at_step_boundary
+
+    requeue, bypass = signal.getsignal(usr_signal), signal.getsignal(signal.SIGTERM)
+
+    def then_requeue(signum: int) -> None:
+        _count_progress(requeue, max_num_timeout)
+        requeue(signum, None)
+
+    def then_go_on(signum: int) -> None:
+        if callable(bypass):
+            bypass(signum, None)
+    if callable(requeue):
+        at_step_boundary(usr_signal, then_requeue, "the job requeues")
+    at_step_boundary(signal.SIGTERM, then_go_on, "training goes on until SLURM ends the job")
+
+
+def _count_progress(handler: Any, max_num_timeout: int) -> None:
+    """The rule: max_num_timeout bounds the time-limit requeues in a row without progress. submitit counts every one
+    (its countdown, which it lowers by one at each time-limit requeue); a job that trained since it started (a
+    checkpoint further on than where it began, or a run finished: peltbench.checkpoint.progressed) puts it back at
+    max_num_timeout before submitit lowers it."""
+    from peltbench.checkpoint import progressed
+
+    owner = getattr(handler, "__self__", None)
+    delayed = getattr(owner, "_delayed", None)
+    if delayed is None or not progressed():
+        return
+    timed_out = bool(owner.has_timed_out())
+    delayed._timeout_countdown = max_num_timeout + (1 if timed_out else 0)
+    log.info("this job trained since it started: its requeue does not count against max_num_timeout=%d",
+             max_num_timeout)
 
 
 class NeverStarts(Exception):

@@ -163,6 +163,20 @@ def after_step(model: PeltModel, step: int) -> None:
             COMPONENTS[name].after_step(model, step)
 
 
+def component_state(model: PeltModel) -> dict[str, object]:
+    """What components keep beside their parameters that training changes (a checkpoint holds it): `state(model)` of
+    each component that declares one (AdaLoRA's budget: importance and masks); tensors as they are."""
+    return {name: COMPONENTS[name].state(model) for name in model.components if hasattr(COMPONENTS[name], "state")}
+
+
+def restore_components(model: PeltModel, states: dict[str, object]) -> None:
+    """Put back a `component_state` (after `plan_training`): each component's `restore(model, state)`."""
+    if set(states) != {name for name in model.components if hasattr(COMPONENTS[name], "state")}:
+        raise ValueError(f"the checkpoint's component state ({sorted(states)}) is not this group's")
+    for name, state in states.items():
+        COMPONENTS[name].restore(model, state)
+
+
 def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
     """Counts as docs/protocol.md defines them, for the member in `slot` of a model built for it alone.
 
@@ -266,5 +280,5 @@ def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]
 
 
 __all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "added_tokens", "after_step", "build_pelt_model", "check_method",
-           "count_method", "layout_key", "load_member_head", "load_member_state", "member_frozen", "member_head",
-           "member_shapes", "member_state", "parameter_counts", "plan_training", "regulariser"]
+           "component_state", "count_method", "layout_key", "load_member_head", "load_member_state", "member_frozen", "member_head",
+           "member_shapes", "member_state", "parameter_counts", "plan_training", "regulariser", "restore_components"]

@@ -180,3 +180,11 @@ def regulariser(model: PeltModel) -> torch.Tensor:
 
 def after_step(model: PeltModel, step: int) -> None:
     model.adalora.after_step(step, model.members.active_slots())
+
+
+def state(model: PeltModel) -> dict:
+    return model.adalora.checkpoint()
+
+
+def restore(model: PeltModel, saved: dict) -> None:
+    model.adalora.restore(saved)

@@ -153,17 +153,37 @@ class Budget:
             self._cache[key] = [to_device(torch.tensor(v), device).view(-1, 1, 1) for v in values]
         return self._cache[key]
 
+    def checkpoint(self) -> dict:
+        """What training changes here (a checkpoint holds it): the kept triplets and the importance EMAs (None before
+        the first update)."""
+        return {"kept": self.kept, "importance": self._state}
+
+    def restore(self, saved: dict) -> None:
+        """Put back a `checkpoint()`, after `plan`."""
+        self.kept = saved["kept"].to(self.kept.device)
+        self._cache = {}
+        if saved["importance"] is None:
+            self._state = self.state = None
+            return
+        self._allocate(self.parameters()[0].device)
+        for group, values in zip(self._state, saved["importance"], strict=True):
+            for key in ("ipt", "unc"):
+                group[key].copy_(values[key])
+
+    def _allocate(self, device) -> None:
+        """The importance state, zero: one tensor per group of tensors, and each parameter's view of it (`state`)."""
+        self._state = [{key: torch.zeros(len(indices), self.width, *self.modules[indices[0]].triplets()[kind].shape[1:],
+                                         device=device) for key in ("ipt", "unc")}
+                       for kind, indices in self.groups]
+        self.state = [{key: group[key][i] for key in ("ipt", "unc")}
+                      for group, (_, indices) in zip(self._state, self.groups) for i in range(len(indices))]
+
     def _update_importance(self, members: list[int]) -> None:
         """Sensitivity |w · g| smoothed (β₁), and its uncertainty (β₂), for the members in `members` only: one
         foreach operator per term over every parameter (the others' rows get β = 1 and keep their values)."""
         parameters = self.parameters()
         if self._state is None:
-            self._state = [{key: torch.zeros(len(indices), self.width,
-                                             *self.modules[indices[0]].triplets()[kind].shape[1:],
-                                             device=parameters[0].device) for key in ("ipt", "unc")}
-                           for kind, indices in self.groups]
-            self.state = [{key: group[key][i] for key in ("ipt", "unc")}
-                          for group, (_, indices) in zip(self._state, self.groups) for i in range(len(indices))]
+            self._allocate(parameters[0].device)
         beta1, beta1c, beta2, beta2c = self._betas(members, parameters[0].device)
         size = len(parameters)
         grads = [self._span(p.grad if p.grad is not None else torch.zeros_like(p)) for p in parameters]

@@ -1,8 +1,9 @@
 """What makes runs comparable: the same model and the same protocol (issue 8).
 
-A run's protocol is every `train.*` setting except `eval_batch_size` (it batches evaluation only), the
+A run's protocol is every `train.*` setting except `eval_batch_size` and `checkpoint_every` (they batch evaluation
+and time checkpoints only), the
 dev set size, the model seed and the precision it ran in. Settings that do not change results
-(`device`, `results_dir`, `data.dir`, `fuse`, evaluation batch size) never split a protocol. A protocol
+(`device`, `results_dir`, `data.dir`, `fuse`, evaluation batch size, checkpoints) never split a protocol. A protocol
 is written as the settings that differ from the paper's (conf/config.yaml's defaults, App. B) plus the
 precision, e.g. `precision=fp32` (the paper's) or `train.epochs=3,dev_size=200,precision=fp32`: that
 string is the `protocol` column of `load_records` and what `peltbench-tables --protocol` takes.
@@ -25,7 +26,7 @@ from ..architectures import NAMES
 from ..packaged import packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, describe as describe_named, protocol_file, protocol_name, run_defaults
 
-NON_RESULT_TRAIN_KEYS = frozenset({"eval_batch_size"})
+NON_RESULT_TRAIN_KEYS = frozenset({"eval_batch_size", "checkpoint_every"})
 TOP_LEVEL_KEYS = ("dev_size", "model_seed")
 PRECISION = "precision"
 PROTOCOL = "protocol"  # the named protocol (conf/protocol/), in a label only when it is not unipelt
