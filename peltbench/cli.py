@@ -32,7 +32,7 @@ from .interrupts import catch_ctrl_c, exit_status, interrupted, interruption, st
 from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
-from .packaged import options, packaged_config
+from .packaged import options, packaged_config, shadowing, use_searchpath
 from .protocols import protocol_name, run_defaults, sweep_seeds
 from .record import container
 from .tasks import TaskSpec
@@ -196,6 +196,11 @@ def preflight(arguments: list[str]) -> str | None:
         loader = GlobalHydra.instance().config_loader()
         try:
             config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
+            use_searchpath(config.hydra.searchpath)  # the user's own config folders: their method files
+            shadowed = shadowing("method")
+            if shadowed:
+                raise UserError(f"{shadowed[0]}: peltbench ships a method of that name, which Hydra finds first, so "
+                                f"this file would never run: give your method (file and `name:`) a name of its own")
             shown = []
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
                 loggers, data, protocols = {}, {}, set()

@@ -16,7 +16,7 @@ projection, each wrapping the previous (their kernels cannot share a shape), so 
 fused projection (ModernBERT's Wqkv) each adapted row block has its own kernel; as b divides H that is PEFT's C3A on
 the whole Wqkv with the kernel's other rows zero, which is how it is exported (`peft_export`).
 
-No gate: a gated method listing c3a is refused (GATE = None).
+No gate: a gated method listing c3a is refused (its COMPONENT declares none).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ has its own c, E and α (a member with a smaller n holds zeros past it, masked o
 ΔW before the product, in PEFT's order). On a fused projection (ModernBERT's Wqkv) each adapted row block has its own
 H × H spectrum, which PEFT cannot express (it adapts the whole Wqkv): no PEFT copy there (saving.peft_kind).
 
-No gate: a gated method listing fourierft is refused (GATE = None).
+No gate: a gated method listing fourierft is refused (its COMPONENT declares none).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the input rotation x ↦ R x of methods/rotation.py with one block of the whole 
 Init (PEFT's `init_weights=True`, r even): kaiming-uniform (a = √5) columns drawn for r/2 reflections, each repeated
 twice (H_i H_i = I), so R = I at the start; r odd: all r columns drawn (PEFT warns that R ≠ I then).
 `hra_apply_gs: true` is PEFT's `apply_GS`: the columns orthonormalised by Gram-Schmidt, R = I − 2 Û Ûᵀ.
-A reflection multiplies the frozen path: no gate (GATE = None).
+A reflection multiplies the frozen path: no gate (its COMPONENT declares none).
 """
 
 from __future__ import annotations

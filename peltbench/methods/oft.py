@@ -6,7 +6,7 @@ at init (R = I). Cayley: PEFT's default `use_cayley_neumann=True` truncates (I +
 I + 2Q + 2Q² + … + 2Q^(n−2) + Q^(n−1) with n = `oft_neumann_terms` (5); `oft_neumann_terms: 0` is PEFT's exact
 transform, R = (I − Q)(I + Q)⁻¹. Not taken: COFT (`coft`) and `block_share` (both off by default in PEFT) and
 `module_dropout` (PEFT 0.21's Linear builds the dropout layer but its forward never applies it). A rotation
-multiplies the frozen path: it has no gate (GATE = None) and is refused in a gated mixture.
+multiplies the frozen path: it has no gate (its COMPONENT declares none) and is refused in a gated mixture.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ frozen W x is computed once for the group. Where the architecture map puts a pro
 Linear (ModernBERT's Wqkv), the block's rows of the output are rotated: exactly RoAd on a separate projection, and, as
 RoAd is elementwise, exactly PEFT's RoAd on the whole Wqkv with θ = 0, α = 1 on the other blocks (its PEFT copy).
 
-RoAd multiplies the frozen path: it has no gate (GATE = None).
+RoAd multiplies the frozen path: it has no gate (its COMPONENT declares none).
 """
 
 from __future__ import annotations
