@@ -82,7 +82,8 @@ def user(tmp_path, tiny_checkpoint):
 
 
 def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(cwd / "code"), **(env or {})}
+    path = os.pathsep.join(filter(None, [str(cwd / "code"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path, **(env or {})}
     return subprocess.run([*args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -91,7 +92,8 @@ def common(user: Path) -> list[str]:
             f"hydra.searchpath=[file://{user / 'conf'}]"]
 
 
-def test_a_copy_of_lora_fused_with_lora_trains_as_lora_and_is_saved_counted_and_tabled(user, user_path, capsys):
+def test_a_copy_of_lora_fused_with_lora_trains_as_lora_and_is_saved_counted_and_tabled(user, user_path, capsys,
+                                                                                      monkeypatch):
     """Acceptance: lora.py copied into mylab, named by my_lora.yaml (lora.yaml with its name and component changed),
     trains in one fused group with the built-in lora, dropout on, and each member's record is the built-in's."""
     result = run(PELTBENCH, "-m", "method=lora,my_lora", "fuse=true", "save.weights=true", "save.predictions=true",
@@ -122,6 +124,13 @@ def test_a_copy_of_lora_fused_with_lora_trains_as_lora_and_is_saved_counted_and_
     _, predictions = peltbench.load_run(folder).predict()
     saved = [int(row["prediction"]) for row in csv.DictReader(open(folder / "predictions.csv"))]
     assert list(map(int, predictions)) == saved
+    # done for peltbench-missing (its method file found through the same hydra.searchpath)
+    from peltbench.missing import main as missing
+
+    monkeypatch.chdir(user)
+    assert missing(["-m", "method=lora,my_lora", "fuse=true", "save.weights=true", "save.predictions=true",
+                    *common(user)]) == 0
+    assert "2 runs: 2 done" in capsys.readouterr().out
     # counted beside peltbench's methods
     from peltbench.params import main as params
 
@@ -145,7 +154,8 @@ def test_a_bad_setting_of_a_users_component_is_refused_before_torch(user):
     result = run(sys.executable, "-c", script, "method=my_lora", "method.lora_rank=0", *common(user), cwd=user)
     assert result.stdout == "2 []\n", result.stdout + result.stderr
     assert result.stderr == "peltbench: error: method.lora_rank=0: must be a positive integer\n"
-    result = run(sys.executable, "-c", script, "method=my_lora", *common(user), cwd=user, env={"PYTHONPATH": ""})
+    result = run(sys.executable, "-c", script, "method=my_lora", *common(user), cwd=user,
+                 env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     assert result.stdout == "2 []\n"
     assert result.stderr == ("peltbench: error: method.components=[mylab.lora_copy]: component mylab.lora_copy: its "
                              "module is not on this Python's path (pip install its package, or add the folder above "
