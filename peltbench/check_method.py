@@ -47,6 +47,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
+from .packaged import use_searchpath
 
 CHECKS = ("trains", "fused", "slot", "backbone", "count", "device", "reload")
 COMPANIONS = ("lora", "adapter", "prefix", "bitfit")  # the built-ins a member is fused with (docstring: fused)
@@ -119,6 +120,7 @@ class Composer:
 
     def __init__(self, search: Sequence[str] = ()) -> None:
         self.search = list(search)
+        use_searchpath(self.search)  # the user's method files: what their runs' folders name (packaged.py)
 
     def __call__(self, *overrides: str) -> DictConfig:
         key = (tuple(self.search), tuple(overrides))

@@ -25,13 +25,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from . import UserError, __version__
-from .config import METHOD_SETTINGS, check_config
+from .component import builtin_names
+from .config import check_config, method_settings
 from .data import check_task_data
 from .interrupts import catch_ctrl_c, exit_status, interrupted, interruption, stopped_by
 from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
-from .packaged import options, packaged_config
+from .packaged import options, packaged_config, shadowing, use_searchpath
 from .protocols import protocol_name, run_defaults, sweep_seeds
 from .record import container
 from .tasks import TaskSpec
@@ -78,62 +79,12 @@ Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not d
 
 GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config groups a user chooses from (conf/)
 
-# What each method setting means (the values each method takes are commented in conf/method/*.yaml).
-METHOD_HELP = {
-    "name": "the method's name (its record folder)",
-    "components": "the PELT components combined: full bitfit ln adapter prefix lora parallel_adapter dora vera adalora oft hra boft ia3 prompt fourierft c3a road delora",
+# What the settings every method has mean; each component's own are in its declaration (peltbench.component), and
+# the values each method takes are commented in conf/method/*.yaml.
+COMMON_METHOD_HELP = {
+    "components": "the PELT components combined: {components}; or a module's import path (docs/components.md)",
     "lr": "learning rate (App. B)",
     "head": "what of the classifier head trains: train, bias (bias only) or frozen",
-    "gated": "UniPELT's gate on each submodule (§3.2): true or false",
-    "gate_pooling": "gate mean over real tokens (masked) or over all max_length positions as the authors' code (padded)",
-    "bottleneck": "adapter size (adapter, UniPELT; MAM's parallel adapter); Figure 2 sweeps it",
-    "prefix_length": "prefix length L",
-    "prefix_hidden": "width of prefix-tuning's reparameterisation MLP",
-    "prefix_projection": "prefixes through the MLP (true, prefix-tuning) or trained directly (false, P-tuning v2)",
-    "prefix_shift_positions": "the tokens' positions follow the prefix (true: P-tuning v2's code, PEFT) or start at 0 (false)",
-    "prompt_length": "prompt tuning's number of prompt embeddings P",
-    "prompt_init": "prompt tuning's init: vocab (sampled word embeddings) or random (N(0, 1))",
-    "lora_rank": "LoRA rank r",
-    "lora_scale": "LoRA scale (App. B's alpha); unused while gated; Figure 3 sweeps it",
-    "lora_targets": "the projections LoRA adapts, a list from query, key, value",
-    "adapter_scale": "MAM's parallel-adapter scale",
-    "lora_freeze_a": "LoRA-FA: LoRA's A stays at its random init, only B trains (default false)",
-    "lora_init": "LoRA's (DoRA's) init: kaiming (default), pissa or olora (A, B from W's principal part, taken out of W)",
-    "vera_rank": "VeRA rank r of the shared random A (r × in) and B (out × r)",
-    "vera_targets": "the projections VeRA adapts, a list from query, key, value",
-    "vera_d_initial": "VeRA's initial λ_d (PEFT's d_initial)",
-    "adalora_targets": "the matrices AdaLoRA adapts: query key value attention_output intermediate output",
-    "adalora_init_rank": "AdaLoRA's initial rank r0 of every matrix (the initial budget)",
-    "adalora_target_rank": "AdaLoRA's average final rank (the final budget)",
-    "adalora_alpha": "AdaLoRA's alpha: the update is scaled by alpha / r0",
-    "adalora_tinit": "AdaLoRA's warm-up before any masking, a fraction of the run's planned steps",
-    "adalora_tfinal": "AdaLoRA's final phase at the target budget, a fraction of the planned steps",
-    "adalora_delta_t": "AdaLoRA masks every this many steps while the budget shrinks",
-    "adalora_beta1": "AdaLoRA's EMA of the sensitivity",
-    "adalora_beta2": "AdaLoRA's EMA of the uncertainty",
-    "adalora_orth_reg": "AdaLoRA's orthogonal regulariser weight gamma",
-    "oft_block_size": "OFT block size b (r = in_features / b rotation blocks)",
-    "oft_neumann_terms": "OFT's Cayley transform: Neumann terms (PEFT's default 5), or 0 for the exact inverse",
-    "oft_targets": "the projections whose input OFT rotates, a list from query, key, value",
-    "hra_rank": "HRA: the number r of Householder reflections",
-    "hra_apply_gs": "HRA: orthonormalise the reflections' vectors by Gram-Schmidt (PEFT's apply_GS)",
-    "hra_targets": "the projections whose input HRA reflects, a list from query, key, value",
-    "boft_block_size": "BOFT block size b of each butterfly factor",
-    "boft_factors": "BOFT: the number m of butterfly factors (PEFT's boft_n_butterfly_factor)",
-    "boft_targets": "the projections whose input BOFT rotates (and output it scales), a list from query, key, value",
-    "fourierft_n_frequency": "FourierFT: the number n of trained spectral coefficients per adapted projection",
-    "fourierft_scaling": "FourierFT's alpha, which multiplies the weight change (PEFT's scaling)",
-    "fourierft_entry_seed": "FourierFT: seed of the n spectral entries, shared by every projection (PEFT's random_loc_seed)",
-    "fourierft_targets": "the projections FourierFT adapts, a list from query, key, value",
-    "c3a_block_size": "C3A block size b: one trained circular-convolution kernel of length b per b x b block",
-    "c3a_targets": "the projections C3A adapts, a list from query, key, value",
-    "road_variant": "RoAd's variant: 1, 2 or 4 (PEFT's road_1/2/4: one angle and scale per pair, per feature, two per feature)",
-    "road_group_size": "RoAd: features are paired within groups of this size (i with i + size/2; 2: consecutive pairs)",
-    "road_targets": ("the Linears of a layer whose output RoAd rotates, a list from query, key, value, "
-                     "attention_output, intermediate, output"),
-    "delora_rank": "DeLoRA rank r",
-    "delora_lambda": "DeLoRA's initial λ, the trained bound on the update's norm relative to W's",
-    "delora_targets": "the projections DeLoRA adapts, a list from query, key, value",
 }
 
 
@@ -245,6 +196,11 @@ def preflight(arguments: list[str]) -> str | None:
         loader = GlobalHydra.instance().config_loader()
         try:
             config = loader.load_configuration(args.config_name or "config", list(args.overrides), run_mode=mode)
+            use_searchpath(config.hydra.searchpath)  # the user's own config folders: their method files
+            shadowed = shadowing("method")
+            if shadowed:
+                raise UserError(f"{shadowed[0]}: peltbench ships a method of that name, which Hydra finds first, so "
+                                f"this file would never run: give your method (file and `name:`) a name of its own")
             shown = []
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
                 loggers, data, protocols = {}, {}, set()
@@ -384,11 +340,18 @@ def help_text() -> str:
         loggers=" ".join(options("logger")),
         experiments=" ".join(options("experiment")),
         settings=_rows(documented_keys("config.yaml")),
-        method_settings=_rows([(f"method.{key}", "", METHOD_HELP[key]) for key in ("components", *METHOD_SETTINGS)
-                               if key != "name"]),
+        method_settings=_rows(method_help()),
         protocol_settings=_rows(documented_keys("protocol/unipelt.yaml")),
         logger_settings=_rows([row for name in options("logger") for row in documented_keys(f"logger/{name}.yaml", "logger.")]),
     )
+
+
+def method_help() -> list[tuple[str, str, str]]:
+    """(method.KEY, "", help) for the settings every method has, then each built-in component's, as it declares them."""
+    common = {**COMMON_METHOD_HELP, "components": COMMON_METHOD_HELP["components"].format(
+        components=" ".join(builtin_names()))}
+    return [(f"method.{key}", "", text) for key, text in common.items()] + \
+        [(f"method.{key}", "", text) for key, (_, text) in method_settings().items()]
 
 
 _YAML_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_]\w*):(?P<value>[^#]*?)\s*(#\s*(?P<comment>.*))?$")

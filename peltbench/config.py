@@ -15,15 +15,13 @@ from importlib.util import find_spec
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import UserError
+from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentError, builtin_files, builtin_names,
+                        declaration, evaluate, is_builtin)
 from .packaged import options, packaged_config
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
 from .tasks import DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
-LORA_TARGETS = ("query", "key", "value")     # the attention projections LoRA can adapt
-LAYER_LINEARS = (*LORA_TARGETS, "attention_output", "intermediate", "output")  # every Linear of a layer (lora.LINEARS)
-ADALORA_TARGETS = LAYER_LINEARS  # methods/adalora.py
-GATE_POOLINGS = ("masked", "padded")         # gate mean over real tokens, or over all max_length positions
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 
@@ -33,45 +31,10 @@ DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 CPU_BF16 = ("precision=bf16 is refused on a CPU: peltbench trains slower there in bf16 than in fp32 (1.5-2x measured) "
             "to the same scores (scripts/benchmark_precision.py measures yours); use precision=fp32 or a GPU")
 
-# What each component reads from `method`, beside the settings every method has. A setting no component of the
-# method reads would only rename the run's folder (+method.lora_rank=4 on an adapter), so it is refused.
-# Its names are the ones peltbench.methods.COMPONENTS registers (tests/test_config.py holds the two together).
+# The settings every method has. What else a method reads is what its components declare (peltbench.component: each
+# component module's COMPONENT); a setting no component of the method reads would only rename the run's folder
+# (+method.lora_rank=4 on an adapter), so it is refused.
 COMMON_SETTINGS = ("name", "components", "head", "lr")
-COMPONENT_SETTINGS = {
-    "full": (),
-    "bitfit": (),
-    "ln": (),
-    "adapter": ("bottleneck", "gated", "gate_pooling"),
-    "prefix": ("prefix_length", "prefix_hidden", "prefix_projection", "prefix_shift_positions", "gated", "gate_pooling"),
-    "lora": ("lora_rank", "lora_scale", "lora_targets", "gated", "gate_pooling", "lora_freeze_a", "lora_init"),
-    "parallel_adapter": ("bottleneck", "adapter_scale"),
-    "dora": ("lora_rank", "lora_scale", "lora_targets", "lora_init"),
-    "vera": ("vera_rank", "vera_targets", "vera_d_initial", "gated", "gate_pooling"),
-    "fourierft": ("fourierft_n_frequency", "fourierft_scaling", "fourierft_entry_seed", "fourierft_targets"),
-    "c3a": ("c3a_block_size", "c3a_targets"),
-    "road": ("road_variant", "road_group_size", "road_targets"),
-    "delora": ("delora_rank", "delora_lambda", "delora_targets"),
-    "adalora": ("adalora_targets", "adalora_init_rank", "adalora_target_rank", "adalora_alpha", "adalora_tinit",
-                "adalora_tfinal", "adalora_delta_t", "adalora_beta1", "adalora_beta2", "adalora_orth_reg", "gated",
-                "gate_pooling"),
-    "oft": ("oft_block_size", "oft_neumann_terms", "oft_targets"),
-    "hra": ("hra_rank", "hra_apply_gs", "hra_targets"),
-    "boft": ("boft_block_size", "boft_factors", "boft_targets"),
-    "ia3": (),
-    "prompt": ("prompt_length", "prompt_init"),
-}
-# Components that cannot share one method, and why: the methods refuse the same pairs when a model is built
-# (methods.check_method and the components' own `check`; tests/test_isolation.py holds the two together), this refuses
-# them before torch loads.
-EXCLUSIVE = {
-    ("adapter", "parallel_adapter"): "two FFN adapters; no method uses both",
-    ("boft", "bitfit"): "boft_s scales W x around the frozen bias, which bitfit would train",
-    ("dora", "lora"): "dora rescales the whole projection W, which lora changes too",
-    ("dora", "vera"): "dora rescales the whole projection W, which vera changes too",
-    ("dora", "bitfit"): "dora rescales the whole projection W, whose bias bitfit would train",
-}
-OPTIONAL_SETTINGS = ("gate_pooling", "lora_freeze_a", "prefix_projection", "prefix_shift_positions", "lora_init")  # a method
-# file may leave them out: masked, false, true (the MLP), false, kaiming
 
 # The optional dependency (module to import = extra to install) of each logger in conf/logger/.
 LOGGER_EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
@@ -117,8 +80,6 @@ Rule = tuple[Callable[[object], bool], str]  # (is the value valid, what it must
 POSITIVE_INT: Rule = (_positive_int, "must be a positive integer")
 OPTIONAL_INT: Rule = (_optional_positive_int, "must be a positive integer or null")
 BOOL: Rule = (_bool, "must be true or false")
-PROJECTIONS: Rule = (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LORA_TARGETS),
-                     f"must be a list of distinct projections from {', '.join(LORA_TARGETS)}, e.g. [query,value]")
 
 # Every value outside `method`, `task` and `logger` that a run reads. Keys the packaged conf/config.yaml lacks
 # (fuse, save.*) are checked when a config has them.
@@ -153,64 +114,22 @@ SETTINGS: dict[str, Rule] = {
     "save.predictions": BOOL,
 }
 
-METHOD_SETTINGS: dict[str, Rule] = {
+METHOD_SETTINGS: dict[str, Rule] = {  # the common ones; the components' own: method_settings()
     "name": (_text, "must be a name"),
     "lr": (_positive_number, "must be a positive number (the learning rate)"),
     "head": (lambda v: v in HEAD_CHOICES, f"must be one of {', '.join(HEAD_CHOICES)}"),
-    "gated": BOOL,
-    "gate_pooling": (lambda v: v in GATE_POOLINGS, f"must be {' or '.join(GATE_POOLINGS)}"),
-    "bottleneck": POSITIVE_INT,
-    "prefix_length": POSITIVE_INT,
-    "prefix_hidden": POSITIVE_INT,
-    "prefix_projection": BOOL,
-    "prefix_shift_positions": BOOL,
-    "prompt_length": POSITIVE_INT,
-    "prompt_init": (lambda v: v in ("vocab", "random"), "must be vocab (sampled word embeddings) or random (N(0, 1))"),
-    "lora_rank": POSITIVE_INT,
-    "lora_scale": (_positive_number, "must be a positive number"),
-    "adapter_scale": (_positive_number, "must be a positive number"),
-    "lora_freeze_a": BOOL,
-    "vera_rank": POSITIVE_INT,
-    "vera_d_initial": (_positive_number, "must be a positive number (λ_d's initial value)"),
-    "vera_targets": PROJECTIONS,
-    "lora_targets": PROJECTIONS,
-    "fourierft_n_frequency": POSITIVE_INT,
-    "fourierft_scaling": (_positive_number, "must be a positive number (α, which multiplies the weight change)"),
-    "fourierft_entry_seed": (_non_negative_int, "must be a non-negative integer (the seed of the spectral entries)"),
-    "fourierft_targets": PROJECTIONS,
-    "c3a_block_size": POSITIVE_INT,
-    "lora_init": (lambda v: v in ("kaiming", "pissa", "olora"),
-                  "must be kaiming (A kaiming-uniform, B zero), pissa or olora (PEFT's init_lora_weights)"),
-    "road_variant": (lambda v: v in (1, 2, 4) and not isinstance(v, bool), "must be 1, 2 or 4 (PEFT's road_1, road_2, road_4)"),
-    "road_group_size": (lambda v: _positive_int(v) and v % 2 == 0, "must be a positive even integer (features paired within a group)"),
-    "road_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(LAYER_LINEARS),
-                     f"must be a list of distinct Linears of a layer from {', '.join(LAYER_LINEARS)}"),
-    "delora_rank": POSITIVE_INT,
-    "delora_lambda": (_positive_number, "must be a positive number (λ, the bound on the update's norm relative to W's)"),
-    "delora_targets": PROJECTIONS,
-    "c3a_targets": PROJECTIONS,
-    "adalora_targets": (lambda v: _distinct_list(v) and 0 < len(v) and set(v) <= set(ADALORA_TARGETS),
-                        f"must be a list of distinct matrices from {', '.join(ADALORA_TARGETS)}"),
-    "adalora_init_rank": POSITIVE_INT,
-    "adalora_target_rank": (_non_negative_int, "must be a non-negative integer (the average final rank)"),
-    "adalora_alpha": (_positive_number, "must be a positive number"),
-    "adalora_tinit": (_fraction, "must be a fraction of the run's steps, at least 0 and below 1"),
-    "adalora_tfinal": (_fraction, "must be a fraction of the run's steps, at least 0 and below 1"),
-    "adalora_delta_t": POSITIVE_INT,
-    "adalora_beta1": (_open_unit, "must lie strictly between 0 and 1"),
-    "adalora_beta2": (_open_unit, "must lie strictly between 0 and 1"),
-    "adalora_orth_reg": (lambda v: _positive_number(v) or v == 0, "must be a number at least 0"),
-    "oft_block_size": POSITIVE_INT,
-    "oft_neumann_terms": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                          "must be 0 (the exact Cayley transform) or a number of Neumann terms"),
-    "oft_targets": PROJECTIONS,
-    "hra_rank": POSITIVE_INT,
-    "hra_apply_gs": BOOL,
-    "hra_targets": PROJECTIONS,
-    "boft_block_size": POSITIVE_INT,
-    "boft_factors": POSITIVE_INT,
-    "boft_targets": PROJECTIONS,
 }
+
+
+def method_settings() -> dict[str, tuple[Rule, str]]:
+    """Every setting a built-in component reads, with its rule and help line, in the order the components attach
+    (peltbench --help lists them)."""
+    found: dict[str, tuple[Rule, str]] = {}
+    for name in builtin_names():
+        for key, setting in declaration(name).all_settings().items():
+            found.setdefault(key, (setting.rule, setting.help))
+    return found
+
 
 # Methods whose default setting (their conf/method file) did not learn in peltbench's few-shot measurement
 # (docs/defaults.md: MiniLM, SST-2, K = 500, seed 111, dev 200, 5 epochs): a few-shot run at it is warned at its start
@@ -346,153 +265,63 @@ def _cached_hub_config(name: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def rotation_misfit(kind: str, block: int, factors: int, features: int) -> str | None:
-    """Why an OFT (kind "oft") or BOFT ("boft") block size cannot rotate a projection with `features` inputs, or None.
-    The one rule: methods/oft.py and methods/boft.py size their blocks with it; check_model_fit refuses before torch."""
-    if kind == "oft":
-        return None if features % block == 0 else \
-            f"oft_block_size={block} must divide the adapted projections' input size {features}"
-    if features % (block * 2 ** (factors - 1)) or (factors > 1 and (block % 2 or (features // block) % 2)):
-        return (f"boft_block_size={block} with boft_factors={factors} does not fit the adapted projections' input size "
-                f"{features} (b · 2^(m−1) must divide it; b and the block count even when m > 1)")
-    return None
-
-
-def road_misfit(group: int, out_features: int, target: str) -> str | None:
-    """Why RoAd's group size cannot pair the outputs of a layer's `target` Linear, or None (PEFT's rule: it divides
-    them). The one rule: methods/road.py applies it to the model's shapes, check_model_fit before torch."""
-    if out_features % group:
-        return (f"road_group_size={group} must divide the output size of every Linear RoAd adapts: "
-                f"{target} has {out_features}")
-    return None
-
-
-def road_model_misfit(method: DictConfig, model_config: dict) -> str | None:
-    """road_misfit on each of the method's targets with the output sizes the model's config gives them, saying which
-    config value gave it; None where each fits or the config does not say."""
-    from .architectures import ARCHITECTURES, output_size
-
-    arch = ARCHITECTURES.get(model_config.get("model_type"))
-    if arch is None:
-        return None
-    for target in LAYER_LINEARS:
-        if target in method.road_targets:
-            size, source = output_size(arch, target, model_config)
-            why = size and road_misfit(int(method.road_group_size), size, target)
-            if why:
-                return f"{why} ({model_config.get('model_type')} {source})"
-    return None
-
-
-def fourierft_misfit(n: int, out_features: int, in_features: int) -> str | None:
-    """Why FourierFT cannot place n coefficients in a projection's out × in spectrum, or None (PEFT's rule). The one
-    rule: methods/fourierft.py applies it to the model's shapes, check_model_fit before torch."""
-    if n <= out_features * in_features:
-        return None
-    return f"fourierft_n_frequency={n} exceeds the {out_features} × {in_features} entries of the adapted projections' spectrum"
-
-
-def c3a_misfit(block: int, out_features: int, in_features: int) -> str | None:
-    """Why C3A's block size cannot tile a projection, or None (PEFT's rule: b divides in and out). The one rule:
-    methods/c3a.py applies it to the model's shapes, check_model_fit before torch."""
-    if in_features % block or out_features % block:
-        return (f"c3a_block_size={block} must divide the adapted projections' input and output sizes "
-                f"({in_features}, {out_features})")
-    return None
-
-
-def spectral_misfit(method: DictConfig, components: list, hidden: int) -> str | None:
-    """FourierFT's or C3A's misfit on q, k, v projections of hidden × hidden (every supported encoder's, ModernBERT's
-    row blocks of Wqkv too), or None."""
-    why = fourierft_misfit(int(method.fourierft_n_frequency), hidden, hidden) if "fourierft" in components else None
-    return why or (c3a_misfit(int(method.c3a_block_size), hidden, hidden) if "c3a" in components else None)
-
-
-# The rank each low-rank component gives the projections it adapts: (its setting, its targets, what bounds it). An
-# update B·A of rank r on an out × in matrix has rank at most min(in, out), so a larger r only adds parameters (PiSSA
-# and OLoRA cannot even take r singular or QR vectors); HRA's r reflections are vectors of the input size, and more
-# than it are redundant (with apply_GS, Gram-Schmidt of more than `in` vectors fails). VeRA is not here: its r is the
-# width of frozen random projections whose λ_d trains r scalars, and the paper's RoBERTa-base GLUE runs use r = 1024
-# on 768-wide projections (conf/method/vera.yaml).
-RANKS = {
-    "lora": ("lora_rank", "lora_targets", "min"),
-    "dora": ("lora_rank", "lora_targets", "min"),
-    "adalora": ("adalora_init_rank", "adalora_targets", "min"),
-    "delora": ("delora_rank", "delora_targets", "min"),
-    "hra": ("hra_rank", "hra_targets", "in"),
-}
-
-
-def projection_sizes(target: str, model_config: dict) -> tuple[int | None, int | None, str]:
-    """(input size, output size, what in config.json gives them) of a layer's `target` Linear, from the config alone;
-    None where it does not say (an architecture peltbench does not know, for the FFN's Linears)."""
+def linear_sizes(target: str, model_config: dict) -> tuple[int | None, int | None, str, str]:
+    """(input size, output size, what in config.json gives each) of a layer's `target` Linear (a name of
+    component.LAYER_LINEARS), from the config alone; None where it does not say (an architecture peltbench does not
+    know, for the FFN's Linears)."""
     from .architectures import ARCHITECTURES, output_size
 
     hidden = model_config.get("hidden_size")
-    if target in LORA_TARGETS or target == "attention_output":
-        return hidden, hidden, f"hidden_size {hidden}"
+    if target in PROJECTION_NAMES or target == "attention_output":
+        return hidden, hidden, f"hidden_size {hidden}", f"hidden_size {hidden}"
     arch = ARCHITECTURES.get(model_config.get("model_type"))
     if arch is None:
-        return None, None, ""
+        return None, None, "", ""
     if target == "output":
         size = model_config.get("intermediate_size")
-        return size, hidden, f"intermediate_size {size}, hidden_size {hidden}"
+        return size, hidden, f"intermediate_size {size}", f"hidden_size {hidden}"
     size, source = output_size(arch, target, model_config)
-    return hidden, size, f"hidden_size {hidden}, {source}"
+    return hidden, size, f"hidden_size {hidden}", source
 
 
-def rank_misfit(method: DictConfig, components: list, model_config: dict) -> str | None:
-    """Why a low-rank component's rank (RANKS) is above what an adapted projection can take, or None."""
-    for component in components:
-        if component not in RANKS:
-            continue
-        key, targets, bound = RANKS[component]
-        rank = int(method[key])
-        for target in LAYER_LINEARS:
-            if target not in method[targets]:
-                continue
-            features, out_features, source = projection_sizes(target, model_config)
-            if features is None or out_features is None:
-                continue
-            features, out_features = int(features), int(out_features)
-            if bound == "in" and rank > features:
-                return (f"{key}={rank} is above the adapted {target}'s input size {features}: its reflections are "
-                        f"vectors of that size, and more than {features} add nothing; set method.{key}={features} or "
-                        f"lower ({model_config.get('model_type')} {source})")
-            width = min(features, out_features)
-            if bound == "min" and rank > width:
-                return (f"{key}={rank} is above the adapted {target}'s width: its {out_features} × {features} weight "
-                        f"has rank at most {width}, so a larger update only adds parameters; set method.{key}={width} "
-                        f"or lower ({model_config.get('model_type')} {source})")
+def fit_misfit(method: DictConfig, components: list, model_config: dict) -> str | None:
+    """Why a component's settings do not fit a Linear it adapts (its declared `fits`: OFT's block size dividing the
+    input, a rank no larger than the projection's, ...), with what in config.json gave the sizes; None where each
+    fits or the config does not say."""
+    for name in components:
+        component = declaration(name)
+        for fit in component.fits:
+            targets = [str(t) for t in method[fit.targets]] if fit.targets else PROJECTION_NAMES
+            for target in LAYER_LINEARS:
+                if target not in targets:
+                    continue
+                features, out_features, in_source, out_source = linear_sizes(target, model_config)
+                if features is None or out_features is None:
+                    continue
+                names = component.values(method, in_features=int(features), out_features=int(out_features),
+                                         target=target)
+                why = fit.refusal(names)
+                if why:
+                    source = {"in": in_source, "out": out_source}.get(
+                        fit.sides, in_source if in_source == out_source else f"{in_source}, {out_source}")
+                    return f"{why} ({model_config.get('model_type')} {source})"
     return None
 
 
 def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | None = None) -> None:
     """What the method needs of the model, from its config (config.json) alone. Before torch where config.json can be
-    read then (local_model_config), else once the run has loaded it: rotation block sizes that divide its width, ranks
-    no larger than the projections they adapt (RANKS), and room for a row's tokens after whatever comes before them
-    (a prompt, a P-tuning v2 prefix's shift, RoBERTa's offset).
+    read then (local_model_config), else once the run has loaded it: what its components' declarations need of each
+    Linear they adapt (`fits`: rotation block sizes that divide its width, ranks no larger than the projections they
+    adapt ...), and room for a row's tokens after whatever comes before them (a prompt, a P-tuning v2 prefix's shift:
+    `positions`; RoBERTa's offset).
     Given the run's `longest` tokenised row (the runner, once the run's data is tokenised: a position table a test
     model makes short is no reason to refuse a run whose rows fit), every row's positions within its position table.
     Raises ModelMisfit (a UserError)."""
     if model_config is None:
         return
     method, run = cfg.method, f"method={cfg.method.get('name')} task={cfg.task.get('name')}"
-    hidden = model_config.get("hidden_size")
-    components = list(method.get("components") or [])
-    if hidden:
-        for kind, block, factors in (("oft", "oft_block_size", None), ("boft", "boft_block_size", "boft_factors")):
-            if kind in components:
-                why = rotation_misfit(kind, int(method[block]), int(method[factors]) if factors else 1, int(hidden))
-                if why:
-                    raise ModelMisfit(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
-        why = spectral_misfit(method, components, int(hidden))
-        if why:
-            raise ModelMisfit(f"{run}: {why} ({model_config.get('model_type')} hidden_size {hidden})")
-    why = road_model_misfit(method, model_config) if "road" in components else None
-    if why:
-        raise ModelMisfit(f"{run}: {why}")
-    why = rank_misfit(method, components, model_config) if hidden else None
+    components = [str(name) for name in method.get("components") or []]
+    why = fit_misfit(method, components, model_config)
     if why:
         raise ModelMisfit(f"{run}: {why}")
     from .architectures import ARCHITECTURES
@@ -504,11 +333,13 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
     if arch.positions_if and not model_config.get(arch.positions_if, True):
         return
     table = int(table)
-    extra = []
-    if "prompt" in components:
-        extra.append(("prompt_length", int(method.prompt_length)))
-    if "prefix" in components and method.get("prefix_shift_positions", False):
-        extra.append(("prefix_length (its positions come first)", int(method.prefix_length)))
+    extra = []  # (what, how many) of the positions components put before the text (prompts, a shifted prefix)
+    for name in components:
+        component = declaration(name)
+        positions = component.positions
+        if positions is not None and (positions.when is None or evaluate(positions.when, component.values(method))):
+            note = f" ({positions.note})" if positions.note else ""
+            extra.append((f"{positions.count}{note}", int(method[positions.count])))
     offset = int(model_config.get("pad_token_id") or 0) + 1 if arch.positions == "after_padding_idx" else 0
     before_text = [*(f"{key} {n}" for key, n in extra), *([f"RoBERTa's offset {offset}"] if offset else [])]
     room = table - sum(n for _, n in extra) - offset  # positions left for a row's own tokens
@@ -529,51 +360,75 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
 
 
 def check_method(method: DictConfig) -> None:
-    """The method's components are known, it has the settings they read and no others, and each value is valid."""
-    components = method.get("components")
-    if not (_distinct_list(components) and components and set(components) <= set(COMPONENT_SETTINGS)):
-        raise UserError(f"method.components={_show(components)}: must be a list of distinct components from "
-                        f"{', '.join(COMPONENT_SETTINGS)}")
-    for (first, second), why in EXCLUSIVE.items():
-        if first in components and second in components:
-            raise UserError(f"method.components={_show(components)}: {first} with {second}: {why}")
-    read = set(COMMON_SETTINGS).union(*(COMPONENT_SETTINGS[c] for c in components))
-    if method.get("prefix_projection", True) is False:  # P-tuning v2: no MLP, so no MLP width
-        read.discard("prefix_hidden")
+    """The method's components are known, it has the settings they read and no others, and each value is valid: as
+    the components declare them (peltbench.component), checked before torch."""
+    components, declared = method_components(method)
+    for first in components:
+        for second, why in declared[first].excludes.items():
+            if second in components:
+                raise UserError(f"method.components={_show(components)}: {first} with {second}: {why}")
+    settings = shared_settings(components, declared)
+    read = set(COMMON_SETTINGS).union(*(declared[name].read(method) for name in components))
     unknown = sorted(set(method.keys()) - read)
-    if "prefix_hidden" in unknown and "prefix" in components:
-        raise UserError("method.prefix_hidden: the MLP's width, but prefix_projection=false trains the prefixes without "
-                        "the MLP (P-tuning v2); remove it (~method.prefix_hidden)")
+    unread = [key for key in unknown if key in settings]  # declared, but not read with these settings
+    if unread:
+        raise UserError(f"method.{unread[0]}: {settings[unread[0]].unread}; remove it (~method.{unread[0]})")
     if unknown:
         raise UserError(f"method.{unknown[0]}: not a setting of method {method.get('name')} (components "
                         f"{_show(components)}); its settings: {', '.join(sorted(read))}")
-    missing = sorted(read - set(method.keys()) - set(OPTIONAL_SETTINGS))
+    missing = sorted(read - set(method.keys()) - {key for key, setting in settings.items() if setting.optional})
     if missing:
         raise UserError(f"method.{missing[0]}: missing; components {_show(components)} need it "
                         f"(add +method.{missing[0]}=VALUE)")
-    for key, (valid, must) in METHOD_SETTINGS.items():
+    rules = {**METHOD_SETTINGS, **{key: setting.rule for key, setting in settings.items()}}
+    for key, (valid, must) in rules.items():
         if key in method and not valid(method[key]):
             raise UserError(f"method.{key}={_show(method[key])}: {must}")
-    gateless = [c for c in components if "gated" not in COMPONENT_SETTINGS[c]]  # = methods.COMPONENTS[c].GATE is None
+    gateless = [name for name in components if declared[name].gate is None]
     if method.get("gated") and gateless:
         raise UserError(f"method {method.get('name')}: gated: true, but component {gateless[0]} has no gate (a gate "
                         f"multiplies what a component adds to the frozen path): set gated: false or leave "
                         f"{gateless[0]} out")
-    if "adalora" in components:
-        _check_adalora(method)
-    if method.get("lora_init", "kaiming") != "kaiming" and method.get("gated"):  # methods/lora.py check() too
-        raise UserError(f"method.lora_init={method.lora_init}: takes s·B₀A₀ out of W, and a gate replaces s: PiSSA and "
-                        "OLoRA run ungated (method.gated=false)")
+    for name in components:
+        refused = declared[name].refusals(method, declared[name].checks)
+        if refused:
+            raise UserError(refused[0])
 
 
-def _check_adalora(method: DictConfig) -> None:
-    """AdaLoRA's settings that only make sense together (PEFT's AdaLoraConfig refuses the same)."""
-    if method.adalora_target_rank >= method.adalora_init_rank:
-        raise UserError(f"method.adalora_target_rank={method.adalora_target_rank}: must be below adalora_init_rank "
-                        f"({method.adalora_init_rank}), or there is no budget to allocate (that is method=lora)")
-    if method.adalora_tinit + method.adalora_tfinal >= 1:
-        raise UserError(f"method.adalora_tinit + adalora_tfinal = {method.adalora_tinit + method.adalora_tfinal}: "
-                        "must be below 1 (fractions of the run's steps), to leave a budgeting phase")
+def method_components(method: DictConfig) -> tuple[list[str], dict[str, Component]]:
+    """The method's components and their declarations; a UserError for a list that is not one of distinct known
+    components (a built-in's name, or a module's import path)."""
+    components = method.get("components")
+    if not (_distinct_list(components) and components):
+        raise UserError(f"method.components={_show(components)}: must be a list of distinct components from "
+                        f"{', '.join(builtin_names())}, or a module's import path (docs/components.md)")
+    components = [str(name) for name in components]
+    declared = {}
+    for name in components:
+        if is_builtin(name) and name not in builtin_files():
+            raise UserError(f"method.components={_show(components)}: must be a list of distinct components from "
+                            f"{', '.join(builtin_names())}, or a module's import path (docs/components.md)")
+        try:
+            declared[name] = declaration(name)
+        except ComponentError as error:
+            raise UserError(f"method.components={_show(components)}: {error}") from None
+    return components, declared
+
+
+def shared_settings(components: list[str], declared: dict[str, Component]) -> dict:
+    """Every setting the components declare, by key. Settings are method keys, so two components may read one
+    (lora and dora: lora_rank) only where they declare it alike (rule, default, condition): else a UserError."""
+    settings, owners = {}, {}
+    for name in components:
+        for key, setting in declared[name].all_settings().items():
+            if key in settings and not settings[key].agrees(setting):
+                raise UserError(f"method.components={_show(components)}: {owners[key]} and {name} both read "
+                                f"method.{key}, declared differently ({settings[key].rule.must}, default "
+                                f"{settings[key].default}; {setting.rule.must}, default {setting.default}): one of them "
+                                f"must name it otherwise")
+            settings.setdefault(key, setting)
+            owners.setdefault(key, name)
+    return settings
 
 
 def planned_steps(cfg: DictConfig) -> int | None:
@@ -607,19 +462,19 @@ def check_halving(cfg: DictConfig) -> None:
 
 
 def check_planned_steps(cfg: DictConfig) -> None:
-    """AdaLoRA's schedule leaves a budgeting phase in the run's planned steps (methods/adalora_budget.py plans the
-    same rounding): refused before torch, naming the run, rather than when its group is planned."""
+    """What a component's declaration needs of the run's planned optimiser steps (`schedule`: AdaLoRA's schedule
+    leaves a budgeting phase; methods/adalora_budget.py plans the same rounding): refused before torch, naming the run,
+    rather than when its group is planned."""
     method = cfg.method
-    if "adalora" not in (method.get("components") or []):
-        return
-    total = planned_steps(cfg)
+    components = [str(name) for name in method.get("components") or []]
+    declared = [(name, declaration(name)) for name in components if declaration(name).schedule]
+    total = planned_steps(cfg) if declared else None
     if total is None:
         return
-    tinit, tfinal = round(float(method.adalora_tinit) * total), round(float(method.adalora_tfinal) * total)
-    if tinit >= total - tfinal:
-        raise UserError(f"method={method.name} task={cfg.task.name}: adalora: {total} training steps leave no budgeting "
-                        f"phase after tinit {method.adalora_tinit} and before tfinal {method.adalora_tfinal} (of the "
-                        f"steps): lower them or train longer")
+    for name, component in declared:
+        refused = component.refusals(method, component.schedule, steps=total)
+        if refused:
+            raise UserError(f"method={method.name} task={cfg.task.name}: {name}: {refused[0]}")
 
 
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder of the results (record_path)

@@ -2,8 +2,9 @@
 
 Compatible = the same backbone, task, K, protocol (its split and its evaluation schedule), max length and batch size,
 read from the same data, on the same device and precision, with the same gate pooling (padded pooling pads every batch
-to max length) and the same prompt length (prompt tuning puts P embeddings in front of every row, shifting its
-tokens' positions; 0 without prompts). Anything else forms a group of its own. Fine-tuning changes the backbone, so it always trains alone. A group holds at
+to max length) and the settings their components say a group shares (`group_by`: prompt tuning's prompt length, as it
+puts P embeddings in front of every row, shifting its tokens' positions). Anything else forms a group of its own. A
+component that changes the backbone (fine-tuning: its declaration's `alone`) always trains alone. A group holds at
 most `fuse_members` runs (the runner may split it further to fit the device's free memory: runner.memory_cap).
 
 This module imports nothing heavy: launchers call it before any model loads.
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
+from .component import declaration
 from .protocols import protocol_name
 from .record import model_identity
 
@@ -24,13 +26,25 @@ log = logging.getLogger("peltbench")
 
 def group_key(cfg: DictConfig) -> tuple | None:
     """Runs with equal keys can train together; None: this run trains alone."""
-    if not cfg.get("fuse", False) or "full" in cfg.method.components:
+    if not cfg.get("fuse", False) or trains_alone(cfg.method):
         return None
     padded = bool(cfg.method.get("gated", False)) and cfg.method.get("gate_pooling", "masked") == "padded"
-    prompt = int(cfg.method.prompt_length) if "prompt" in cfg.method.components else 0  # prompts shift positions
     schedule = (protocol_name(cfg), cfg.train.get("max_steps"), cfg.train.get("eval_every"))  # K's meaning, dev periods
     return (model_identity(str(cfg.model.name)), cfg.task.name, str(cfg.k), cfg.train.max_length,
-            cfg.train.batch_size, str(cfg.data.dir), str(cfg.device), str(cfg.precision), padded, schedule, prompt)
+            cfg.train.batch_size, str(cfg.data.dir), str(cfg.device), str(cfg.precision), padded, schedule,
+            shared_settings(cfg.method))
+
+
+def trains_alone(method) -> bool:
+    """Whether a component of the method never shares its backbone (its declaration's `alone`: fine-tuning)."""
+    return any(declaration(str(name)).alone for name in method.components)
+
+
+def shared_settings(method) -> tuple:
+    """The settings a fused group's members share, as the method's components declare them (`group_by`: prompt
+    tuning's prompt_length, which shifts every token's position)."""
+    return tuple((str(name), key, str(method[key])) for name in method.components
+                 for key in declaration(str(name)).group_by)
 
 
 def plan_groups(cfgs: Sequence[DictConfig]) -> list[list[int]]:

@@ -45,6 +45,7 @@ from .claim import describe, live_claim
 from .config import check_config
 from .interrupts import stopped_by
 from .overrides import as_given, pin_group_settings
+from .packaged import use_searchpath
 from .progress import progress
 from .record import (Plain, config_differences, damage, omegaconf_strings, one_pass, read_record, record_path, select,
                      unsaved)
@@ -192,6 +193,7 @@ class _Composer:
 
     def __init__(self, config_loader: Any, sweep_config: DictConfig, plain: bool = True) -> None:
         self.loader, self.sweep_config, self.plain = config_loader, sweep_config, plain
+        use_searchpath(sweep_config.hydra.get("searchpath"))  # the user's method files name their runs' folders
         self.parser = OverridesParser.create()
         self.composed: dict[tuple[str, ...], DictConfig] = {}
         self.bases: dict[tuple[str, ...], _PlainBase | None] = {}

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 from . import UserError
 from .methods import count_method
-from .packaged import options, packaged_config
+from .packaged import method_file, options, shadowing, use_searchpath
 
 # The paper's order (Table 1, then Table 3's NoGate, then the LN-tuning paper's methods); others follow.
 PAPER_ORDER = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl",
@@ -20,8 +21,19 @@ PAPER_ORDER = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipe
 
 
 def count_packaged(method: str, config) -> dict[str, int]:
-    """The counts of a packaged method (`conf/method/<method>.yaml`)."""
-    return count_method(packaged_config(f"method/{method}.yaml"), config)
+    """The counts of a method by its name: peltbench's (`conf/method/<method>.yaml`) or, with --config-dir, the
+    user's (packaged.method_file)."""
+    return count_method(method_file(method), config)
+
+
+def user_methods(folders: list[str]) -> list[str]:
+    """The methods of the user's config folders (DIR/method/*.yaml), a UserError for one peltbench ships a method of
+    that name of (Hydra would never find the user's)."""
+    use_searchpath([f"file://{folder}" for folder in folders])
+    shadowed = shadowing("method")
+    if shadowed:
+        raise UserError(f"{shadowed[0]}: peltbench ships a method of that name; give yours a name of its own")
+    return sorted({path.stem for folder in folders for path in Path(folder, "method").glob("*.yaml")})
 
 
 def paper_rounding(count: int) -> str:
@@ -50,12 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", help="Hub id or local checkpoint whose config.json to use (default: bert-base-uncased's shape, offline)")
     parser.add_argument("--num-labels", type=int, default=2, help="classes of the head (1 for STS-B); default 2")
     parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="a config folder of your own (as hydra.searchpath=[file://DIR]): its methods "
+                             "(DIR/method/*.yaml) are counted after peltbench's; repeatable")
     args = parser.parse_args(argv)
     try:
         config, label = model_config(args.model, args.num_labels)
+        users = user_methods(args.config_dir)
     except UserError as error:
         sys.exit(f"peltbench-params: error: {error}")
     methods = sorted(options("method"), key=lambda m: (PAPER_ORDER.index(m) if m in PAPER_ORDER else len(PAPER_ORDER), m))
+    methods += users
     rows = [(method, *counted(method, config)) for method in methods]
     backbone = next(c["backbone_params"] for _, c, _ in rows if c is not None)
     if args.csv:  # a method the model cannot take: its counts empty
@@ -85,7 +102,7 @@ def counted(method: str, config) -> tuple[dict[str, int] | None, str | None]:
     on a model whose width it does not divide)."""
     try:
         return count_packaged(method, config), None
-    except ValueError as error:
+    except (ValueError, UserError) as error:
         return None, str(error)
 
 

@@ -25,9 +25,10 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import UserError, __version__
+from .component import code_identity, is_builtin
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
-from .packaged import packaged_config
+from .packaged import method_file, packaged_config, user_config_dirs
 from .protocols import DEFAULT as DEFAULT_PROTOCOL, identity as protocol_identity, lmbff_chain, method_overrides, protocol_name, run_defaults
 from .tasks import RESULT_KEYS
 
@@ -122,6 +123,9 @@ def semantic_config(cfg: DictConfig | Mapping, rows: str | None = None) -> dict:
         value = select(cfg, key, default=before)
         if value != before:
             identity[key] = value
+    code = user_code(method.get("components") or ())
+    if code:  # a user's component: which code made the run (a built-in adds nothing: peltbench's version is its code)
+        identity["code"] = code
     protocol = protocol_identity(cfg)  # None at unipelt: records from before protocols keep their hash
     if protocol is not None:
         identity["protocol"] = protocol
@@ -180,6 +184,13 @@ def _chained(task) -> bool:
     if "tsv" in task and "lmbff_chained" not in task:
         return not task["tsv"]["header"]
     return bool(task.get("lmbff_chained", False))
+
+
+def user_code(components) -> dict[str, str]:
+    """{component: its code} for each of a method's components that is a user's (named by its import path), as
+    component.code_identity says it: its package's version where it has one and a hash of its source. A change of
+    that code makes another run (docs/record.md, "The identity of a user's code")."""
+    return {str(name): code_identity(str(name)) for name in components if not is_builtin(str(name))}
 
 
 @lru_cache(maxsize=None)
@@ -370,8 +381,9 @@ def _differences(stored: dict, mine: dict) -> list[str]:
 
 def _flat(identity: dict) -> dict:
     identity = dict(identity)
-    method = identity.pop("method")
-    return {**{f"method.{key}": value for key, value in method.items()}, **identity}
+    method, code = identity.pop("method"), identity.pop("code", None) or {}
+    return {**{f"method.{key}": value for key, value in method.items()}, **identity,
+            **{f"the code of {name}": value for name, value in code.items()}}
 
 
 def non_default_settings(cfg: DictConfig | Mapping) -> list[tuple[str, object]]:
@@ -399,11 +411,17 @@ def non_default_settings(cfg: DictConfig | Mapping) -> list[tuple[str, object]]:
     return changes
 
 
-@lru_cache(maxsize=None)
 def _method_defaults(method: str, protocol: str) -> dict | None:
-    """conf/method/<method>.yaml with the protocol's own method settings over it (lmbff: head=train), as plain data;
-    None for a method peltbench does not ship. Read once per method and protocol: never change what it returns."""
-    packaged = packaged_config(f"method/{method}.yaml")
+    """The method's file (conf/method/<method>.yaml, or the user's: packaged.method_file) with the protocol's own method
+    settings over it (lmbff: head=train), as plain data; None for a method no file is found for."""
+    return _method_file_defaults(method, protocol, user_config_dirs())
+
+
+@lru_cache(maxsize=None)
+def _method_file_defaults(method: str, protocol: str, folders: tuple[str, ...]) -> dict | None:
+    """_method_defaults with the user's config folders `folders`. Read once per method and protocol: never change
+    what it returns."""
+    packaged = method_file(method)
     if packaged is None:
         return None
     return OmegaConf.to_container(OmegaConf.merge(packaged, method_overrides(protocol)), resolve=True)

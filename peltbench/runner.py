@@ -31,7 +31,8 @@ from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
                      save_weights)
 from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim, remove_empty_run_folder
-from .record import (SCHEMA, RecordWriteError, check_existing, config_hash, container, data_location, machine,
+from .record import (SCHEMA, RecordWriteError, changed_meaning, check_existing, config_hash, container, data_location,
+                     machine,
                      model_identity, peak_memory, probe_writable, record_path, reset_peak_memory, semantic_config, unsaved,
                      utc_now, variant_name, versions, write_record)
 from .allocator import kept_memory
@@ -742,6 +743,10 @@ def load_run(run_dir: str | Path, device: str | None = None, *, data_dir: str | 
     """
     run_dir = Path(run_dir)
     record = _read_saved_record(run_dir)
+    code = [line for line in changed_meaning(record) if line.startswith("the code of ")]
+    if code:  # a user's component changed since: its modules may not be the ones the weights were trained in
+        raise UserError(f"{run_dir}: made by other code than this Python's ({'; '.join(code)}): install the code "
+                        f"that made it to load it")
     cfg = OmegaConf.create(record["config"])
     tensors, metadata = read_weights(run_dir)
     check_owner(run_dir / WEIGHTS, metadata, record)

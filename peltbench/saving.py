@@ -28,7 +28,8 @@ import torch
 
 from . import UserError, __version__
 from .files import write_file, write_with
-from .methods import member_head, member_shapes, member_state
+from .component import declaration
+from .methods import component, member_head, member_shapes, member_state
 from .record import SAVED, config_hash
 
 WEIGHTS = SAVED["weights"]
@@ -61,71 +62,39 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
     written = [WEIGHTS]
     kind, refusal = peft_kind(cfg.method, arch)
-    if kind == "ADALORA":
-        written += export_peft_adalora(run_dir / PEFT_DIR, tensors, cfg, arch)
-    elif kind in ("OFT", "HRA", "BOFT"):
-        written += export_rotation(run_dir / PEFT_DIR, tensors, cfg, arch)
-    elif kind == "IA3":
-        written += export_ia3(run_dir / PEFT_DIR, tensors, cfg, arch)
-    elif kind == "PROMPT_TUNING":
-        written += export_prompt(run_dir / PEFT_DIR, tensors, cfg, arch)
-    elif kind in OWN_EXPORTS:
-        written += export_own(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
-    elif kind is not None:
-        written += export_peft(run_dir / PEFT_DIR, {**tensors, **(frozen or {})}, cfg, arch)
+    if kind is not None:
+        [name] = cfg.method.components
+        own = hasattr(component(str(name)), "peft_export")  # a component that writes its own PEFT form
+        export = export_own if own else EXPORTS[kind]
+        written += export(run_dir / PEFT_DIR, {**tensors, **(frozen or {})} if own or kind in WITH_FROZEN else tensors,
+                          cfg, arch)
     elif refusal:
         log.info("%s: no %s/ copy: %s", run_dir, PEFT_DIR, refusal)
     return written
 
 
 def peft_kind(method, arch) -> tuple[str | None, str | None]:
-    """(PEFT's peft_type for this run's copy, None) where PEFT can load the method on this encoder as it is; else
-    (None, why not), the reason None for a method PEFT has no single config for (mixtures, prefix, adapters ...)."""
-    components, gated = list(method.components), method.get("gated", False)
-    fused = any(arch.projections[t][1] is not None for t in method.get("lora_targets", method.get("vera_targets", ())))
-    if components == ["prefix"] and not gated:
-        return None, NO_PEFT_SHIFTED if method.get("prefix_shift_positions", False) else NO_PEFT_PREFIX
-    if gated or components not in (["lora"], ["dora"], ["vera"], ["adalora"], ["oft"], ["hra"], ["boft"], ["ia3"],
-                                                 ["prompt"], ["road"], ["delora"], ["fourierft"], ["c3a"]):
+    """(PEFT's peft_type for this run's copy, None) where PEFT can load the method on this encoder as it is: a method
+    of one component, ungated, whose declaration names its PEFT form (`peft`), unless its module refuses this run
+    (`peft_refusal(method, arch)`: why not); else (None, why not), the reason None for a method PEFT has no single
+    config for (mixtures, adapters ...)."""
+    components = [str(name) for name in method.components]
+    if method.get("gated", False) or len(components) != 1:
         return None, None
-    if components == ["fourierft"] and any(arch.projections[t][1] is not None for t in method.fourierft_targets):
-        return None, (f"PEFT's FourierFT adapts {arch.name}'s whole fused Wqkv with one spectrum of 3H × H; FourierFT "
-                      "on its q and v blocks (an H × H spectrum each) has no PEFT form (docs/saving.md)")
-    if components == ["delora"] and any(arch.projections[t][1] is not None for t in method.delora_targets):
-        return None, (f"PEFT's DeLoRA adapts {arch.name}'s whole fused Wqkv with one λ and W's column norms over its "
-                      "q, k and v rows; DeLoRA on its q and v blocks has no PEFT form (docs/saving.md)")
-    if components == ["adalora"]:
-        fused = [t for t in method.adalora_targets if t in arch.projections and arch.projections[t][1] is not None]
-        if fused:
-            return None, (f"PEFT adapts {arch.name}'s fused {', '.join(fused)} as one matrix, with one budget and one "
-                          "regulariser for its blocks, which is not this run's AdaLoRA")
-    if components == ["vera"] and fused:
-        return None, (f"PEFT's VeRA adapts {arch.name}'s whole fused Wqkv with one λ_d and B for q, k and v; "
-                      "VeRA on its q and v blocks has no PEFT form (docs/saving.md)")
-    return {"lora": "LORA", "dora": "LORA", "vera": "VERA", "adalora": "ADALORA",
-            "prompt": "PROMPT_TUNING"}.get(components[0], components[0].upper()), None
-
-
-# PEFT's prefix tuning numbers the tokens after the L prefix positions (it passes past_key_values, and shifts
-# position ids it is given), and refuses DeBERTa-v2 and ModernBERT, which take no past_key_values.
-NO_PEFT_PREFIX = ("PEFT's prefix tuning shifts every position id by the prefix length (and cannot run on DeBERTa-v2 "
-                  "or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
-NO_PEFT_SHIFTED = ("peltbench writes no PEFT copy of a prefix run (a P-tuning v2 run with shifted positions computes what "
-                   "PEFT's prefix tuning computes on BERT and RoBERTa, but its export is not implemented: docs/saving.md)")
-
-
-# Methods whose component module writes its own PEFT config and state dict (`peft_export`): RoAd, DeLoRA, FourierFT,
-# C3A.
-OWN_EXPORTS = {"ROAD": "road", "DELORA": "delora", "FOURIERFT": "fourierft", "C3A": "c3a"}
+    [name] = components
+    module = component(name)
+    refusal = module.peft_refusal(method, arch) if hasattr(module, "peft_refusal") else None
+    if refusal:
+        return None, refusal
+    peft = declaration(name).peft
+    return (None, None) if peft is None else (peft.type, None)
 
 
 def export_own(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
-    """A run of a method that says its PEFT form itself (OWN_EXPORTS: `<component>.peft_export`), with the head as
-    modules_to_save, for the run's model."""
-    from .methods import COMPONENTS
-
-    [component] = cfg.method.components
-    config, renamed = COMPONENTS[component].peft_export(tensors, cfg.method, arch)
+    """A run of a component that says its PEFT form itself (its module's `peft_export(tensors, method, arch)`: RoAd,
+    DeLoRA, FourierFT, C3A, a user's), with the head as modules_to_save, for the run's model."""
+    [name] = cfg.method.components
+    config, renamed = component(str(name)).peft_export(tensors, cfg.method, arch)
     config.update({"task_type": "SEQ_CLS", "modules_to_save": _modules_to_save(arch), "inference_mode": True,
                    "base_model_name_or_path": str(cfg.model.name)})
     return _write_peft(folder, config, renamed)
@@ -149,11 +118,9 @@ def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) ->
 def export_rotation(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
     """An OFT, HRA or BOFT run in PEFT's format: our tensors are PEFT's, under PEFT's names (OFT
     `...query.oft_R.weight`, HRA `...query.hra_u`, BOFT `...query.boft_R` and `...query.boft_s`), on each Linear computing a target (ModernBERT: Wqkv, whose input q, k and v share)."""
-    from .methods import COMPONENTS
-
-    [component] = cfg.method.components
-    kind = COMPONENTS[component]
-    targets = cfg.method[f"{component}_targets"]
+    [name] = cfg.method.components
+    kind = component(str(name))
+    targets = cfg.method[f"{name}_targets"]
     config = {
         **kind.peft_config(cfg.method), "task_type": "SEQ_CLS", "bias": "none", "init_weights": True,
         "target_modules": list(dict.fromkeys(arch.projections[t][0] for t in ("query", "key", "value") if t in targets)),
@@ -208,8 +175,6 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
     """
     folder.mkdir(parents=True, exist_ok=True)
     method = cfg.method
-    if list(method.components) == ["vera"]:
-        return _write_peft(folder, *_vera_export(tensors, cfg, arch))
     tensors, doubled = _principal_as_lora(tensors)
     targets = [target for target in ("query", "key", "value") if target in method.lora_targets]
     modules = list(dict.fromkeys(arch.projections[target][0] for target in targets))
@@ -222,8 +187,7 @@ def export_peft(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> li
         "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
         "base_model_name_or_path": str(cfg.model.name),
     }
-    if list(method.components) == ["dora"]:
-        config["use_dora"] = True
+    config.update(declaration(str(method.components[0])).peft.config)  # DoRA: use_dora
     renamed, blocks, magnitudes = {}, {}, {}
     for name, tensor in tensors.items():
         parts = name.split(".")
@@ -264,6 +228,11 @@ def _principal_as_lora(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torc
         converted[f"{module}.lora_b.weight"] = torch.cat([tensors[f"{module}.lora_b.weight"], -tensors[f"{module}.lora_b0"]],
                                                          dim=1)
     return converted, True
+
+
+def export_vera(folder: Path, tensors: dict[str, torch.Tensor], cfg, arch) -> list[str]:
+    """A VeRA run in PEFT's format (its A and B among `tensors`: methods.member_frozen)."""
+    return _write_peft(folder, *_vera_export(tensors, cfg, arch))
 
 
 def _vera_export(tensors: dict[str, torch.Tensor], cfg, arch) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -332,6 +301,13 @@ def _fused_lora(parts: dict, targets: list[str], arch) -> tuple[torch.Tensor, to
         block = arch.projections[target][1]
         b[block * size : (block + 1) * size, i * rank : (i + 1) * rank] = parts[(target, "lora_b")]
     return a.contiguous(), b
+
+
+# How each PEFT form is written (a component's declaration names its form: `peft=Peft("LORA")`), and the forms that
+# need what a member keeps frozen beside what it trains (LoRA-FA's A, PiSSA's A₀ and B₀, VeRA's A and B).
+EXPORTS = {"LORA": export_peft, "VERA": export_vera, "ADALORA": export_peft_adalora, "OFT": export_rotation,
+           "HRA": export_rotation, "BOFT": export_rotation, "IA3": export_ia3, "PROMPT_TUNING": export_prompt}
+WITH_FROZEN = ("LORA", "VERA")
 
 
 def save_predictions(run_dir: Path, predictions: np.ndarray, labels: np.ndarray, task,

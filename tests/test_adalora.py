@@ -248,9 +248,9 @@ def test_counts_the_initial_budget_as_peft(model_type, changes):
     assert counts["head_params"] == 768 * 768 + 768 + 2 * 768 + 2  # dense + out_proj (DeBERTa: its pooler's dense)
 
 
-def test_in_a_gated_mixture_a_gate_replaces_its_scale_and_a_gateless_component_is_refused(monkeypatch):
+def test_in_a_gated_mixture_a_gate_replaces_its_scale_and_a_gateless_component_is_refused():
     """`gated: true` with [adalora, adapter]: each adapted matrix has its gate (recorded per matrix) and its update
-    reaches the logits. A component that declares GATE = None is refused in one line."""
+    reaches the logits. A component that declares no gate is refused in one line."""
     from peltbench.methods import COMPONENTS, check_method
 
     mixture = method("adalora", gated=True, components=["adalora", "adapter"], bottleneck=8)
@@ -267,8 +267,7 @@ def test_in_a_gated_mixture_a_gate_replaces_its_scale_and_a_gateless_component_i
                 parameter.fill_(0.5)
         changed = model(ids, mask, types)
     assert not torch.allclose(logits, changed)
-    assert isinstance(COMPONENTS["adalora"].GATE, str)
-    monkeypatch.setattr(COMPONENTS["bitfit"], "GATE", None, raising=False)
+    assert isinstance(COMPONENTS["adalora"].COMPONENT.gate, str) and COMPONENTS["bitfit"].COMPONENT.gate is None
     with pytest.raises(ValueError, match=r"gated: true, but component bitfit has no gate"):
         check_method(method("adalora", gated=True, components=["adalora", "bitfit"]))
 

@@ -7,7 +7,6 @@ own on sys.path, named by a method YAML in the user's config folder (`--config-d
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 from pathlib import Path
@@ -16,9 +15,7 @@ import pytest
 
 import peltbench.methods.lora
 from conftest import REPO, TINY_METHOD_SETTINGS
-from peltbench import config as peltbench_config
 from peltbench.check_method import CHECKS, Request, main, parse, run_checks
-from peltbench.methods import COMPONENTS
 from peltbench.packaged import options
 from peltbench.tiny import ENCODERS
 
@@ -99,10 +96,6 @@ def user_component(root: Path, monkeypatch, name: str, change: tuple[str, str] |
     component = f"mylab.{module}"
     for imported in ("mylab", component):  # another test's mylab, from its own folder
         monkeypatch.delitem(sys.modules, imported, raising=False)
-    # Registered by hand until components named by their import path land (issue 45, items 1-2); then these two lines
-    # go, and peltbench imports `mylab.<name>` itself.
-    monkeypatch.setitem(COMPONENTS, component, importlib.import_module(component))
-    monkeypatch.setitem(peltbench_config.COMPONENT_SETTINGS, component, peltbench_config.COMPONENT_SETTINGS["lora"])
     folder = root / "conf" / "method"
     folder.mkdir(parents=True, exist_ok=True)
     yaml = re.sub(r"(?m)^name: lora$", f"name: {name}", LORA_YAML)

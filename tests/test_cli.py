@@ -252,7 +252,7 @@ def test_a_sweep_with_cfg_job_prints_every_run_s_config_and_runs_nothing(tmp_pat
 
 def test_help_lists_every_setting(tmp_path):
     from conftest import compose_config
-    from peltbench.config import METHOD_SETTINGS, _leaves
+    from peltbench.config import METHOD_SETTINGS, _leaves, method_settings
     from peltbench.packaged import options
 
     result = peltbench("--help", cwd=tmp_path)
@@ -263,7 +263,7 @@ def test_help_lists_every_setting(tmp_path):
     defaults = compose_config("method=lora", "task=rte")
     for key in _leaves(defaults, skip=("hydra", "method", "task", "logger")):
         assert f"  {key}=" in text, key
-    for key in METHOD_SETTINGS:
+    for key in [*METHOD_SETTINGS, *method_settings()]:
         assert key == "name" or f"  method.{key} " in text, key
     for logger in options("logger"):
         for key in _leaves(compose_config("method=lora", "task=rte", f"logger={logger}").logger):

@@ -60,7 +60,7 @@ def test_the_norm_is_a_constant_in_backward():
 def test_dora_refuses_a_gate_and_a_second_delta_on_its_projections():
     with pytest.raises(ValueError, match="component dora has no gate"):
         check_method(method("dora", gated=True, components=["dora", "adapter"], bottleneck=8))
-    with pytest.raises(ValueError, match="dora rescales the whole projection W, so it cannot be combined with lora"):
+    with pytest.raises(ValueError, match="dora with lora: dora rescales the whole projection W, which lora changes too"):
         check_method(method("dora", components=["dora", "lora"]))
 
 

@@ -30,19 +30,20 @@ def test_what_the_config_tells_is_refused_before_torch(overrides, message):
 
 def _component_settings() -> dict:
     """Per component, its settings as the first packaged method file that lists it has them."""
-    from peltbench.config import COMPONENT_SETTINGS
+    from peltbench.component import declaration
     from peltbench.packaged import options, packaged_config
 
     found = {}
     for name in options("method"):
         method = packaged_config(f"method/{name}.yaml")
         for component in method.components:
-            found.setdefault(component, {key: method[key] for key in COMPONENT_SETTINGS[component] if key in method})
+            settings = declaration(component).all_settings()
+            found.setdefault(component, {key: method[key] for key in settings if key in method})
     return found
 
 
 def test_the_components_refused_together_before_torch_are_those_the_methods_refuse():
-    """config.EXCLUSIVE (torch-free) and the methods' own checks at build time refuse the same pairs of components,
+    """The check before torch (config) and the methods' own checks at build time refuse the same pairs of components,
     each pair in a method whose settings are otherwise valid (issue 32, 5: [boft,bitfit] was refused only once the
     model had loaded)."""
     from itertools import combinations
@@ -50,12 +51,13 @@ def test_the_components_refused_together_before_torch_are_those_the_methods_refu
     from omegaconf import OmegaConf
 
     from peltbench import config, methods
+    from peltbench.component import declaration
 
     settings = _component_settings()
     for pair in combinations(sorted(settings), 2):
         method = OmegaConf.create({"name": "pair", "components": list(pair), "head": "train", "lr": 1e-4,
                                    **settings[pair[0]], **settings[pair[1]], "gated": False})
-        if not any("gated" in config.COMPONENT_SETTINGS[c] for c in pair):
+        if not any(declaration(c).gate for c in pair):
             del method["gated"]  # a setting no component of the pair reads is refused on its own
         try:
             config.check_method(method)
@@ -71,13 +73,14 @@ def test_the_components_refused_together_before_torch_are_those_the_methods_refu
 
 
 def test_a_gate_setting_belongs_to_exactly_the_components_that_have_a_gate():
-    """config.COMPONENT_SETTINGS (torch-free) says which components read `gated`; methods.COMPONENTS' GATE says which
-    have a gate: the check before torch and the one at build time agree."""
-    from peltbench.config import COMPONENT_SETTINGS
+    """A component reads `gated` (and gate_pooling) exactly where its declaration says what its gate multiplies; the
+    module that runs holds the very declaration the check before torch read."""
+    from peltbench.component import declaration
     from peltbench.methods import COMPONENTS
 
-    assert {c for c, keys in COMPONENT_SETTINGS.items() if "gated" in keys} == \
-        {c for c, module in COMPONENTS.items() if module.GATE is not None}
+    for name, module in COMPONENTS.items():
+        assert ("gated" in declaration(name).all_settings()) == (declaration(name).gate is not None), name
+        assert module.COMPONENT == declaration(name), name
 
 
 @pytest.mark.parametrize("overrides,message", [

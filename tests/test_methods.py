@@ -315,10 +315,10 @@ def test_unknown_component_and_head_are_reported():
 
 
 def test_every_component_declares_its_gate():
-    """A gated method needs a gate from each component: each module says what it multiplies, or None."""
+    """A gated method needs a gate from each component: each declaration says what it multiplies, or None."""
     from peltbench.methods import COMPONENTS
 
-    declared = {name: module.GATE for name, module in COMPONENTS.items()}
+    declared = {name: module.COMPONENT.gate for name, module in COMPONENTS.items()}
     assert all(gate is None or (isinstance(gate, str) and gate) for gate in declared.values()), declared
     assert {name for name in ("adapter", "prefix", "lora") if declared[name]} == {"adapter", "prefix", "lora"}
     assert all(declared[name] is None for name in ("full", "bitfit", "ln", "parallel_adapter"))

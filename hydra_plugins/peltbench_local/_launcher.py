@@ -25,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, open_dict, read_write
-from peltbench.fusion import plan_groups
+from peltbench.fusion import plan_groups, trains_alone
 from peltbench.interrupts import interrupted, interruption
 from peltbench.missing import compose_jobs, interrupted_line, record_runs, write_outcome
 
@@ -128,7 +128,7 @@ def group_packs(runs: List[Run], cfgs: List[DictConfig]) -> Tuple[List[List[Run]
     groups = plan_groups(cfgs)
     packs = [[runs[i] for i in group] for group in groups]
     alone = [pack for pack, group in zip(packs, groups)
-             if cfgs[group[0]].get("fuse", False) and "full" in cfgs[group[0]].method.components]
+             if cfgs[group[0]].get("fuse", False) and trains_alone(cfgs[group[0]].method)]
     return packs, alone
 
 

@@ -8,43 +8,36 @@ reusing the single methods unchanged. A model carries the methods of a group of 
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Sequence
+from types import ModuleType
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import (adalora, adapter, bitfit, boft, c3a, delora, dora, fourierft, full, hra, ia3, ln, lora, oft,
-               parallel_adapter, prefix, prompt, randomness, road, vera)
 from ..architectures import SUPPORTED, architecture
+from ..component import builtin_names, declaration, install_order, module_name
+from . import randomness
 from .attention import ATTENTION_NAME, install_relative_attention
 from .base import Members, PeltModel, freeze_all_but_trained, mark
 
-COMPONENTS = {
-    "full": full,
-    "bitfit": bitfit,
-    "ln": ln,
-    "adapter": adapter,
-    "prefix": prefix,
-    "lora": lora,
-    "parallel_adapter": parallel_adapter,
-    "dora": dora,  # after lora: in a group with both, DoRA's delta wraps LoRA's on a shared projection
-    "vera": vera,
-    "fourierft": fourierft,  # projection deltas, as LoRA's (issue 34)
-    "c3a": c3a,
-    "road": road,  # projection deltas too (issue 34): RoAd rotates a projection's output rows, DeLoRA adds to them
-    "delora": delora,
-    "adalora": adalora,
-    "oft": oft,  # after lora: a rotation hooks the input of whatever module computes the projection
-    "hra": hra,
-    "boft": boft,
-    "ia3": ia3,  # after every projection delta and rotation: its scales wrap what sits at a projection
-    "prompt": prompt,
-}
-# Each component module declares `GATE`: what its gate multiplies in a gated method (`gated: true`), or None where
-# it has no gate (check_gates refuses it in a gated method).
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
+
+
+def component(name: str) -> ModuleType:
+    """The module of component `name` (a built-in's short name, or a user's import path), imported once. Every
+    component is reached through here, the built-ins as a user's: its declaration (`COMPONENT`) is read before torch
+    by peltbench.component, its code here."""
+    try:
+        return importlib.import_module(module_name(name))
+    except ImportError as error:
+        raise ValueError(f"component {name}: its module cannot be imported ({error})") from None
+
+
+# The built-in components, in the order they attach (their declarations' stage and `after`: peltbench.component).
+COMPONENTS = {name: component(name) for name in builtin_names()}
 
 
 def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seed: int | Sequence[int],
@@ -60,21 +53,22 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     seeds = [model_seed] * len(methods) if isinstance(model_seed, int) else list(model_seed)
     for method in methods:
         check_method(method)
-    if len(methods) > 1 and any("full" in method.components for method in methods):
-        raise ValueError("fine-tuning trains the backbone itself: it cannot share it with other runs")
+    used = install_order(str(name) for method in methods for name in method.components)
+    alone = [declaration(name).alone for name in used if declaration(name).alone]
+    if len(methods) > 1 and alone:
+        raise ValueError(alone[0])
     model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]))
     model.members.padded_pooling = padded_pooling(methods)
     _own_attention(model)
     model.members.dropout_sites = randomness.install(model)
-    for name, component in COMPONENTS.items():
+    for name in used:
         users = {m: method for m, method in enumerate(methods) if name in method.components}
-        if users:
-            component.install(model, users)
-            model.components.append(name)
+        component(name).install(model, users)
+        model.components.append(name)
     for slot, (method, seed) in enumerate(zip(methods, seeds)):
         for name in method.components:
             torch.manual_seed(seed)
-            COMPONENTS[name].init_member(model, slot, method)
+            component(str(name)).init_member(model, slot, method)
         mark(model, _head_parameters(model, method.head), [slot])
     freeze_all_but_trained(model)
     return model
@@ -108,29 +102,35 @@ def padded_pooling(methods: Sequence[DictConfig]) -> bool:
 
 
 def check_method(method: DictConfig) -> None:
-    """Raise ValueError, naming the valid choices, for a component or setting a method config cannot have."""
-    unknown = [c for c in method.components if c not in COMPONENTS]
+    """Raise ValueError, naming the valid choices, for a component or setting a method config cannot have: what the
+    components declare (peltbench.component; the config was checked with the same before torch), then each module's
+    own `check(method)`, where it has one."""
+    names = [str(name) for name in method.components]
+    unknown = [name for name in names if "." not in name and name not in COMPONENTS]
     if unknown:
         raise ValueError(f"method {method.name}: unknown component(s) {unknown}; known: {sorted(COMPONENTS)}")
+    declared = {name: declaration(name) for name in names}
     if method.head not in HEAD_CHOICES:
         raise ValueError(f"method {method.name}: head must be one of {list(HEAD_CHOICES)}, not {method.head!r}")
-    if "adapter" in method.components and "parallel_adapter" in method.components:
-        raise ValueError(f"method {method.name}: adapter and parallel_adapter are two FFN adapters; no method uses both")
+    for first in names:
+        for second, why in declared[first].excludes.items():
+            if second in names:
+                raise ValueError(f"method {method.name}: {first} with {second}: {why}")
     if method.get("gate_pooling", "masked") not in GATE_POOLING:
         raise ValueError(f"method {method.name}: gate_pooling must be one of {list(GATE_POOLING)}, not {method.gate_pooling!r}")
     if method.get("gated", False):
         check_gates(method)
-    for name in method.components:  # a component's own settings (lora_targets ...), where it checks any
-        if hasattr(COMPONENTS[name], "check"):
-            COMPONENTS[name].check(method)
+    for name in names:  # a component's own settings (lora_targets ...), where it checks any
+        if hasattr(component(name), "check"):
+            component(name).check(method)
 
 
 def check_gates(method: DictConfig) -> None:
-    """A gated method's components each have a gate: their module says what it multiplies (`GATE`), or `GATE = None`."""
+    """A gated method's components each have a gate: their declaration says what it multiplies (`gate`), or None."""
     for name in method.components:
-        if COMPONENTS[name].GATE is None:
+        if declaration(str(name)).gate is None:
             raise ValueError(f"method {method.name}: gated: true, but component {name} has no gate (a gate multiplies "
-                             f"what a component adds to the frozen path; {name} declares GATE = None): "
+                             f"what a component adds to the frozen path; {name} declares none): "
                              f"set gated: false or leave {name} out")
 
 
@@ -139,14 +139,14 @@ def check_gates(method: DictConfig) -> None:
 def plan_training(model: PeltModel, total_steps: Sequence[int]) -> None:
     """Tell the components each member's planned number of optimiser steps (epochs × batches, stopping or not)."""
     for name in model.components:
-        if hasattr(COMPONENTS[name], "plan"):
-            COMPONENTS[name].plan(model, list(total_steps))
+        if hasattr(component(name), "plan"):
+            component(name).plan(model, list(total_steps))
 
 
 def regulariser(model: PeltModel) -> torch.Tensor | None:
     """What the components add to each active member's loss, (active members,), or None where none adds anything."""
-    terms = [COMPONENTS[name].regulariser(model) for name in model.components
-             if hasattr(COMPONENTS[name], "regulariser")]
+    terms = [component(name).regulariser(model) for name in model.components
+             if hasattr(component(name), "regulariser")]
     terms = [term for term in terms if term is not None]  # None: no active member has that term
     if not terms:
         return None
@@ -159,22 +159,22 @@ def regulariser(model: PeltModel) -> torch.Tensor | None:
 def after_step(model: PeltModel, step: int) -> None:
     """After the optimiser's step `step` (0-based, the group's), before the gradients are cleared."""
     for name in model.components:
-        if hasattr(COMPONENTS[name], "after_step"):
-            COMPONENTS[name].after_step(model, step)
+        if hasattr(component(name), "after_step"):
+            component(name).after_step(model, step)
 
 
 def component_state(model: PeltModel) -> dict[str, object]:
     """What components keep beside their parameters that training changes (a checkpoint holds it): `state(model)` of
     each component that declares one (AdaLoRA's budget: importance and masks); tensors as they are."""
-    return {name: COMPONENTS[name].state(model) for name in model.components if hasattr(COMPONENTS[name], "state")}
+    return {name: component(name).state(model) for name in model.components if hasattr(component(name), "state")}
 
 
 def restore_components(model: PeltModel, states: dict[str, object]) -> None:
     """Put back a `component_state` (after `plan_training`): each component's `restore(model, state)`."""
-    if set(states) != {name for name in model.components if hasattr(COMPONENTS[name], "state")}:
+    if set(states) != {name for name in model.components if hasattr(component(name), "state")}:
         raise ValueError(f"the checkpoint's component state ({sorted(states)}) is not this group's")
     for name, state in states.items():
-        COMPONENTS[name].restore(model, state)
+        component(name).restore(model, state)
 
 
 def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
@@ -206,14 +206,14 @@ def layout_key(method: DictConfig) -> tuple:
     """Where a run sits in its group: members with the same layout (a component's `layout(method)`: the prefix
     length) and components side by side, so a component's rows are mostly one slice of the batch (a view) rather
     than gathered (a copy)."""
-    length = sum(COMPONENTS[name].layout(method) for name in method.components if hasattr(COMPONENTS[name], "layout"))
+    length = sum(component(name).layout(method) for name in method.components if hasattr(component(name), "layout"))
     return length, tuple(sorted(method.components)), bool(method.get("gated", False))
 
 
 def added_tokens(method: DictConfig) -> int:
     """Positions a method adds to every row (a component's `added_tokens(method)`: prompt tuning's prompts)."""
-    return sum(COMPONENTS[name].added_tokens(method) for name in method.components
-               if hasattr(COMPONENTS[name], "added_tokens"))
+    return sum(component(name).added_tokens(method) for name in method.components
+               if hasattr(component(name), "added_tokens"))
 
 
 def _alone(method: DictConfig, config) -> PeltModel:
@@ -253,8 +253,8 @@ def member_frozen(model: PeltModel, slot: int, method: DictConfig) -> dict[str, 
     (LoRA-FA's A, VeRA's shared A and B), from each component that has such (`frozen_state`), at the member's size."""
     state = {}
     for name in method.components:
-        if hasattr(COMPONENTS[name], "frozen_state"):
-            state.update(COMPONENTS[name].frozen_state(model, slot, method))
+        if hasattr(component(name), "frozen_state"):
+            state.update(component(name).frozen_state(model, slot, method))
     return {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
 
 

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import unwrapped
+from ..component import Check, Component, FRACTION, LAYER_LINEARS, NON_NEGATIVE_NUMBER, OPEN_UNIT, POSITIVE_INT, POSITIVE_NUMBER, Peft, Setting, distinct, non_negative_int, rank_fit, rule
 from .base import Coefficient, Members, PeltModel, draw, mark, scale_grouped
 from .lora import FusedProjection, frozen_linear, site
 
@@ -24,7 +25,42 @@ from .lora import FusedProjection, frozen_linear, site
 # (architectures.dense). The paper adapts all six (§5.1; the official GLUE scripts' lora_module list).
 ATTENTION = ("query", "key", "value")
 TARGETS = (*ATTENTION, "attention_output", "intermediate", "output")
-GATE = "the update (α/r₀)·PΛQx of each adapted matrix: gated, the gate replaces α/r₀ (as LoRA's gate replaces s)"
+COMPONENT = Component(
+    stage="projection", after=("delora",),
+    settings={
+        "adalora_targets": Setting(distinct(LAYER_LINEARS, "matrices"), "the matrices AdaLoRA adapts: query key value "
+                                                                         "attention_output intermediate output"),
+        "adalora_init_rank": Setting(POSITIVE_INT, "AdaLoRA's initial rank r0 of every matrix (the initial budget)"),
+        "adalora_target_rank": Setting(rule(non_negative_int, "must be a non-negative integer (the average final "
+                                                              "rank)"),
+                                       "AdaLoRA's average final rank (the final budget)"),
+        "adalora_alpha": Setting(POSITIVE_NUMBER, "AdaLoRA's alpha: the update is scaled by alpha / r0"),
+        "adalora_tinit": Setting(FRACTION, "AdaLoRA's warm-up before any masking, a fraction of the run's planned "
+                                           "steps"),
+        "adalora_tfinal": Setting(FRACTION, "AdaLoRA's final phase at the target budget, a fraction of the planned "
+                                            "steps"),
+        "adalora_delta_t": Setting(POSITIVE_INT, "AdaLoRA masks every this many steps while the budget shrinks"),
+        "adalora_beta1": Setting(OPEN_UNIT, "AdaLoRA's EMA of the sensitivity"),
+        "adalora_beta2": Setting(OPEN_UNIT, "AdaLoRA's EMA of the uncertainty"),
+        "adalora_orth_reg": Setting(NON_NEGATIVE_NUMBER, "AdaLoRA's orthogonal regulariser weight gamma"),
+    },
+    gate="the update (α/r₀)·PΛQx of each adapted matrix: gated, the gate replaces α/r₀ (as LoRA's gate replaces s)",
+    checks=(  # PEFT's AdaLoraConfig refuses the same
+        Check("adalora_target_rank < adalora_init_rank",
+              "method.adalora_target_rank={adalora_target_rank}: must be below adalora_init_rank ({adalora_init_rank}), "
+              "or there is no budget to allocate (that is method=lora)"),
+        Check("adalora_tinit + adalora_tfinal < 1",
+              "method.adalora_tinit + adalora_tfinal = {adalora_tinit + adalora_tfinal}: must be below 1 (fractions of "
+              "the run's steps), to leave a budgeting phase"),
+    ),
+    schedule=(  # adalora_budget.py plans the same rounding
+        Check("round(float(adalora_tinit) * steps) < steps - round(float(adalora_tfinal) * steps)",
+              "{steps} training steps leave no budgeting phase after tinit {adalora_tinit} and before tfinal "
+              "{adalora_tfinal} (of the steps): lower them or train longer"),
+    ),
+    fits=(rank_fit("adalora_init_rank", "adalora_targets"),),
+    label="AdaLoRA", arxiv="2303.10512", peft=Peft("ADALORA"),
+)
 INIT_STD = 0.02  # PEFT's reset_lora_parameters: P and Q N(0, 0.02), Λ zeros
 
 
@@ -188,3 +224,12 @@ def state(model: PeltModel) -> dict:
 
 def restore(model: PeltModel, saved: dict) -> None:
     model.adalora.restore(saved)
+
+
+def peft_refusal(method: DictConfig, arch) -> str | None:
+    """Why an AdaLoRA run has no PEFT copy on this architecture (saving.peft_kind), or None."""
+    fused = [t for t in method.adalora_targets if t in arch.projections and arch.projections[t][1] is not None]
+    if fused:
+        return (f"PEFT adapts {arch.name}'s fused {', '.join(fused)} as one matrix, with one budget and one "
+                "regulariser for its blocks, which is not this run's AdaLoRA")
+    return None

@@ -13,9 +13,17 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from ..component import Component, POSITIVE_INT, Setting
 from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, ffn_output, mark, scale_grouped
 
-GATE = "the adapter's output Up(ReLU(Down(x))), added to its FFN block: one gate per layer (§3.2)"
+COMPONENT = Component(
+    stage="module",
+    settings={"bottleneck": Setting(POSITIVE_INT, "adapter size (adapter, UniPELT; MAM's parallel adapter); Figure 2 "
+                                                  "sweeps it")},
+    gate="the adapter's output Up(ReLU(Down(x))), added to its FFN block: one gate per layer (§3.2)",
+    excludes={"parallel_adapter": "two FFN adapters; no method uses both"},
+    label="Adapter",
+)
 
 
 class Adapter(nn.Module):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from ..component import Component
 from .base import MemberBias, MemberLayerNorm, PeltModel, mark, member_affine
 
-GATE = None  # it trains the backbone's own biases: no contribution of its own that a gate could scale
+COMPONENT = Component(stage="affine", label="BitFit", arxiv="2106.10199")
+# no gate: it trains the backbone's own biases, no contribution of its own that a gate could scale
 
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:

@@ -18,11 +18,27 @@ import sys
 import torch
 from omegaconf import DictConfig
 
-from ..config import rotation_misfit
+from ..component import Component, Fit, POSITIVE_INT, PROJECTIONS, Peft, Setting
 from . import rotation
 from .base import PeltModel
 
-GATE = None  # multiplicative: nothing additive for a gate to scale
+COMPONENT = Component(
+    stage="rotation", after=("hra",),
+    settings={
+        "boft_block_size": Setting(POSITIVE_INT, "BOFT block size b of each butterfly factor"),
+        "boft_factors": Setting(POSITIVE_INT, "BOFT: the number m of butterfly factors (PEFT's "
+                                              "boft_n_butterfly_factor)"),
+        "boft_targets": Setting(PROJECTIONS, "the projections whose input BOFT rotates (and output it scales), a list "
+                                             "from query, key, value"),
+    },
+    excludes={"bitfit": "boft_s scales W x around the frozen bias, which bitfit would train"},
+    fits=(Fit("in_features % (boft_block_size * 2 ** (boft_factors - 1)) == 0 and (boft_factors == 1 or "
+              "(boft_block_size % 2 == 0 and (in_features // boft_block_size) % 2 == 0))", targets="boft_targets",
+              sides="in", why="boft_block_size={boft_block_size} with boft_factors={boft_factors} does not fit the "
+              "adapted projections' input size {in_features} (b · 2^(m−1) must divide it; b and the block count even "
+              "when m > 1)"),),
+    label="BOFT", arxiv="2311.06243", peft=Peft("BOFT"),
+)  # no gate: multiplicative, nothing additive for a gate to scale
 PARAMETER = "boft_R"  # PEFT's names: `...query.boft_R`, `...query.boft_s`
 PEFT_TENSOR = "boft_R"
 OUTPUT_SCALE = "boft_s"  # a trained (out, 1) scale of the projection's output, around its bias
@@ -36,7 +52,7 @@ def peft_config(method: DictConfig) -> dict:
 
 def shape(method: DictConfig, features: int) -> tuple[int, int, int, int]:
     b, m = int(method.boft_block_size), int(method.boft_factors)
-    why = rotation_misfit("boft", b, m, features)  # the rule check_config applies before torch to a local config.json
+    why = COMPONENT.misfit(method, in_features=features)  # the rule check_config applies before torch to config.json
     if why:
         raise ValueError(why)
     return m, features // b, b, b

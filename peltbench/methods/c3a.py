@@ -16,7 +16,7 @@ projection, each wrapping the previous (their kernels cannot share a shape), so 
 fused projection (ModernBERT's Wqkv) each adapted row block has its own kernel; as b divides H that is PEFT's C3A on
 the whole Wqkv with the kernel's other rows zero, which is how it is exported (`peft_export`).
 
-No gate: a gated method listing c3a is refused (GATE = None).
+No gate: a gated method listing c3a is refused (its COMPONENT declares none).
 """
 
 from __future__ import annotations
@@ -29,11 +29,22 @@ from torch import nn
 from torch.fft import fft, ifft
 
 from ..architectures import unwrapped
-from ..config import c3a_misfit
+from ..component import Component, Fit, POSITIVE_INT, PROJECTIONS, Peft, Setting
 from . import lora
 from .base import Members, PeltModel, Selection, draw, mark
 
-GATE = None  # not a UniPELT submodule: PEFT has no gated C3A, and no gate was asked for
+COMPONENT = Component(
+    stage="projection", after=("fourierft",),
+    settings={
+        "c3a_block_size": Setting(POSITIVE_INT, "C3A block size b: one trained circular-convolution kernel of length b "
+                                                "per b x b block"),
+        "c3a_targets": Setting(PROJECTIONS, "the projections C3A adapts, a list from query, key, value"),
+    },
+    fits=(Fit("in_features % c3a_block_size == 0 and out_features % c3a_block_size == 0", targets="c3a_targets",
+              why="c3a_block_size={c3a_block_size} must divide the adapted projections' input and output sizes "
+                  "({in_features}, {out_features})"),),  # PEFT's rule
+    label="C3A", arxiv="2407.19342", peft=Peft("C3A"),
+)  # no gate: not a UniPELT submodule, PEFT has no gated C3A, and no gate was asked for
 
 
 class MemberCircularConvolution(torch.autograd.Function):
@@ -61,9 +72,10 @@ class C3ALinear(lora.ProjectionDelta):
                  layer: int, in_features: int, out_features: int, block: slice | None) -> None:
         super().__init__(base, members, users, block)
         [size] = {int(method.c3a_block_size) for method in users.values()}  # install: one delta per block size
-        why = c3a_misfit(size, out_features, in_features)
-        if why:
-            raise ValueError(why)
+        for method in users.values():  # the rule check_config applies before torch to config.json
+            why = COMPONENT.misfit(method, in_features=in_features, out_features=out_features, target=submodule.removeprefix("c3a_"))
+            if why:
+                raise ValueError(why)
         self.block_size, self.in_features, self.out_features = size, in_features, out_features
         self.c3a_kernel = nn.Parameter(torch.zeros(members.count, out_features // size, in_features // size, size))
         self.set_coefficient(users, submodule, layer, in_features, [1.0] * members.count)  # 1/in is in the delta

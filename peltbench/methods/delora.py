@@ -22,9 +22,21 @@ from omegaconf import DictConfig
 from torch import nn
 
 from . import lora
+from ..component import Component, POSITIVE_INT, PROJECTIONS, Peft, Setting, positive_number, rank_fit, rule
 from .base import Members, PeltModel, Selection, draw, mark
 
-GATE = None  # λ is the update's own learned strength; DeLoRA's paper and PEFT have no gate
+COMPONENT = Component(
+    stage="projection", after=("road",),
+    settings={
+        "delora_rank": Setting(POSITIVE_INT, "DeLoRA rank r"),
+        "delora_lambda": Setting(rule(positive_number, "must be a positive number (λ, the bound on the update's norm "
+                                                       "relative to W's)"),
+                                 "DeLoRA's initial λ, the trained bound on the update's norm relative to W's"),
+        "delora_targets": Setting(PROJECTIONS, "the projections DeLoRA adapts, a list from query, key, value"),
+    },
+    fits=(rank_fit("delora_rank", "delora_targets"),),
+    label="DeLoRA", arxiv="2503.18225", peft=Peft("DELORA"),
+)  # no gate: λ is the update's own learned strength; DeLoRA's paper and PEFT have no gate
 NORM_FLOOR = 1e-4  # PEFT's clamp of ‖a_i‖ and ‖b_i‖ (a zero B at the start)
 
 
@@ -104,3 +116,11 @@ def check(method: DictConfig) -> None:
     unknown = sorted(set(method.delora_targets) - set(lora.TARGETS))
     if unknown:
         raise ValueError(f"delora_targets: unknown projection(s) {unknown}; choose from {list(lora.TARGETS)}")
+
+
+def peft_refusal(method: DictConfig, arch) -> str | None:
+    """Why a DeLoRA run has no PEFT copy on this architecture (saving.peft_kind), or None."""
+    if lora.fused_targets(arch, method.delora_targets):
+        return (f"PEFT's DeLoRA adapts {arch.name}'s whole fused Wqkv with one λ and W's column norms over its "
+                "q, k and v rows; DeLoRA on its q and v blocks has no PEFT form (docs/saving.md)")
+    return None

@@ -21,9 +21,18 @@ from omegaconf import DictConfig
 from torch import nn
 
 from . import lora
+from ..component import Component, Peft, rank_fit, setting_of
 from .base import Members, PeltModel, Selection, mark
 
-GATE = None  # DoRA's magnitude rescales W x itself, and the norm would be per example: no gate (module docstring)
+COMPONENT = Component(
+    stage="projection", after=("lora",),  # in a group with both, DoRA's delta wraps LoRA's on a shared projection
+    settings={key: setting_of("lora", key) for key in ("lora_rank", "lora_scale", "lora_targets", "lora_init")},
+    excludes={"lora": "dora rescales the whole projection W, which lora changes too",
+              "vera": "dora rescales the whole projection W, which vera changes too",
+              "bitfit": "dora rescales the whole projection W, whose bias bitfit would train"},
+    fits=(rank_fit("lora_rank", "lora_targets"),),
+    label="DoRA", arxiv="2402.09353", peft=Peft("LORA", {"use_dora": True}),
+)  # no gate: DoRA's magnitude rescales W x itself, and the norm would be per example (module docstring)
 ALONE = ("lora", "vera", "bitfit")  # components that change the same projection: not in one method with DoRA
 
 

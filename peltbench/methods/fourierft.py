@@ -15,7 +15,7 @@ has its own c, E and α (a member with a smaller n holds zeros past it, masked o
 ΔW before the product, in PEFT's order). On a fused projection (ModernBERT's Wqkv) each adapted row block has its own
 H × H spectrum, which PEFT cannot express (it adapts the whole Wqkv): no PEFT copy there (saving.peft_kind).
 
-No gate: a gated method listing fourierft is refused (GATE = None).
+No gate: a gated method listing fourierft is refused (its COMPONENT declares none).
 """
 
 from __future__ import annotations
@@ -26,11 +26,29 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..config import fourierft_misfit
+from ..component import Component, Fit, POSITIVE_INT, PROJECTIONS, Peft, Setting, non_negative_int, positive_number, rule
 from . import lora
 from .base import Members, PeltModel, Selection, draw, mark
 
-GATE = None  # not a UniPELT submodule: PEFT has no gated FourierFT, and no gate was asked for
+COMPONENT = Component(
+    stage="projection", after=("vera",),
+    settings={
+        "fourierft_n_frequency": Setting(POSITIVE_INT, "FourierFT: the number n of trained spectral coefficients per "
+                                                       "adapted projection"),
+        "fourierft_scaling": Setting(rule(positive_number, "must be a positive number (α, which multiplies the weight "
+                                                           "change)"),
+                                     "FourierFT's alpha, which multiplies the weight change (PEFT's scaling)"),
+        "fourierft_entry_seed": Setting(rule(non_negative_int, "must be a non-negative integer (the seed of the "
+                                                               "spectral entries)"),
+                                        "FourierFT: seed of the n spectral entries, shared by every projection "
+                                        "(PEFT's random_loc_seed)"),
+        "fourierft_targets": Setting(PROJECTIONS, "the projections FourierFT adapts, a list from query, key, value"),
+    },
+    fits=(Fit("fourierft_n_frequency <= out_features * in_features", targets="fourierft_targets",
+              why="fourierft_n_frequency={fourierft_n_frequency} exceeds the {out_features} × {in_features} entries "
+                  "of the adapted projections' spectrum"),),  # PEFT's rule
+    label="FourierFT", arxiv="2405.03003", peft=Peft("FOURIERFT"),
+)  # no gate: not a UniPELT submodule, PEFT has no gated FourierFT, and no gate was asked for
 
 
 @lru_cache(maxsize=8)
@@ -54,9 +72,10 @@ class FourierFTLinear(lora.ProjectionDelta):
                  layer: int, in_features: int, out_features: int, block: slice | None) -> None:
         super().__init__(base, members, users, block)
         n = max(int(method.fourierft_n_frequency) for method in users.values())
-        why = fourierft_misfit(n, out_features, in_features)
-        if why:
-            raise ValueError(why)
+        for method in users.values():  # the rule check_config applies before torch to config.json
+            why = COMPONENT.misfit(method, in_features=in_features, out_features=out_features, target=submodule.removeprefix("fourierft_"))
+            if why:
+                raise ValueError(why)
         self.fourierft_spectrum = nn.Parameter(torch.zeros(members.count, n))
         self.register_buffer("entries", torch.zeros(members.count, n, dtype=torch.long), persistent=False)
         self.register_buffer("valid", torch.zeros(members.count, n), persistent=False)
@@ -127,3 +146,11 @@ def check(method: DictConfig) -> None:
     unknown = sorted(set(method.fourierft_targets) - set(lora.TARGETS))
     if unknown:
         raise ValueError(f"fourierft_targets: unknown projection(s) {unknown}; choose from {list(lora.TARGETS)}")
+
+
+def peft_refusal(method: DictConfig, arch) -> str | None:
+    """Why a FourierFT run has no PEFT copy on this architecture (saving.peft_kind), or None."""
+    if lora.fused_targets(arch, method.fourierft_targets):
+        return (f"PEFT's FourierFT adapts {arch.name}'s whole fused Wqkv with one spectrum of 3H × H; FourierFT "
+                "on its q and v blocks (an H × H spectrum each) has no PEFT form (docs/saving.md)")
+    return None

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from ..component import Component
 from .base import PeltModel, mark
 
-GATE = None  # it trains the backbone itself: no contribution of its own that a gate could scale
+COMPONENT = Component(
+    stage="backbone",
+    alone="fine-tuning trains the backbone itself: it cannot share it with other runs",
+)  # no gate: it trains the backbone itself, no contribution of its own that a gate could scale
 
 
 def install(model: PeltModel, users: dict[int, DictConfig]) -> None:

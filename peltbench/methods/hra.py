@@ -6,7 +6,7 @@ the input rotation x ↦ R x of methods/rotation.py with one block of the whole 
 Init (PEFT's `init_weights=True`, r even): kaiming-uniform (a = √5) columns drawn for r/2 reflections, each repeated
 twice (H_i H_i = I), so R = I at the start; r odd: all r columns drawn (PEFT warns that R ≠ I then).
 `hra_apply_gs: true` is PEFT's `apply_GS`: the columns orthonormalised by Gram-Schmidt, R = I − 2 Û Ûᵀ.
-A reflection multiplies the frozen path: no gate (GATE = None).
+A reflection multiplies the frozen path: no gate (its COMPONENT declares none).
 """
 
 from __future__ import annotations
@@ -19,9 +19,22 @@ from omegaconf import DictConfig
 from torch import nn
 
 from . import rotation
+from ..component import BOOL, Component, Fit, POSITIVE_INT, PROJECTIONS, Peft, Setting
 from .base import PeltModel
 
-GATE = None  # multiplicative: nothing additive for a gate to scale
+COMPONENT = Component(
+    stage="rotation", after=("oft",),
+    settings={
+        "hra_rank": Setting(POSITIVE_INT, "HRA: the number r of Householder reflections"),
+        "hra_apply_gs": Setting(BOOL, "HRA: orthonormalise the reflections' vectors by Gram-Schmidt (PEFT's apply_GS)"),
+        "hra_targets": Setting(PROJECTIONS, "the projections whose input HRA reflects, a list from query, key, value"),
+    },
+    fits=(Fit("hra_rank <= in_features", targets="hra_targets", sides="in",  # more are redundant; Gram-Schmidt fails
+              why="hra_rank={hra_rank} is above the adapted {target}'s input size {in_features}: its reflections are "
+                  "vectors of that size, and more than {in_features} add nothing; set method.hra_rank={in_features} "
+                  "or lower"),),
+    label="HRA", arxiv="2405.17484", peft=Peft("HRA"),
+)  # no gate: multiplicative, nothing additive for a gate to scale
 PARAMETER = "hra_u"  # PEFT's parameter name: `...query.hra_u`
 PEFT_TENSOR = "hra_u"  # its name in PEFT's saved adapter (ours: `...query.hra_u.weight`)
 

@@ -20,10 +20,14 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import get
+from ..component import Component, Peft
 from .base import Members, PeltModel, mark
 from .lora import frozen_linear
 
-GATE = None  # a scale has no additive contribution to the frozen path for a gate to multiply: refused when gated
+COMPONENT = Component(
+    stage="scale",  # after every projection delta and rotation: its scales wrap what sits at a projection
+    label="(IA)³", arxiv="2205.05638", peft=Peft("IA3"),
+)  # no gate: a scale has no additive contribution to the frozen path for a gate to multiply
 TARGETS = ("key", "value")  # the attention projections whose outputs are scaled (the paper's l_k, l_v)
 
 

@@ -29,9 +29,29 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import unwrapped
+from ..component import BOOL, Check, Component, POSITIVE_INT, POSITIVE_NUMBER, PROJECTIONS, Peft, Setting, choice, rank_fit
 from .base import Coefficient, FfnOutput, MemberLinear, Members, PeltModel, Selection, draw, mark, scale_grouped
 
-GATE = "the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s"
+COMPONENT = Component(
+    stage="projection",
+    settings={
+        "lora_rank": Setting(POSITIVE_INT, "LoRA rank r"),
+        "lora_scale": Setting(POSITIVE_NUMBER, "LoRA scale (App. B's alpha); unused while gated; Figure 3 sweeps it"),
+        "lora_targets": Setting(PROJECTIONS, "the projections LoRA adapts, a list from query, key, value"),
+        "lora_freeze_a": Setting(BOOL, "LoRA-FA: LoRA's A stays at its random init, only B trains (default false)",
+                                 default=False),
+        "lora_init": Setting(choice("kaiming", "pissa", "olora", must="must be kaiming (A kaiming-uniform, B zero), "
+                                    "pissa or olora (PEFT's init_lora_weights)"),
+                             "LoRA's (DoRA's) init: kaiming (default), pissa or olora (A, B from W's principal part, "
+                             "taken out of W)", default="kaiming"),
+    },
+    gate="the delta s·BAx of each adapted projection: one gate per projection and layer, which replaces s",
+    checks=(Check("lora_init == 'kaiming' or not gated",
+                  "method.lora_init={lora_init}: takes s·B₀A₀ out of W, and a gate replaces s: PiSSA and OLoRA run "
+                  "ungated (method.gated=false)"),),
+    fits=(rank_fit("lora_rank", "lora_targets"),),
+    label="LoRA", arxiv="2106.09685", peft=Peft("LORA"),
+)
 
 TARGETS = ("query", "key", "value")  # the attention projections LoRA may adapt (where each sits: architectures.py)
 DENSE = ("attention_output", "intermediate", "output")  # a layer's other Linears (architectures.dense)
@@ -375,3 +395,9 @@ def check(method: DictConfig) -> None:
     if init != "kaiming" and method.get("gated", False):
         raise ValueError(f"method {method.name}: lora_init={init} takes s·B₀A₀ out of W, and a gate replaces s: "
                          "PiSSA and OLoRA run ungated (gated: false)")
+
+
+def fused_targets(arch, targets) -> list[str]:
+    """The `targets` (names of LINEARS) that are row blocks of a fused projection on this architecture (ModernBERT's
+    Wqkv), which PEFT can only adapt whole (saving.peft_kind asks a component's `peft_refusal`)."""
+    return [t for t in targets if t in arch.projections and arch.projections[t][1] is not None]

@@ -6,7 +6,7 @@ at init (R = I). Cayley: PEFT's default `use_cayley_neumann=True` truncates (I +
 I + 2Q + 2Q² + … + 2Q^(n−2) + Q^(n−1) with n = `oft_neumann_terms` (5); `oft_neumann_terms: 0` is PEFT's exact
 transform, R = (I − Q)(I + Q)⁻¹. Not taken: COFT (`coft`) and `block_share` (both off by default in PEFT) and
 `module_dropout` (PEFT 0.21's Linear builds the dropout layer but its forward never applies it). A rotation
-multiplies the frozen path: it has no gate (GATE = None) and is refused in a gated mixture.
+multiplies the frozen path: it has no gate (its COMPONENT declares none) and is refused in a gated mixture.
 """
 
 from __future__ import annotations
@@ -16,11 +16,24 @@ import sys
 import torch
 from omegaconf import DictConfig
 
-from ..config import rotation_misfit
+from ..component import Component, Fit, POSITIVE_INT, PROJECTIONS, Peft, Setting, non_negative_int, rule
 from . import rotation
 from .base import PeltModel
 
-GATE = None  # multiplicative: nothing additive for a gate to scale
+COMPONENT = Component(
+    stage="rotation",  # a rotation hooks the input of whatever computes the projection (the deltas are in place)
+    settings={
+        "oft_block_size": Setting(POSITIVE_INT, "OFT block size b (r = in_features / b rotation blocks)"),
+        "oft_neumann_terms": Setting(rule(non_negative_int, "must be 0 (the exact Cayley transform) or a number of "
+                                                            "Neumann terms"),
+                                     "OFT's Cayley transform: Neumann terms (PEFT's default 5), or 0 for the exact "
+                                     "inverse"),
+        "oft_targets": Setting(PROJECTIONS, "the projections whose input OFT rotates, a list from query, key, value"),
+    },
+    fits=(Fit("in_features % oft_block_size == 0", targets="oft_targets", sides="in",
+              why="oft_block_size={oft_block_size} must divide the adapted projections' input size {in_features}"),),
+    label="OFT", arxiv="2306.07280", peft=Peft("OFT"),
+)  # no gate: multiplicative, nothing additive for a gate to scale
 PARAMETER = "oft_R"  # PEFT's module name: `...query.oft_R.weight`
 PEFT_TENSOR = "oft_R.weight"  # its name in PEFT's saved adapter
 
@@ -36,7 +49,7 @@ def peft_config(method: DictConfig) -> dict:
 def shape(method: DictConfig, features: int) -> tuple[int, int]:
     """(blocks, entries per block) of one member's parameter on a projection with `features` inputs."""
     b = int(method.oft_block_size)
-    why = rotation_misfit("oft", b, 1, features)  # the rule check_config applies before torch to a local config.json
+    why = COMPONENT.misfit(method, in_features=features)  # the rule check_config applies before torch to config.json
     if why:
         raise ValueError(why)
     return features // b, b * (b - 1) // 2

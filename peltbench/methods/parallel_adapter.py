@@ -13,10 +13,15 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from ..component import Component, POSITIVE_NUMBER, Setting, setting_of
 from .base import MemberLinear, Members, PeltModel, Selection, draw, ffn_output, mark, scale_grouped
 from .lora import kaiming
 
-GATE = None  # its output has the constant scale adapter_scale (He et al.); no gate was defined for it
+COMPONENT = Component(
+    stage="module", after=("prefix",),
+    settings={"bottleneck": setting_of("adapter", "bottleneck"),
+              "adapter_scale": Setting(POSITIVE_NUMBER, "MAM's parallel-adapter scale")},
+)  # no gate: its output has the constant scale adapter_scale (He et al.); no gate was defined for it
 
 
 class ParallelAdapter(nn.Module):

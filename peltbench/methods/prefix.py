@@ -24,9 +24,25 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import get, put
+from ..component import BOOL, Component, POSITIVE_INT, Positions, Setting
 from .base import Coefficient, MemberLinear, Members, PeltModel, Selection, bert_normal, draw, mark
 
-GATE = "the key and value prefixes of each layer, both by one gate from the attention input (§3.2)"
+COMPONENT = Component(
+    stage="module",
+    settings={
+        "prefix_length": Setting(POSITIVE_INT, "prefix length L"),
+        "prefix_hidden": Setting(POSITIVE_INT, "width of prefix-tuning's reparameterisation MLP",
+                                 read_if="prefix_projection", unread="the MLP's width, but prefix_projection=false "
+                                 "trains the prefixes without the MLP (P-tuning v2)"),
+        "prefix_projection": Setting(BOOL, "prefixes through the MLP (true, prefix-tuning) or trained directly (false, "
+                                           "P-tuning v2)", default=True),
+        "prefix_shift_positions": Setting(BOOL, "the tokens' positions follow the prefix (true: P-tuning v2's code, "
+                                                "PEFT) or start at 0 (false)", default=False),
+    },
+    gate="the key and value prefixes of each layer, both by one gate from the attention input (§3.2)",
+    positions=Positions("prefix_length", when="prefix_shift_positions", note="its positions come first"),
+    label="Prefix-tuning", arxiv="2101.00190",
+)
 
 
 def projected(method: DictConfig) -> bool:
@@ -225,3 +241,16 @@ def init_member(model: PeltModel, slot: int, method: DictConfig) -> None:
     model.prefix_encoder.init_member(slot, method)
     for layer in model.layers:
         get(layer, model.arch.attention).coefficient.init_member(slot)
+
+
+# PEFT's prefix tuning numbers the tokens after the L prefix positions (it passes past_key_values, and shifts
+# position ids it is given), and refuses DeBERTa-v2 and ModernBERT, which take no past_key_values.
+NO_PEFT_PREFIX = ("PEFT's prefix tuning shifts every position id by the prefix length (and cannot run on DeBERTa-v2 "
+                  "or ModernBERT), so a PEFT copy would not predict what this run does (docs/saving.md)")
+NO_PEFT_SHIFTED = ("peltbench writes no PEFT copy of a prefix run (a P-tuning v2 run with shifted positions computes what "
+                   "PEFT's prefix tuning computes on BERT and RoBERTa, but its export is not implemented: docs/saving.md)")
+
+
+def peft_refusal(method: DictConfig, arch) -> str:
+    """Why a prefix run has no PEFT copy (saving.peft_kind)."""
+    return NO_PEFT_SHIFTED if method.get("prefix_shift_positions", False) else NO_PEFT_PREFIX

@@ -23,9 +23,21 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from ..component import Component, POSITIVE_INT, Peft, Positions, Setting, choice
 from .base import Members, PeltModel, draw, mark
 
-GATE = None  # the prompts are inputs, not an additive contribution to a frozen path: refused when gated
+COMPONENT = Component(
+    stage="input",
+    settings={
+        "prompt_length": Setting(POSITIVE_INT, "prompt tuning's number of prompt embeddings P"),
+        "prompt_init": Setting(choice("vocab", "random", must="must be vocab (sampled word embeddings) or random "
+                                                             "(N(0, 1))"),
+                               "prompt tuning's init: vocab (sampled word embeddings) or random (N(0, 1))"),
+    },
+    positions=Positions("prompt_length"),
+    group_by=("prompt_length",),  # the prompts shift every token's position: a fused group has one length
+    label="Prompt tuning", arxiv="2104.08691", peft=Peft("PROMPT_TUNING"),
+)  # no gate: the prompts are inputs, not an additive contribution to a frozen path
 INITS = ("vocab", "random")
 
 

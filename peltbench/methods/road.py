@@ -16,7 +16,7 @@ frozen W x is computed once for the group. Where the architecture map puts a pro
 Linear (ModernBERT's Wqkv), the block's rows of the output are rotated: exactly RoAd on a separate projection, and, as
 RoAd is elementwise, exactly PEFT's RoAd on the whole Wqkv with θ = 0, α = 1 on the other blocks (its PEFT copy).
 
-RoAd multiplies the frozen path: it has no gate (GATE = None).
+RoAd multiplies the frozen path: it has no gate (its COMPONENT declares none).
 """
 
 from __future__ import annotations
@@ -25,12 +25,29 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..config import road_misfit
+from ..component import Component, Fit, LINEARS, Peft, Setting, choice, positive_int, rule
 from . import lora
 from .base import Members, PeltModel, mark
 from .rotation import replace_rows
 
-GATE = None  # RoAd rotates W x + b itself: nothing additive for a gate to scale
+COMPONENT = Component(
+    stage="projection", after=("c3a",),
+    settings={
+        "road_variant": Setting(choice(1, 2, 4, must="must be 1, 2 or 4 (PEFT's road_1, road_2, road_4)"),
+                                "RoAd's variant: 1, 2 or 4 (PEFT's road_1/2/4: one angle and scale per pair, per "
+                                "feature, two per feature)"),
+        "road_group_size": Setting(rule(lambda v: positive_int(v) and v % 2 == 0,
+                                        "must be a positive even integer (features paired within a group)"),
+                                   "RoAd: features are paired within groups of this size (i with i + size/2; 2: "
+                                   "consecutive pairs)"),
+        "road_targets": Setting(LINEARS, "the Linears of a layer whose output RoAd rotates, a list from query, key, "
+                                         "value, attention_output, intermediate, output"),
+    },
+    fits=(Fit("out_features % road_group_size == 0", targets="road_targets", sides="out",
+              why="road_group_size={road_group_size} must divide the output size of every Linear RoAd adapts: "
+                  "{target} has {out_features}"),),  # PEFT's rule
+    label="RoAd", arxiv="2409.00119", peft=Peft("ROAD"),
+)  # no gate: RoAd rotates W x + b itself, nothing additive for a gate to scale
 TARGETS = lora.LINEARS  # road_targets: any Linear of a layer
 VARIANTS = (1, 2, 4)  # PEFT's road_1, road_2, road_4: parameters per output feature 1/2, 1, 2 (of θ and of α)
 
@@ -49,7 +66,7 @@ class RoAdLinear(lora.ProjectionDelta):
                  layer: int, in_features: int, out_features: int, block: slice | None) -> None:
         super().__init__(base, members, users, block)
         for method in users.values():
-            why = road_misfit(int(method.road_group_size), out_features, submodule.removeprefix("road_"))
+            why = COMPONENT.misfit(method, out_features=out_features, target=submodule.removeprefix("road_"))
             if why:
                 raise ValueError(why)
         largest = max(size(method, out_features) for method in users.values())

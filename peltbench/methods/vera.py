@@ -18,9 +18,20 @@ from omegaconf import DictConfig
 from torch import nn
 
 from . import lora
+from ..component import Component, POSITIVE_INT, PROJECTIONS, Peft, Setting, positive_number, rule
 from .base import Members, PeltModel, Selection, mark, rows_for
 
-GATE = "the delta λ_b ⊙ B(λ_d ⊙ A x) of each adapted projection: one gate per projection and layer, as LoRA's"
+COMPONENT = Component(
+    stage="projection", after=("dora",),  # each delta after the ones peltbench had before it: the order records hold
+    settings={
+        "vera_rank": Setting(POSITIVE_INT, "VeRA rank r of the shared random A (r × in) and B (out × r)"),
+        "vera_targets": Setting(PROJECTIONS, "the projections VeRA adapts, a list from query, key, value"),
+        "vera_d_initial": Setting(rule(positive_number, "must be a positive number (λ_d's initial value)"),
+                                  "VeRA's initial λ_d (PEFT's d_initial)"),
+    },
+    gate="the delta λ_b ⊙ B(λ_d ⊙ A x) of each adapted projection: one gate per projection and layer, as LoRA's",
+    label="VeRA", arxiv="2310.11454", peft=Peft("VERA"),
+)
 
 
 class SharedProjections(nn.Module):
@@ -127,3 +138,11 @@ def check(method: DictConfig) -> None:
     unknown = sorted(set(method.vera_targets) - set(lora.TARGETS))
     if unknown:
         raise ValueError(f"vera_targets: unknown projection(s) {unknown}; choose from {list(lora.TARGETS)}")
+
+
+def peft_refusal(method: DictConfig, arch) -> str | None:
+    """Why a VeRA run has no PEFT copy on this architecture (saving.peft_kind), or None."""
+    if lora.fused_targets(arch, method.vera_targets):
+        return (f"PEFT's VeRA adapts {arch.name}'s whole fused Wqkv with one λ_d and B for q, k and v; "
+                "VeRA on its q and v blocks has no PEFT form (docs/saving.md)")
+    return None

@@ -14,31 +14,52 @@ TASK_METRICS = {
 AVG = "avg"  # the Avg. column travels as one more "task" in the long score frames
 
 # Row order of Tables 1 and 3; the second paper's methods (LN-tuning, Prefix+LN, MAM) follow when present.
-METHODS = (
+PAPERS_METHODS = (
     "ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora",
     "unipelt_ap", "unipelt_ap_nogate", "unipelt_apl", "unipelt_apl_nogate",
     "ln", "prefix_ln", "mam", "mam_he",
-    # the later methods (issue 19 on), in the order their papers first appeared (arXiv)
-    "prompt", "ptuning_v2", "ia3", "adalora", "oft", "lora_fa", "vera", "boft", "dora", "fourierft", "hra",
-    "c3a", "road", "delora",
 )
+# The methods not named as their one component, with their names in the tables; a method named as its component
+# (lora, dora, ...) takes the name its component declares (`label`: peltbench.component).
+METHOD_LABELS = {
+    "ft": "Fine-tuning", "prefix_l50": "Prefix-tuning (L = 50)",
+    "unipelt_ap": "UniPELT (AP)", "unipelt_ap_nogate": "UniPELT (AP)-NoGate",
+    "unipelt_apl": "UniPELT (APL)", "unipelt_apl_nogate": "UniPELT (APL)-NoGate",
+    "prefix_ln": "Prefix+LN",
+    # Two MAMs: the LN-tuning paper's BERT-base setting and He et al.'s own (prefix L = 30, FFN adapter 512).
+    "mam": "MAM (LN-paper, L=8, r=8)", "mam_he": "MAM (He et al.)",
+    "lora_fa": "LoRA-FA", "ptuning_v2": "P-tuning v2",  # issue 19
+}
+# Their papers (arXiv), as a component declares its own (`arxiv`): the later methods follow the papers' tables' in the
+# order their papers first appeared.
+METHOD_ARXIV = {"ptuning_v2": "2110.07602", "lora_fa": "2308.03303"}
+
+
+def _component_names() -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the later methods in their papers' order, every method's name in the tables) from METHOD_LABELS,
+    METHOD_ARXIV and the built-in components' declarations."""
+    from ..component import builtin_names, declaration
+
+    labels, papers = dict(METHOD_LABELS), dict(METHOD_ARXIV)
+    for name in builtin_names():
+        component = declaration(name)
+        if component.label:
+            labels.setdefault(name, component.label)
+        if component.arxiv:
+            papers.setdefault(name, component.arxiv)
+    later = sorted((name for name in papers if name not in PAPERS_METHODS), key=lambda name: (papers[name], name))
+    return tuple(later), labels
+
+
+_LATER, _LABELS = _component_names()
+# Row order of every table: the papers' methods, then the later methods (issue 19 on) in the order their papers first
+# appeared (arXiv); others (a user's method) after them, alphabetically.
+METHODS = (*PAPERS_METHODS, *_LATER)
+METHOD_LABELS = _LABELS
 # The rows each paper table has. Other methods are set apart below them and take no bold / underline,
 # so a method the paper did not run never displaces the paper's best (issue 8).
 TABLE1_METHODS = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl")
 TABLE3_METHODS = ("ft", "adapter", "prefix", "lora", "unipelt_ap", "unipelt_ap_nogate", "unipelt_apl")
-METHOD_LABELS = {
-    "ft": "Fine-tuning", "bitfit": "BitFit", "adapter": "Adapter", "prefix": "Prefix-tuning",
-    "prefix_l50": "Prefix-tuning (L = 50)", "lora": "LoRA",
-    "unipelt_ap": "UniPELT (AP)", "unipelt_ap_nogate": "UniPELT (AP)-NoGate",
-    "unipelt_apl": "UniPELT (APL)", "unipelt_apl_nogate": "UniPELT (APL)-NoGate",
-    "ln": "LN-tuning", "prefix_ln": "Prefix+LN",
-    # Two MAMs: the LN-tuning paper's BERT-base setting and He et al.'s own (prefix L = 30, FFN adapter 512).
-    "mam": "MAM (LN-paper, L=8, r=8)", "mam_he": "MAM (He et al.)",
-    "dora": "DoRA", "lora_fa": "LoRA-FA", "vera": "VeRA",  # issue 19
-    "ia3": "(IA)³", "ptuning_v2": "P-tuning v2", "prompt": "Prompt tuning",
-    "adalora": "AdaLoRA", "oft": "OFT", "boft": "BOFT", "hra": "HRA",
-    "fourierft": "FourierFT", "c3a": "C3A", "road": "RoAd", "delora": "DeLoRA",  # issue 34
-}
 # Table 4's row order.
 EFFICIENCY_METHODS = ("ft", "bitfit", "prefix", "lora", "adapter", "unipelt_ap", "unipelt_apl")
 

@@ -201,9 +201,12 @@ def _extra_order(column):
 def known_runs(records):
     """(known, unknown): runs of a method and task peltbench has, and the rest (listed, never a row or column). A
     task of the user's own (a task file of their config folder, issue 46) is known by its records' config, which
-    holds the task file: it gets a column of its own (the papers have no number for it)."""
+    holds the task file: it gets a column of its own (the papers have no number for it). A method of the user's own
+    (a method file of their config folder, issue 45) is known by its records' components: each a built-in's name or
+    a module's import path (docs/components.md)."""
     own_task = records["config"].map(own_task_file) & ~records["task"].isin(known_names("task"))
-    known = records["method"].isin(known_names("method")) & (records["task"].isin(known_names("task")) | own_task)
+    methods = known_names("method") | user_methods(records)
+    known = records["method"].isin(methods) & (records["task"].isin(known_names("task")) | own_task)
     return records[known], records[~known]
 
 
@@ -212,6 +215,21 @@ def own_task_file(config) -> bool:
     task = config.get("task") if isinstance(config, dict) else None
     return isinstance(task, dict) and all(key in task for key in ("text", "label", "num_labels", "main_metric")) \
         and ("files" in task or "dataset" in task)
+
+
+def user_methods(records):
+    """The methods of `records` that peltbench does not ship, made of named components (a user's method file)."""
+    from ..component import check_name
+
+    ours = known_names("method")
+    found = set()
+    for method, config in zip(records["method"], records["config"]):
+        if method in ours or method in found:
+            continue
+        components = (config.get("method") or {}).get("components")
+        if isinstance(components, list) and components and all(check_name(str(name)) is None for name in components):
+            found.add(method)
+    return found
 
 
 def known_names(group):
@@ -378,6 +396,8 @@ def _flatten(record, path, memo=None, weights=None):
     config = _shared_parts(record["config"], memo)
     method = record["method"]
     settings, changed = _method_part(method, config["method"], protocol_name(config), memo)
+    if method not in _packaged("method"):  # a user's method: its departures from its file are in its folder's name
+        changed = variant_changes(record.get("variant"), config["method"])
     precision = _precision(record)
     test, dev = record.get("test") or {}, record.get("dev_best") or {}
     fused, machine = record.get("fused") or {}, record.get("machine") or {}
@@ -458,6 +478,14 @@ def _precision(record):
 def _score(value):
     """JSON has no NaN: an undefined metric is null (docs/record.md); the frame holds it as NaN."""
     return float("nan") if value is None else float(value)
+
+
+def variant_changes(variant, settings):
+    """The method settings a run's folder name (`variant`: `my_lora,lora_rank=16,model.name=...`) says depart from its
+    method's file: how a user's method (whose file the tables do not read) is told from its default runs, as the run
+    named it (record.variant_name)."""
+    parts = str(variant or "").split(",")[1:]
+    return tuple(sorted({part.split("=", 1)[0] for part in parts} & set(settings)))
 
 
 def method_settings(method, settings, protocol=DEFAULT_PROTOCOL):

@@ -1,0 +1,269 @@
+"""A researcher's own component, outside peltbench (issue 45): named by its import path in a method file of their own
+config folder, checked before torch from its declaration, trained alone and fused with the built-ins, saved, counted
+and tabled, with the identity of its code in its records (docs/components.md)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, compose_config, tiny_run_overrides, write_glue
+from peltbench import UserError
+from peltbench.component import ComponentError, declaration, install_order, read_declaration
+
+PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
+
+
+def write_lora_copy(root: Path, package: str = "mylab", module: str = "lora_copy") -> Path:
+    """peltbench/methods/lora.py copied into a user's package with only its relative imports made absolute."""
+    folder = root / package
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "__init__.py").write_text("")
+    source = (REPO / "peltbench" / "methods" / "lora.py").read_text()
+    source = source.replace("from ..", "from peltbench.").replace("from .base ", "from peltbench.methods.base ")
+    assert "from ." not in source
+    (folder / f"{module}.py").write_text(source)
+    return folder / f"{module}.py"
+
+
+def write_method(conf: Path, name: str, component: str, base: str = "lora") -> Path:
+    """conf/method/<base>.yaml with `name: <name>` and `components: [<component>]`, in a user's config folder."""
+    (conf / "method").mkdir(parents=True, exist_ok=True)
+    text = (REPO / "conf" / "method" / f"{base}.yaml").read_text()
+    text = re.sub(r"^name: \w+", f"name: {name}", text, flags=re.M)
+    text = re.sub(r"^components: \[\w+\]", f"components: [{component}]", text, flags=re.M)
+    path = conf / "method" / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def user_path(monkeypatch):
+    """`user_path(folder)` puts a user's code folder on this process's path; its modules (and what peltbench read of
+    them) are forgotten after the test, so the next test's package of the same name is its own."""
+    from peltbench import component, packaged
+
+    before = set(sys.modules)
+
+    def add(folder: Path) -> None:
+        monkeypatch.syspath_prepend(str(folder))
+        forget()
+
+    def forget() -> None:
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in ("mylab", "broken", "lokr_example"):
+                del sys.modules[name]
+        component.declaration.cache_clear()
+        component.code_identity.cache_clear()
+        component._distributions.cache_clear()
+        packaged.use_searchpath(None)
+        packaged._user_dirs = None  # as before any config was composed here
+
+    yield add
+    forget()
+
+
+@pytest.fixture
+def user(tmp_path, tiny_checkpoint):
+    """A working folder with a tiny BERT, GLUE files, the user's package `mylab` (on PYTHONPATH) and config folder."""
+    write_glue(tmp_path / "glue")
+    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
+    write_lora_copy(tmp_path / "code")
+    write_method(tmp_path / "conf", "my_lora", "mylab.lora_copy")
+    return tmp_path
+
+
+def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(filter(None, [str(cwd / "code"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path, **(env or {})}
+    return subprocess.run([*args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def common(user: Path) -> list[str]:
+    return ["task=rte", "model.name=tiny-bert", "data.dir=glue", "k=16", "dev_size=20", "train.epochs=3",
+            f"hydra.searchpath=[file://{user / 'conf'}]"]
+
+
+def test_a_copy_of_lora_fused_with_lora_trains_as_lora_and_is_saved_counted_and_tabled(user, user_path, capsys,
+                                                                                      monkeypatch):
+    """Acceptance: lora.py copied into mylab, named by my_lora.yaml (lora.yaml with its name and component changed),
+    trains in one fused group with the built-in lora, dropout on, and each member's record is the built-in's."""
+    result = run(PELTBENCH, "-m", "method=lora,my_lora", "fuse=true", "save.weights=true", "save.predictions=true",
+                 *common(user), cwd=user)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = {json.loads(path.read_text())["method"]: path for path in (user / "results").rglob("result.json")}
+    assert sorted(found) == ["lora", "my_lora"]
+    lora, mine = (json.loads(found[name].read_text()) for name in ("lora", "my_lora"))
+    assert lora["fused"]["size"] == mine["fused"]["size"] == 2 and lora["fused"]["group"] == mine["fused"]["group"]
+    assert mine["config"]["method"]["components"] == ["mylab.lora_copy"]
+    for key in ("test", "dev_best"):
+        assert mine[key] == pytest.approx(lora[key], abs=1e-6), key
+    assert len(mine["history"]) == len(lora["history"]) == 3
+    for ours, theirs in zip(mine["history"], lora["history"]):
+        assert ours["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-5)
+        assert ours["dev_main"] == pytest.approx(theirs["dev_main"], abs=1e-6)
+    assert mine["trainable_params"] == lora["trainable_params"]
+    # the code that made it is in its identity; a built-in's identity is as it always was
+    assert re.fullmatch(r"source [0-9a-f]{16}", mine["identity"]["code"]["mylab.lora_copy"])
+    assert "code" not in lora["identity"]
+    # saved and reloaded in this process (the user's package on its path): the same predictions; its PEFT copy is
+    # LoRA's (the copy declares peft=Peft("LORA"))
+    folder = found["my_lora"].parent
+    assert json.loads((folder / "peft" / "adapter_config.json").read_text())["peft_type"] == "LORA"
+    user_path(user / "code")
+    import peltbench
+
+    _, predictions = peltbench.load_run(folder).predict()
+    saved = [int(row["prediction"]) for row in csv.DictReader(open(folder / "predictions.csv"))]
+    assert list(map(int, predictions)) == saved
+    # done for peltbench-missing (its method file found through the same hydra.searchpath)
+    from peltbench.missing import main as missing
+
+    monkeypatch.chdir(user)
+    assert missing(["-m", "method=lora,my_lora", "fuse=true", "save.weights=true", "save.predictions=true",
+                    *common(user)]) == 0
+    assert "2 runs: 2 done" in capsys.readouterr().out
+    # counted beside peltbench's methods
+    from peltbench.params import main as params
+
+    params(["--config-dir", str(user / "conf"), "--csv"])
+    rows = {line.split(",")[0]: line.split(",")[1:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["my_lora"] == rows["lora"]
+    # tabled beside the built-ins, with the paired tests
+    from peltbench.tables.command import main as tables
+
+    assert tables(["--results-dir", str(user / "results" / "runs"), "--out", str(user / "tables"), "--seeds", "1",
+                   "--ddof", "0", "--baseline", "lora", "--protocol", "train.epochs=3,dev_size=20,precision=fp32"]) == 0
+    assert "| K = 16 | RTE    | my_lora  | LoRA" in (user / "tables" / "paired.md").read_text()
+    assert "my_lora" in (user / "tables" / "table1.md").read_text()
+
+
+def test_a_bad_setting_of_a_users_component_is_refused_before_torch(user):
+    script = ("import sys; from peltbench.cli import main\n"
+              "sys.argv = ['peltbench', *sys.argv[1:]]\n"
+              "try:\n    main()\nexcept SystemExit as exit:\n"
+              "    print(exit.code, sorted({'torch', 'transformers'} & set(sys.modules)))")
+    result = run(sys.executable, "-c", script, "method=my_lora", "method.lora_rank=0", *common(user), cwd=user)
+    assert result.stdout == "2 []\n", result.stdout + result.stderr
+    assert result.stderr == "peltbench: error: method.lora_rank=0: must be a positive integer\n"
+    result = run(sys.executable, "-c", script, "method=my_lora", *common(user), cwd=user,
+                 env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    assert result.stdout == "2 []\n"
+    assert result.stderr == ("peltbench: error: method.components=[mylab.lora_copy]: component mylab.lora_copy: its "
+                             "module is not on this Python's path (pip install its package, or add the folder above "
+                             "it to PYTHONPATH)\n")
+    assert not (user / "results").exists()
+
+
+def test_a_users_method_file_named_as_a_packaged_one_is_refused(user):
+    write_method(user / "conf", "lora", "mylab.lora_copy")
+    result = run(PELTBENCH, "method=lora", *common(user), "--cfg", "job", cwd=user)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"peltbench: error: {user / 'conf' / 'method' / 'lora.yaml'}: peltbench ships a "
+                                    "method of that name")
+
+
+def test_a_declaration_is_read_without_running_its_module_or_package(tmp_path, user_path):
+    """The package's __init__ and the module itself would fail to import here: the declaration is still read."""
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "__init__.py").write_text("raise RuntimeError('never run')\n")
+    (tmp_path / "broken" / "thing.py").write_text(
+        "import torch_that_is_not_installed\n"
+        "from peltbench.component import Component, POSITIVE_INT, Setting\n"
+        "HELP = 'the width'\n"
+        "COMPONENT = Component(stage='module', settings={'width': Setting(POSITIVE_INT, HELP)}, after=('adapter',))\n")
+    user_path(tmp_path)
+    component = declaration("broken.thing")
+    assert component.settings["width"].help == "the width" and component.stage == "module"
+    assert "broken" not in sys.modules
+    assert install_order(["prefix", "broken.thing", "lora", "adapter", "full"]) == \
+        ["full", "adapter", "broken.thing", "prefix", "lora"]
+
+
+@pytest.mark.parametrize("source,message", [
+    ("X = 1\n", "declares no COMPONENT = Component(...)"),
+    ("import os\nCOMPONENT = Component(stage=os.sep)\n", "its COMPONENT names os, which is neither"),
+    ("COMPONENT = Component(stage='everywhere')\n", "stage='everywhere': must be one of backbone, affine, module"),
+    ("COMPONENT = Setting(POSITIVE_INT, 'x')\n", "is a Setting, not a Component"),
+    ("COMPONENT = Component(stage='module'\n", "line 1: its COMPONENT cannot be read"),
+])
+def test_a_declaration_that_cannot_be_read_is_one_line(source, message):
+    with pytest.raises(ComponentError, match=re.escape(message)):
+        read_declaration(source, "mylab/thing.py", "mylab.thing")
+
+
+def test_two_components_may_share_a_setting_only_as_they_declare_it_alike(tmp_path, user_path):
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "wide.py").write_text(
+        "from peltbench.component import Component, POSITIVE_NUMBER, Setting\n"
+        "COMPONENT = Component(stage='projection', settings={'lora_rank': Setting(POSITIVE_NUMBER, 'a width')})\n")
+    user_path(tmp_path)
+    from peltbench.config import check_method
+
+    method = compose_config("method=lora", "task=rte").method
+    method.components = ["lora", "mylab.wide"]
+    with pytest.raises(UserError, match=re.escape("method.components=[lora,mylab.wide]: lora and mylab.wide both read "
+                                                  "method.lora_rank, declared differently")):
+        check_method(method)
+    method.components = ["lora", "peltbench.methods.dora"]
+    with pytest.raises(UserError, match="peltbench.methods.dora is the built-in component dora: name it dora"):
+        check_method(method)
+
+
+def test_a_change_of_a_users_code_is_another_run_named_in_one_line(tmp_path, tiny_checkpoint, glue_dir, user_path):
+    """Issue 45, item 3: a record stores which code made it (its package's version where there is one, a hash of its
+    module's source and of the modules of its package it imports). Once that code changes, the old record is not done
+    (the rerun, peltbench-missing), no table pools it, load_run refuses it: one line naming what changed, the rule
+    of a changed meaning (record.changed_meaning). A built-in adds nothing to an identity."""
+    from peltbench.missing import _check_run
+    from peltbench.record import changed_meaning, check_existing, config_hash, record_path, semantic_config
+    from peltbench.runner import load_run, run_group
+    from peltbench.tables.records import read_records
+
+    module = write_lora_copy(tmp_path / "code")
+    (module.parent / "common.py").write_text("SCALE = 1.0\n")
+    module.write_text(module.read_text() + "\nfrom .common import SCALE  # noqa: E402, F401\n")
+    dist = tmp_path / "code" / "mylab_tools-0.3.dist-info"  # as `pip install` leaves it
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mylab-tools\nVersion: 0.3\n")
+    (dist / "top_level.txt").write_text("mylab\n")
+    user_path(tmp_path / "code")
+    from peltbench import component
+
+    component._distributions.cache_clear()
+    cfg = compose_config("method=lora", "task=rte", "save.weights=true",
+                         *tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path / "results"))
+    cfg.method.name, cfg.method.components = "my_lora", ["mylab.lora_copy"]
+    first = semantic_config(cfg)["code"]["mylab.lora_copy"]
+    assert re.fullmatch(r"version 0\.3, source [0-9a-f]{16}", first)
+    builtin = compose_config("method=lora", "task=rte")
+    assert "code" not in semantic_config(builtin) and config_hash(builtin) == "3ac411bb92f60590"  # as before issue 45
+    [outcome] = run_group([cfg])
+    assert outcome.status == "ok"
+    path = record_path(cfg, tmp_path / "results")
+    record = json.loads(path.read_text())
+    assert record["identity"]["code"] == {"mylab.lora_copy": first} and changed_meaning(record) == []
+
+    (module.parent / "common.py").write_text("SCALE = 2.0\n")  # a module it imports changes: another run
+    user_path(tmp_path / "code")
+    now = component.code_identity("mylab.lora_copy")
+    assert now != first and now.startswith("version 0.3, source ")
+    changed = f"the code of mylab.lora_copy (record {first!r}, this run {now!r})"
+    assert changed_meaning(record) == [changed]
+    with pytest.raises(UserError, match=re.escape(f"holds a record of a different config ({changed}); move it away")):
+        check_existing(path, cfg)
+    run = _check_run(cfg, 0, {})
+    assert (run.state, run.error) == ("foreign", changed)
+    records, unreadable = read_records(tmp_path / "results")
+    assert records.empty and unreadable == [(str(path), f"made when its config meant another run ({changed}): rerun "
+                                                        "it (move this record away first)")]
+    with pytest.raises(UserError, match=re.escape(f"made by other code than this Python's ({changed})")):
+        load_run(path.parent)
