@@ -83,8 +83,7 @@ def user_component(root: Path, monkeypatch, name: str, change: tuple[str, str] |
     name; relative imports made absolute; `change`: (text, replacement) applied once), and
     `root/conf/method/<name>.yaml`, lora.yaml naming it as `components: [mylab.<module>]`; returns the config folder."""
     module = module or name
-    source = LORA_SOURCE.replace("from ..architectures import", "from peltbench.architectures import")
-    source = source.replace("from .base import", "from peltbench.methods.base import")
+    source = LORA_SOURCE.replace("from ..", "from peltbench.").replace("from .base ", "from peltbench.methods.base ")
     if change is not None:
         assert source.count(change[0]) == 1, change[0]
         source = source.replace(*change)
