@@ -875,7 +875,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         request = parse(argv)
     except UserError as error:
         _refuse(error)
-    logging.getLogger("peltbench").setLevel(logging.CRITICAL)  # the runs' own lines: the verdicts say what matters
+    quiet = logging.getLogger("peltbench")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the runs' own lines: the verdicts say what matters
+    try:
+        _check(request)
+    finally:  # called in a process that goes on (a test, a notebook): its peltbench lines come back
+        quiet.setLevel(level)
+
+
+def _check(request: Request) -> None:
     started, cpu = time.time(), time.process_time()
     root = Path(request.keep).expanduser() if request.keep else Path(tempfile.mkdtemp(prefix="peltbench-check-"))
     try:
