@@ -78,6 +78,14 @@ LORA_SOURCE = Path(peltbench.methods.lora.__file__).read_text()
 LORA_YAML = (REPO / "conf" / "method" / "lora.yaml").read_text()
 
 
+@pytest.fixture(autouse=True)
+def _forget_mylab():
+    """A test's `mylab` (from its own folder) leaves sys.modules with it: a later test's mylab is another package."""
+    yield
+    for name in [name for name in sys.modules if name.split(".")[0] == "mylab"]:
+        del sys.modules[name]
+
+
 def user_component(root: Path, monkeypatch, name: str, change: tuple[str, str] | None = None,
                    module: str | None = None) -> Path:
     """`peltbench/methods/lora.py` copied into the user's own package, as module `mylab.<module>` (default: the method's
