@@ -164,6 +164,75 @@ def test_member_adamw_and_clipping_equal_torch_per_member():
                 assert_close_to_scale(tensor, state[name].detach(), rel=1e-6, msg=f"step {step} {m} {name}")
 
 
+@pytest.mark.parametrize("clipped", [False, True])
+def test_member_adamw_keeps_a_slot_without_a_gradient_as_torch_does(clipped):
+    """A parameter whose .grad is None on a step, and a member that has left the group, keep their moments and step
+    count, as torch.optim.AdamW keeps a parameter's that has no gradient; each slot's bias correction follows its own
+    count. Unclipped, every member's weights, moments and step counts equal its own torch.optim.AdamW's bitwise;
+    clipped (clip_grad_norm_ per member), to rounding. State handed over with state_dict goes on the same."""
+    methods = [method("adapter", {}), method("lora", {}), method("adapter", {"bottleneck": 8})]
+    group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone()] * 3)
+    optimizer = MemberAdamW(group)
+    lrs, totals, norms = [1e-2, 3e-3, 5e-2], [8, 8, 6], [0.5, 1.0, 2.0] if clipped else [1e9] * 3
+    for m in range(3):
+        optimizer.schedule(m, lrs[m], totals[m])
+    references = []
+    for m in range(3):
+        state = {name: tensor.clone().requires_grad_(True) for name, tensor in member_state(group, m).items()}
+        torch_optimizer = torch.optim.AdamW(state.values(), lr=lrs[m], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda s, t=totals[m]: max(0.0, (t - s) / t))
+        references.append((state, torch_optimizer, schedule))
+    parameters = [(group.stored_name(name), parameter, flags) for name, parameter, flags, _ in group.member_parameters()]
+    skipped = {1: set(range(0, len(parameters), 3)), 2: set(range(1, len(parameters), 4)), 4: {2}}
+    left = 2  # leaves after step 3: not in the pass from step 4 on (its slots' gradients 0), its optimiser stepped no more
+    generator = torch.Generator().manual_seed(0)
+    for step in range(7):
+        if step == 4:
+            optimizer.leave(left)
+        training = [m for m in range(3) if step < 4 or m != left]
+        for index, (name, parameter, flags) in enumerate(parameters):
+            parameter.grad = None if index in skipped.get(step, ()) else torch.randn(parameter.shape, generator=generator)
+            for m, (state, _, _) in enumerate(references):
+                if parameter.grad is not None and m not in training:
+                    parameter.grad[m] = 0
+                if flags[m]:
+                    state[name].grad = None if parameter.grad is None or m not in training else parameter.grad[m].clone()
+        if step == 5:  # a checkpoint: the state handed over to a new optimiser of the same group
+            saved = {key: [{k: v.clone() for k, v in b.items()} for b in value] if key == "banks" else value
+                     for key, value in optimizer.state_dict().items()}
+            optimizer = MemberAdamW(group)
+            optimizer.load_state_dict(saved)
+        clip_per_member(optimizer, torch.tensor(norms))
+        optimizer.step(step)
+        optimizer.zero_grad()
+        for m in training:
+            state, torch_optimizer, schedule = references[m]
+            torch.nn.utils.clip_grad_norm_([p for p in state.values() if p.grad is not None], norms[m])
+            torch_optimizer.step()
+            schedule.step()
+        names = {id(parameter): name for name, parameter, _ in parameters}
+        for bank in optimizer.banks:
+            for s, (index, m) in enumerate(zip(bank.segment_params, bank.segment_members)):
+                if not bank.trained[s]:
+                    continue
+                state, torch_optimizer, _ = references[m]
+                theirs = torch_optimizer.state.get(state[names[id(bank.params[index])]], {})
+                assert bank.steps[s] == int(theirs.get("step", 0)), (step, m, names[id(bank.params[index])])
+                for key in ("exp_avg", "exp_avg_sq"):
+                    ours = getattr(bank, key)[bank.starts[s] : bank.starts[s + 1]]
+                    expected = theirs[key].flatten() if theirs else torch.zeros_like(ours)
+                    if clipped:
+                        assert_close_to_scale(ours, expected, rel=1e-6, msg=f"step {step} {m} {key}")
+                    else:
+                        assert torch.equal(ours, expected), (step, m, key)
+        for m, (state, _, _) in enumerate(references):
+            for name, tensor in member_state(group, m).items():
+                if clipped:
+                    assert_close_to_scale(tensor, state[name].detach(), rel=1e-6, msg=f"step {step} {m} {name}")
+                else:
+                    assert torch.equal(tensor, state[name].detach()), (step, m, name)
+
+
 @pytest.fixture(scope="module")
 def quiet_checkpoint(tmp_path_factory, tiny_checkpoint) -> Path:
     """The tiny checkpoint with dropout off, so a member's masks cannot differ from its separate run's."""
