@@ -669,12 +669,16 @@ class MemberAdamW:
         """Clip each member's gradient to its own global norm (torch.nn.utils.clip_grad_norm_ per member).
 
         Only the slots a member trains count: gradients that reached other members' untrained slots are zeroed (within
-        the parameter's trained span; the optimiser reads no slot outside it)."""
+        the parameter's trained span; the optimiser reads no slot outside it). A member's norm is the root of its
+        parameters' squared norms summed one after the other, in its parameters' order (`cumsum` along its row of
+        the norm table), so it is the same sum in any group: a reduction across a wider table grouped its terms
+        otherwise (a member's norm of 13 or more parameters then differed in its last bit from its norm alone)."""
         banks = self._gather()
         if not banks:
             return
         tables = [bank.norm_table() for bank in banks]
-        total = torch.linalg.vector_norm(tables[0] if len(tables) == 1 else torch.cat(tables), dim=0)
+        squares = (tables[0] if len(tables) == 1 else torch.cat(tables, dim=1)).square()
+        total = squares.cumsum(dim=1)[:, -1].sqrt()
         coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
         for bank in banks:
             bank.scale(coefficient)
@@ -820,8 +824,10 @@ class _Bank:
         starts = self.starts
         self.trained_views = [self.spans[starts[s] : starts[s + 1]] for s, seg in enumerate(segments) if seg[3]]
         self.untrained_views = [self.spans[starts[s] : starts[s + 1]] for s, seg in enumerate(segments) if not seg[3]]
-        trained = [s for s, segment in enumerate(segments) if segment[3]]
-        self.norm_index = torch.tensor([segments[s][0] * members + segments[s][1] for s in trained], device=device)
+        # the norm table: a row per member, its trained segments' norms in its parameters' order, then zeros
+        owners = [m for _, m, _, is_trained in segments if is_trained]
+        self.norm_width = int(max(np.bincount(owners, minlength=members))) if owners else 0
+        self.norm_index = torch.tensor([m * self.norm_width + k for m, k in _positions(owners, members)], device=device)
         self.segment_index = torch.tensor([m for _, m, _, _ in segments], device=device)
         self.lengths = torch.tensor([size for *_, size, _ in segments], dtype=torch.int32, device=device)
         self.segment_members = np.array([m for _, m, _, _ in segments])
@@ -863,10 +869,11 @@ class _Bank:
         return True
 
     def norm_table(self) -> torch.Tensor:
-        """(parameters, members): each member's gradient norm in each parameter, 0 where it trains none."""
+        """(members, its most trained parameters): each member's gradient norms in the parameters it trains, in their
+        order, then zeros."""
         norms = torch.stack(torch._foreach_norm(self.trained_views))
-        table = torch.zeros(len(self.params) * self.count, dtype=norms.dtype, device=norms.device)
-        return table.index_copy_(0, self.norm_index, norms).view(len(self.params), self.count)
+        table = torch.zeros(self.count * self.norm_width, dtype=norms.dtype, device=norms.device)
+        return table.index_copy_(0, self.norm_index, norms).view(self.count, self.norm_width)
 
     def spread(self, values: torch.Tensor) -> torch.Tensor:
         """Per-segment values (segments,) as one value per element of `spans` (each element's segment: made once per
@@ -932,6 +939,16 @@ class _Bank:
                         for start, stop in bounds]
             self._runs = (key, tuple(list(views) for views in zip(*runs)) if runs else ([], [], []))
         return self._runs[1]
+
+
+def _positions(owners: list[int], members: int) -> list[tuple[int, int]]:
+    """(member, how many of its segments came before) for each segment owner in turn."""
+    seen = [0] * members
+    positions = []
+    for m in owners:
+        positions.append((m, seen[m]))
+        seen[m] += 1
+    return positions
 
 
 def _finish(model, members, stopping, test, task, group, evaluation, period, on_done) -> None:

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from conftest import TINY, assert_close_to_scale, compose_config, tiny_backbone, tiny_run_overrides
+from conftest import (TINY, assert_close_to_scale, compose_config, save_tiny_encoder, tiny_backbone,
+                      tiny_run_overrides)
 from peltbench.data import collate_group
 from peltbench.fusion import plan_groups
 from peltbench.methods import build_pelt_model, member_state
@@ -282,6 +283,30 @@ def test_a_fused_run_ends_as_its_separate_run(quiet_checkpoint, glue_dir, tmp_pa
                 assert a["gates"][key] == pytest.approx(b["gates"][key], abs=1e-6)
         stopped.add(a["epochs_run"])
     assert len({json.dumps(o.record["history"]) for o in fused}) == len(fused)  # the runs did differ
+
+
+def test_a_member_beside_other_methods_trains_bit_for_bit_as_alone(glue_dir, tmp_path):
+    """Members with the same rows (one seed), on a CPU: FourierFT, whose delta is not zero at the start (rounding in
+    its spectrum's gradient grows over the steps: 2.2e-5 of its 4th train loss here before Members.funnel), LoRA and
+    the rotations of q's and v's input (HRA, OFT; HRA's gradient differed from step 0) train to the same losses, dev
+    and test scores in one group as alone, bit for bit: a member's gradient sums the same terms in the same order in
+    any group (Members.funnel, Members.gather), and so does its norm for clipping (MemberAdamW.clip). Members with
+    other rows pad to other widths, which the backbone's sums round otherwise: equal to rounding
+    (test_a_fused_run_ends_as_its_separate_run)."""
+    names = ["fourierft", "lora", "hra", "oft"]
+    checkpoint = save_tiny_encoder("bert", tmp_path / "bert")  # O(1) weights: attention far from uniform
+
+    def configs(where: str, *extra: str) -> list:
+        run = [o for o in tiny_run_overrides(checkpoint, glue_dir, tmp_path / where) if not o.startswith("device=")]
+        return [compose_config(f"method={name}", "task=rte", *run, "device=cpu", "train.epochs=4", "method.lr=5e-2",
+                               "train.grad_clip=3", *extra) for name in names]
+    alone = [run_group([config])[0].record for config in configs("alone")]
+    fused = {o.record["config"]["method"]["name"]: o.record for o in run_group(configs("fused", "fuse=true"))}
+    for a in alone:
+        b = fused[a["config"]["method"]["name"]]
+        assert b["fused"]["size"] == len(names)
+        assert (a["history"], a["test"], a["best_epoch"]) == (b["history"], b["test"], b["best_epoch"]), \
+            a["config"]["method"]["name"]
 
 
 def test_a_fused_rerun_is_identical_and_skips(tiny_checkpoint, glue_dir, tmp_path):
