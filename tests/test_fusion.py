@@ -7,6 +7,7 @@ order on other hardware. Losses, dev curves and scores of whole runs are compare
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -132,7 +133,8 @@ def test_a_group_of_prompt_runs_computes_each_members_logits_and_gradients():
 
 
 def test_member_adamw_and_clipping_equal_torch_per_member():
-    """Each member's slice follows torch's AdamW + linear schedule + clip_grad_norm_ with its own lr and norm."""
+    """Each member's slice follows torch's AdamW + linear schedule + clip_grad_norm_ with its own lr and norm, bit for
+    bit on a CPU."""
     methods = [method("adapter", {}), method("lora", {}), method("adapter", {"bottleneck": 8})]
     group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone()] * 3)
     optimizer = MemberAdamW(group)  # the adapters' span is every slot, LoRA's masked; LoRA's span is its own slot
@@ -162,19 +164,20 @@ def test_member_adamw_and_clipping_equal_torch_per_member():
             torch_optimizer.step()
             schedule.step()
             for name, tensor in member_state(group, m).items():
-                assert_close_to_scale(tensor, state[name].detach(), rel=1e-6, msg=f"step {step} {m} {name}")
+                assert torch.equal(tensor, state[name].detach()), (step, m, name)
 
 
 @pytest.mark.parametrize("clipped", [False, True])
 def test_member_adamw_keeps_a_slot_without_a_gradient_as_torch_does(clipped):
     """A parameter whose .grad is None on a step, and a member that has left the group, keep their moments and step
     count, as torch.optim.AdamW keeps a parameter's that has no gradient; each slot's bias correction follows its own
-    count. Unclipped, every member's weights, moments and step counts equal its own torch.optim.AdamW's bitwise;
-    clipped (clip_grad_norm_ per member), to rounding. State handed over with state_dict goes on the same."""
+    count. Every member's weights, moments and step counts equal its own torch.optim.AdamW's bit for bit, unclipped
+    and clipped (clip_grad_norm_ per member, its parameters without a gradient left out of its norm); and so on after
+    the state is handed over through a checkpoint's save and load (`state` / `restore`)."""
     methods = [method("adapter", {}), method("lora", {}), method("adapter", {"bottleneck": 8})]
     group = build_pelt_model(no_dropout_backbone(), methods, 42, [no_dropout_backbone()] * 3)
     optimizer = MemberAdamW(group)
-    lrs, totals, norms = [1e-2, 3e-3, 5e-2], [8, 8, 6], [0.5, 1.0, 2.0] if clipped else [1e9] * 3
+    lrs, totals, norms = [1e-2, 3e-3, 5e-2], [8, 8, 6], [0.3, 1.0, 2.0] if clipped else [1e9] * 3
     for m in range(3):
         optimizer.schedule(m, lrs[m], totals[m])
     references = []
@@ -198,11 +201,10 @@ def test_member_adamw_keeps_a_slot_without_a_gradient_as_torch_does(clipped):
                     parameter.grad[m] = 0
                 if flags[m]:
                     state[name].grad = None if parameter.grad is None or m not in training else parameter.grad[m].clone()
-        if step == 5:  # a checkpoint: the state handed over to a new optimiser of the same group
-            saved = {key: [{k: v.clone() for k, v in b.items()} for b in value] if key == "banks" else value
-                     for key, value in optimizer.state_dict().items()}
+        if step == 5:  # a checkpoint: the state handed over to a new optimiser of the same group, as checkpoint.py
+            torch.save(optimizer.state(), buffer := io.BytesIO())  # writes and reads it
             optimizer = MemberAdamW(group)
-            optimizer.load_state_dict(saved)
+            optimizer.restore(torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu", weights_only=True))
         clip_per_member(optimizer, torch.tensor(norms))
         optimizer.step(step)
         optimizer.zero_grad()
@@ -222,16 +224,10 @@ def test_member_adamw_keeps_a_slot_without_a_gradient_as_torch_does(clipped):
                 for key in ("exp_avg", "exp_avg_sq"):
                     ours = getattr(bank, key)[bank.starts[s] : bank.starts[s + 1]]
                     expected = theirs[key].flatten() if theirs else torch.zeros_like(ours)
-                    if clipped:
-                        assert_close_to_scale(ours, expected, rel=1e-6, msg=f"step {step} {m} {key}")
-                    else:
-                        assert torch.equal(ours, expected), (step, m, key)
+                    assert torch.equal(ours, expected), (step, m, key)
         for m, (state, _, _) in enumerate(references):
             for name, tensor in member_state(group, m).items():
-                if clipped:
-                    assert_close_to_scale(tensor, state[name].detach(), rel=1e-6, msg=f"step {step} {m} {name}")
-                else:
-                    assert torch.equal(tensor, state[name].detach()), (step, m, name)
+                assert torch.equal(tensor, state[name].detach()), (step, m, name)
 
 
 @pytest.fixture(scope="module")
