@@ -592,6 +592,12 @@ class MemberAdamW:
     Face's linear schedule with no warm-up, from the member's lr down to 0 over its planned epochs.
     A member that does not train a slot, or has left the group, gets learning rate 0 there.
 
+    Its state is torch's, kept per (parameter, member) slot: the two moments and the slot's step count, which sets its
+    bias corrections. A slot that gets no gradient on a step keeps all three as they are, as torch.optim.AdamW skips a
+    parameter whose `.grad` is None: a parameter none of whose members' rows reached it (its `.grad` is None), and a
+    member that has left the group (its separate optimiser would step no more). `state` / `restore` hand it over (a
+    checkpoint).
+
     A parameter is updated over its span of member slots only, from the first member that trains it to the last (the
     runner seats members with the same components side by side, methods.layout_key): in a mixed group each
     component's tensors have a slot for every member, and the optimiser's work stays what the members that train
@@ -602,24 +608,27 @@ class MemberAdamW:
     which the clipping and AdamW work on as one tensor, each (parameter, member) slot a segment of it: per-segment
     norms with one `_foreach_norm`, per-member values spread over the segments with one `index_select`; the
     clipped gradients go back to `p.grad` with one more (`after_step` reads them). The moments are flat buffers of the
-    spans; one `_foreach_add_` adds the update to the parameters. The learning rates are host floats (no step reads a
-    value from the device), and every view is made once when the optimiser is built, but one per parameter and step
-    whose span is not all of it: the span of its new gradient (a view, no computation; copying every whole gradient
-    into a flat buffer instead copied 497 MB per step for the mixed grid on MiniLM: docs/fused.md).
+    spans; one `_foreach_add_` adds the update to the parameters. The learning rates and step counts are host values
+    (no step reads a value from the device), and every view is made once when the optimiser is built, but one per
+    parameter and step whose span is not all of it: the span of its new gradient (a view, no computation; copying
+    every whole gradient into a flat buffer instead copied 497 MB per step for the mixed grid on MiniLM:
+    docs/fused.md); and, when the slots without a gradient change (a member leaves), the runs of the moments that
+    step around them.
     """
 
     def __init__(self, model, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.members = model.members.count
-        self.betas, self.eps, self.count = betas, eps, 0
+        self.betas, self.eps = betas, eps
         self.lr = [0.0] * self.members
         self.total_steps = [1.0] * self.members
         self.training = [False] * self.members
         grouped: dict[tuple, list] = {}
         for _, parameter, flags, stacked in model.member_parameters():
             grouped.setdefault((parameter.dtype, parameter.device), []).append((parameter, flags, stacked))
-        self.banks = [_Bank(entries, self.members) for entries in grouped.values()]
+        self.banks = [_Bank(entries) for entries in grouped.values()]
         self.params = [parameter for bank in self.banks for parameter in bank.params]
         self._gathered = False
+        self._norm_rows: _NormRows | None = None  # where each member's norms are, for the banks present this step
 
     def schedule(self, member: int, lr: float, total_steps: int) -> None:
         self.lr[member], self.total_steps[member], self.training[member] = float(lr), float(max(total_steps, 1)), True
@@ -634,16 +643,25 @@ class MemberAdamW:
 
     @torch.no_grad()
     def clip(self, max_norm: torch.Tensor) -> None:
-        """Clip each member's gradient to its own global norm (torch.nn.utils.clip_grad_norm_ per member).
+        """Clip each member's gradient to its own global norm: torch.nn.utils.clip_grad_norm_ per member, bit for bit
+        on a CPU.
 
         Only the slots a member trains count: gradients that reached other members' untrained slots are zeroed (within
-        the parameter's trained span; the optimiser reads no slot outside it)."""
+        the parameter's trained span; the optimiser reads no slot outside it). A member's norm is torch's: the vector
+        norm of its parameters' norms, those with a gradient, in its parameters' order, as a row of exactly their
+        number (`_NormRows`: one reduction per number of parameters in the group), so it is the same in any group (a
+        cumsum of the squares, or a row padded with zeros, differ from torch's in the last bit for 36 % and 18 % of
+        random rows of 1 to 259 norms); the coefficient `max_norm / (norm + 1e-6)` as torch computes it, the
+        reciprocal times max_norm (a division rounds otherwise in 29 % of cases)."""
         banks = self._gather()
         if not banks:
             return
-        tables = [bank.norm_table() for bank in banks]
-        total = torch.linalg.vector_norm(tables[0] if len(tables) == 1 else torch.cat(tables), dim=0)
-        coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        norms = [torch.stack(torch._foreach_norm(bank.trained_views)) for bank in banks]
+        norms = norms[0] if len(norms) == 1 else torch.cat(norms)
+        if self._norm_rows is None or not self._norm_rows.fits(banks):
+            self._norm_rows = _NormRows(banks, self.members)
+        total = self._norm_rows.totals(norms)
+        coefficient = (total + 1e-6).reciprocal_().mul_(max_norm).clamp_(max=1.0)
         for bank in banks:
             bank.scale(coefficient)
 
@@ -651,13 +669,9 @@ class MemberAdamW:
     def step(self, step: int) -> None:
         banks = self._gather()
         self._gathered = False
-        self.count += 1
-        beta1, beta2 = self.betas
-        # each member's step size, as torch.optim.AdamW computes it (lr / (1 − β₁ᵗ) in float32; 0 where it has left)
-        lrs = np.array([self.lr_at(m, step) if self.training[m] else 0.0 for m in range(self.members)], np.float32)
-        step_sizes = lrs / np.float32(1 - beta1**self.count)
+        lrs = np.array([self.lr_at(m, step) if self.training[m] else 0.0 for m in range(self.members)])
         for bank in banks:
-            bank.adamw(step_sizes, beta1, beta2, math.sqrt(1 - beta2**self.count), self.eps)
+            bank.adamw(lrs, np.array(self.training), self.betas, self.eps)
 
     def state(self) -> dict:
         """Everything the optimiser keeps but the parameters themselves: its own values (step count, each member's
@@ -758,11 +772,10 @@ class _Bank:
     the update); `exp_avg`, `exp_avg_sq`: the moments, in the same layout. `spans` holds memory only from `gather` to
     `zero_grad` (`release`). A segment is one (parameter, member) slot of a span: `segment_index` says whose (on the
     device, as `segment_members` on the host), `lengths` its size, `trained` whether that member trains the
-    parameter."""
+    parameter, `steps` how many steps it has taken (torch's `state["step"]` of that member's parameter)."""
 
-    def __init__(self, entries: list[tuple[torch.Tensor, list[bool], bool]], members: int) -> None:
+    def __init__(self, entries: list[tuple[torch.Tensor, list[bool], bool]]) -> None:
         self.params = [parameter for parameter, _, _ in entries]
-        self.count = members
         first = entries[0][0]
         dtype, device = first.dtype, first.device
         segments = []
@@ -788,19 +801,23 @@ class _Bank:
             self.span_views.append(self.spans[at : at + span.numel()].view(span.shape))
             self.param_spans.append(span)
             at += span.numel()
-        starts = np.cumsum([0, *(size for *_, size, _ in segments)])
+        self.starts = np.cumsum([0, *(size for *_, size, _ in segments)])  # where each segment starts, and the end
+        starts = self.starts
         self.trained_views = [self.spans[starts[s] : starts[s + 1]] for s, seg in enumerate(segments) if seg[3]]
         self.untrained_views = [self.spans[starts[s] : starts[s + 1]] for s, seg in enumerate(segments) if not seg[3]]
-        trained = [s for s, segment in enumerate(segments) if segment[3]]
-        self.norm_index = torch.tensor([segments[s][0] * members + segments[s][1] for s in trained], device=device)
+        # each trained segment's member and parameter, in the order of `trained_views` (of their norms)
+        self.norm_members = np.array([m for _, m, _, is_trained in segments if is_trained], dtype=np.int64)
+        self.norm_params = np.array([index for index, _, _, is_trained in segments if is_trained], dtype=np.int64)
         self.segment_index = torch.tensor([m for _, m, _, _ in segments], device=device)
         self.lengths = torch.tensor([size for *_, size, _ in segments], dtype=torch.int32, device=device)
         self.segment_members = np.array([m for _, m, _, _ in segments])
         self.segment_params = np.array([index for index, *_ in segments])
-        self.trained = np.array([is_trained for *_, is_trained in segments], dtype=np.float32)
+        self.trained = np.array([is_trained for *_, is_trained in segments])
+        self.steps = np.zeros(len(segments), dtype=np.int64)
         self.missing: list[int] = []  # the parameters without a gradient this step
         self.grads: list[torch.Tensor] = []  # this step's gradients' spans (views of each .grad), for the clipped ones
         self.segment_of: torch.Tensor | None = None
+        self._runs: tuple[bytes, tuple] | None = None  # the moments' runs around the segments that do not step
         self.release()
 
     def release(self) -> None:
@@ -831,12 +848,6 @@ class _Bank:
         self.present = present
         return True
 
-    def norm_table(self) -> torch.Tensor:
-        """(parameters, members): each member's gradient norm in each parameter, 0 where it trains none."""
-        norms = torch.stack(torch._foreach_norm(self.trained_views))
-        table = torch.zeros(len(self.params) * self.count, dtype=norms.dtype, device=norms.device)
-        return table.index_copy_(0, self.norm_index, norms).view(len(self.params), self.count)
-
     def spread(self, values: torch.Tensor) -> torch.Tensor:
         """Per-segment values (segments,) as one value per element of `spans` (each element's segment: made once per
         step, int32, freed with the gradients)."""
@@ -845,25 +856,108 @@ class _Bank:
             self.segment_of = torch.repeat_interleave(segments, self.lengths, output_size=self.span_size)
         return values.index_select(0, self.segment_of)
 
+    def to_device(self, values: np.ndarray) -> torch.Tensor:
+        """Host values on the bank's device, copied without waiting for the work queued before (pinned on CUDA)."""
+        values = torch.from_numpy(values)
+        if self.spans.device.type == "cuda":
+            values = values.pin_memory()
+        return values.to(self.spans.device, non_blocking=True)
+
     def scale(self, coefficient: torch.Tensor) -> None:
         """Each member's span gradients times its clipping coefficient; `p.grad` clipped (and zero in the untrained
         slots of its span) too, for what reads it after the step."""
         self.spans.mul_(self.spread(coefficient.index_select(0, self.segment_index)))
         torch._foreach_copy_(self.grads, [self.span_views[i] for i in self.present])
 
-    def adamw(self, step_sizes: np.ndarray, beta1: float, beta2: float, correction2: float, eps: float) -> None:
-        self.exp_avg.lerp_(self.spans, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(self.spans, self.spans, value=1 - beta2)
-        denominator = self.exp_avg_sq.sqrt().div_(correction2).add_(eps)
-        sizes = -(step_sizes[self.segment_members]) * self.trained  # −step size per segment, 0 where the member does not
-        if self.missing:                                               # train it or the parameter got no gradient
-            sizes = np.where(np.isin(self.segment_params, self.missing), np.float32(0), sizes)
-        sizes = torch.from_numpy(sizes)
-        if self.spans.device.type == "cuda":
-            sizes = sizes.pin_memory()  # an asynchronous copy: the step does not wait for the work queued before it
-        sizes = self.spread(sizes.to(self.spans.device, non_blocking=True))
-        torch.mul(self.exp_avg, sizes, out=self.spans).div_(denominator)  # the update, in place of the gradients
-        torch._foreach_add_(self.param_spans, self.span_views)
+    def adamw(self, lrs: np.ndarray, training: np.ndarray, betas: tuple[float, float], eps: float) -> None:
+        """One step of torch.optim.AdamW's (single-tensor) arithmetic for each segment that has a gradient: a member
+        that trains the parameter and is still training, the parameter's `.grad` given; the others keep their state."""
+        beta1, beta2 = betas
+        stepping = self.trained & training[self.segment_members]
+        if self.missing:
+            stepping &= ~np.isin(self.segment_params, self.missing)
+        self.steps += stepping
+        exp_avg, exp_avg_sq, grads = self.moment_runs(self.trained & ~stepping)
+        if grads:
+            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sq, beta2)
+            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+        # each segment's bias corrections from its own step count, in float64 as torch computes them from its `step`
+        counts, at = np.unique(np.maximum(self.steps, 1), return_inverse=True)
+        correction1 = np.array([1 - beta1 ** float(c) for c in counts])
+        correction2 = np.array([(1 - beta2 ** float(c)) ** 0.5 for c in counts])
+        denominator = self.exp_avg_sq.sqrt()
+        used = np.unique(at[stepping])  # the stepping segments' counts (all the same but after a skipped step)
+        if len(used) > 1:
+            denominator.div_(self.spread(self.to_device(correction2[at].astype(np.float32))))
+        else:
+            denominator.div_(float(correction2[used[0]]) if len(used) else 1.0)
+        denominator.add_(eps)
+        # −lr / (1 − β₁ᵗ) per segment, rounded to float32 as torch's addcdiv rounds its value; 0 where it keeps its state
+        sizes = np.where(stepping, -(lrs[self.segment_members] / correction1[at]), 0.0).astype(np.float32)
+        torch.mul(self.exp_avg, self.spread(self.to_device(sizes)), out=self.spans).div_(denominator)  # the update,
+        torch._foreach_add_(self.param_spans, self.span_views)                                        # in `spans`
+
+    def moment_runs(self, keep: np.ndarray) -> tuple[list, list, list]:
+        """The moments' and gradients' runs of segments that step, around those that `keep` their state (the whole
+        buffers when none do; made again only when the kept segments change)."""
+        key = keep.tobytes() if keep.any() else b""
+        if self._runs is None or self._runs[0] != key:
+            if not key:
+                runs = [(self.exp_avg, self.exp_avg_sq, self.spans)]
+            else:
+                edges = np.flatnonzero(np.diff(np.concatenate([[0], (~keep).astype(np.int8), [0]])))
+                bounds = [(int(self.starts[s]), int(self.starts[e])) for s, e in zip(edges[::2], edges[1::2])]
+                runs = [tuple(b[start:stop] for b in (self.exp_avg, self.exp_avg_sq, self.spans))
+                        for start, stop in bounds]
+            self._runs = (key, tuple(list(views) for views in zip(*runs)) if runs else ([], [], []))
+        return self._runs[1]
+
+
+class _NormRows:
+    """Where each member's parameter norms lie among the present banks' norms (those of `trained_views`, bank after
+    bank), without the parameters that have no gradient this step: members with the same number of them form a table
+    (their norms gathered, a fresh (members, number) tensor), whose rows torch reduces each as it reduces that
+    member's norms alone (`linalg.vector_norm` over the last dimension: the same kernel per row, whatever the number
+    of rows). Made again only when the present banks or their parameters without a gradient change."""
+
+    def __init__(self, banks: list[_Bank], members: int) -> None:
+        self.key = self._key(banks)
+        rows: list[list[int]] = [[] for _ in range(members)]
+        offset = 0
+        for bank in banks:
+            has_gradient = ~np.isin(bank.norm_params, bank.missing)
+            for position in np.flatnonzero(has_gradient):
+                rows[bank.norm_members[position]].append(offset + int(position))
+            offset += len(bank.norm_params)
+        by_number: dict[int, list[int]] = {}
+        for m, row in enumerate(rows):
+            if row:
+                by_number.setdefault(len(row), []).append(m)
+        device = banks[0].spans.device
+        self.members = members
+        self.tables = [(torch.tensor(owners, device=device),
+                        torch.tensor([rows[m] for m in owners], device=device).flatten(), len(owners), number)
+                       for number, owners in by_number.items()]
+        self.whole = len(self.tables) == 1 and self.tables[0][2] == members  # one table, every member in order
+
+    @staticmethod
+    def _key(banks: list[_Bank]) -> tuple:
+        return tuple((id(bank), tuple(bank.missing)) for bank in banks)
+
+    def fits(self, banks: list[_Bank]) -> bool:
+        return self._key(banks) == self.key
+
+    def totals(self, norms: torch.Tensor) -> torch.Tensor:
+        """Each member's global norm (members,), 0 for a member without a gradient."""
+        if self.whole:
+            _, index, count, number = self.tables[0]
+            return torch.linalg.vector_norm(norms.index_select(0, index).view(count, number), dim=1)
+        total = torch.zeros(self.members, dtype=norms.dtype, device=norms.device)
+        for owners, index, count, number in self.tables:
+            total.index_copy_(0, owners, torch.linalg.vector_norm(norms.index_select(0, index).view(count, number),
+                                                                  dim=1))
+        return total
 
 
 def _finish(model, members, stopping, test, task, group, evaluation, period, on_done) -> None:

@@ -107,24 +107,56 @@ class Members:
         return self._selections[key]
 
     def gather(self, selection: Selection, x: torch.Tensor, view: bool = False) -> torch.Tensor:
-        """The selected members' rows of x (rows, ...), member after member: x itself where every member is selected,
-        else a copy of their rows (one index_select), which is what a product saves for its backward pass, not all of
-        x; in a forward pass, one copy per x and selection, whichever module asks (q, k and v read the same rows).
+        """The selected members' rows of x (rows, ...), member after member: where every member is selected, x itself
+        (a view of it in a forward pass), else a copy of their rows (one index_select), which is what a product saves
+        for its backward pass, not all of x. In a forward pass one node per x and selection, whichever module asks,
+        whether every member is selected or some (its gradient the sum of what was computed from those rows, then
+        added to x's once: so a member's gradient sums the same terms in the same order alone and in any group), and
+        one copy per tensor and selection: the funnels of one x share it (`funnel`; q and v read the same rows).
         `view`: a view where the members are consecutive, for a caller that only reads it (nothing saved)."""
-        if selection.every:
-            return x
         n = x.shape[0] // selection.blocks
-        if view and selection.span is not None:
-            return x[selection.span.start * n : selection.span.stop * n]
+        if view and (selection.every or selection.span is not None):
+            return x if selection.every else x[selection.span.start * n : selection.span.stop * n]
         cache = self.per_pass
         if cache is None:
-            return x.index_select(0, selection.rows(n, x.device))
+            return x if selection.every else x.index_select(0, selection.rows(n, x.device))
         key = ("rows", id(x), selection.users, selection.blocks)
         found = cache.get(key)
         if found is None or found[0]() is not x:  # the weak reference: not a later tensor at the same address
-            found = (weakref.ref(x), x.index_select(0, selection.rows(n, x.device)))
+            found = (weakref.ref(x), x.view_as(x) if selection.every else self._rows(selection, x, n))
             cache[key] = found
         return found[1]
+
+    def _rows(self, selection: Selection, x: torch.Tensor, n: int) -> torch.Tensor:
+        """x.index_select(0, the selected rows), from one copy per funnelled tensor and selection (`gather`)."""
+        index = selection.rows(n, x.device)
+        funnelled = self.per_pass.get(("funnel", id(x)))
+        source = funnelled[1] if funnelled is not None and funnelled[0]() is x else x
+        if source is x:
+            return x.index_select(0, index)
+        key = ("copy", id(source), selection.users, selection.blocks)
+        found = self.per_pass.get(key)
+        if found is None or found[0]() is not source:
+            found = (weakref.ref(source), source.detach().index_select(0, index))
+            self.per_pass[key] = found
+        return _SharedRows.apply(x, index, found[1])  # (a funnel is made only where x has a gradient)
+
+    def funnel(self, x: torch.Tensor) -> torch.Tensor:
+        """x as one projection's own input (a view of it, in a training forward pass): the gradients of all that the
+        projection and its components compute from x reach x's gradient as one sum (on a member's rows: the
+        projection's and its own deltas'), the same terms in the same order alone and in any group. Without it a
+        member's terms of x's gradient grouped otherwise beside other members' components there (a rotation of q's
+        input, rows gathered for some members, shared by q and v) than alone, and a float sum grouped otherwise
+        rounds otherwise: FourierFT, whose delta is not zero at the start, then ended 8 steps 1.9e-4 (beside LoRA)
+        to 4.5e-4 (beside HRA, OFT, BOFT) of a train loss from its run alone (tiny BERT, RTE K = 16, lr 5e-2, clip
+        3; issue 48); now bit for bit on a CPU."""
+        if self.per_pass is None or not (x.requires_grad and torch.is_grad_enabled()):
+            return x
+        funnelled = x.view_as(x)
+        found = self.per_pass.get(("funnel", id(x)))
+        source = found[1] if found is not None and found[0]() is x else x  # a funnel's funnel: the first tensor
+        self.per_pass[("funnel", id(funnelled))] = (weakref.ref(funnelled), source)
+        return funnelled
 
     def add_rows(self, selection: Selection, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """x plus delta on the selected members' rows (delta: their rows, as `gather` gives them, or member by member
@@ -256,6 +288,22 @@ class _AddRows(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         (rows,) = ctx.saved_tensors
         return grad, None, grad.index_select(0, rows) if ctx.needs_input_grad[2] else None
+
+
+class _SharedRows(torch.autograd.Function):
+    """x.index_select(0, rows) given as `values`, a copy of those rows already made (from the tensor x is a funnel of:
+    Members.funnel), so that the funnels of one tensor share one copy; each one's gradient goes to its own x."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows)
+        ctx.size = x.shape
+        return values.view_as(values)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (rows,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.size).index_add_(0, rows, grad), None, None
 
 
 class _ReplaceRows(torch.autograd.Function):

@@ -94,6 +94,7 @@ class ProjectionDelta(nn.Module):
         self.coefficient = Coefficient(self.members, in_features, submodule, layer, gated, scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.members.funnel(x)  # the projection's terms of x's gradient summed as alone (Members.funnel)
         return self.add(x, self.base(x))
 
     def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -230,6 +231,7 @@ class FusedProjection(nn.Module):
             self.targets.append(target)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = getattr(self, self.targets[0]).members.funnel(x)  # as ProjectionDelta.forward
         out = self.base(x)
         for target in self.targets:
             out = getattr(self, target).add(x, out)

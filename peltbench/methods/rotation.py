@@ -189,7 +189,7 @@ def _frozen_bias(module: nn.Module) -> torch.Tensor | None:
 
 def _rotate_input(module: nn.Module, args: tuple) -> tuple:
     rotations = [child for child in module.children() if isinstance(child, InputRotation)]
-    x = args[0]
+    x = rotations[0].members.funnel(args[0])  # the projection's terms of x's gradient summed as alone (base.py)
     for rotation in rotations:  # one per method on this projection, in COMPONENTS order
         x = rotation(x)
     return (x, *args[1:])
