@@ -7,7 +7,8 @@ takes a sweep's arguments, expands its grid as Hydra's BasicSweeper does (the `h
 `+experiment` file, then the command line's key=a,b,c), composes each run's config, and looks at its record:
 done (status ok), failed, missing (no readable record), running (claimed by another live process, which is
 training it: peltbench.claim), unreadable (a record we may not read, e.g. another user's), another config's
-record (a rerun stops on it), or damaged (a record that contradicts itself, record.damage: a rerun stops on it too).
+record (a rerun stops on it), or damaged (record.damage, the one validation every reader of records applies: a field
+missing or of the wrong type, or a record whose fields, config, identity and hash disagree; a rerun stops on it too).
 It prints the counts, the runs not done with their reasons, and the `peltbench -m ...` command(s) that run only the
 failed and missing ones; other arguments (hydra/launcher=slurm, results_dir=...) go through to those commands.
 Exit status: 0 when every run is done, 1 otherwise, 2 for a bad argument.
@@ -359,11 +360,14 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
         log_dir = None if sweep_dir is None else Path(sweep_dir)
     run = Run(num, values, label, path, "missing", log_dir=log_dir)
+    not_a_record: list[str] = []
     try:
-        record = read_record(path)
+        record = read_record(path, not_a_record)
     except UserError as error:  # e.g. a colleague's record we may not read
         run.state, run.error = "unreadable", str(error)
         return run
+    if not_a_record:
+        run.error = f"its result.json is not a record ({not_a_record[0]}): a rerun replaces it"
     damaged = None if record is None else damage(record)
     differences = [] if record is None or damaged else config_differences(record, cfg)
     if damaged:

@@ -40,8 +40,18 @@ MORE = [f"{m}e-{e}" for e in range(1, 8) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5,
 ALL_RATES = RATES + [rate for rate in MORE if float(rate) not in map(float, RATES)]  # 84 distinct values
 
 
-def grid(size: int) -> list[str]:
-    """The sweep's arguments for about `size` records: 1,200 per learning rate."""
+# The many-seeds grid: few methods, tasks, K and learning rates, each with many data seeds (seed=1,...,S), so that
+# what is worked out once per distinct method, task, K or learning rate repeats little: 300 records per seed.
+SEEDS_GRID = ["method=lora,adapter,bitfit", "task=rte,mrpc,cola,sst2,stsb", "k=100,200,500,1000",
+              "method.lr=1e-4,2e-4,5e-4,1e-3,2e-3"]
+GRIDS = ("table1", "seeds")
+
+
+def grid(size: int, shape: str = "table1") -> list[str]:
+    """The sweep's arguments for about `size` records: the Table-1 grid (`table1`, 1,200 per learning rate) or the
+    many-seeds grid (`seeds`, 300 per seed)."""
+    if shape == "seeds":
+        return SEEDS_GRID + [f"seed={','.join(str(seed) for seed in range(1, max(1, round(size / 300)) + 1))}"]
     rates = max(1, round(size / 1200))
     lrs = ALL_RATES[:rates]
     arguments = [f"method={METHODS}", f"task={TASKS}", "k=100,500,1000", "seed=111,222,333,444,555"]
@@ -97,42 +107,49 @@ def main() -> None:
     parser.add_argument("--sizes", default="1200,9600,100800", help="records, comma-separated (1,200 per learning rate)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/peltbench-benchmark"), help="where the records go")
     parser.add_argument("--old", type=Path, help="another install's bin folder, measured alike (its own python)")
+    parser.add_argument("--grids", default=",".join(GRIDS), help="which grids: table1 (its own), seeds (many seeds)")
     parser.add_argument("--skip", default="", help="what not to measure: tables,select,missing,start,rerun")
     options = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
     here = Path(sys.executable).parent
     sides = [("new", here)] + ([("old", options.old)] if options.old else [])
     skip = set(filter(None, options.skip.split(",")))
-    for size in map(int, options.sizes.split(",")):
-        runs = options.dir / f"runs{size}"
-        arguments = grid(size)
-        if not runs.is_dir():
-            print(f"generating {size} records under {runs} ...", flush=True)
-            subprocess.run([sys.executable, str(REPO / "scripts" / "generate_records.py"), str(runs), str(TEMPLATES),
-                            *arguments], check=True, env=env)
-        for name, bin_dir in sides:
-            out = options.dir / f"tables{size}-{name}"
-            commands = {
-                "tables": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", str(out)],
-                "select": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", f"{out}-select",
-                           "--select", "method.lr"],
-                "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
-                "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
-                          f"results_dir={runs}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
-                "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}",
-                          f"hydra.sweep.dir={options.dir / 'sweep-rerun'}"],
-            }
-            for what, command in commands.items():
-                if what in skip:
-                    continue
-                result = measured(command, env)
-                line = (f"N={size:>7,} {name:<3} {what:<7} rc {result['rc']}  CPU {result['cpu']:7.1f} s  wall "
-                        f"{result['wall']:7.1f} s  peak {result['peak_mb']:6.0f} MB")
-                print(line, flush=True)
-                if result["rc"] not in (0,):
-                    print("   " + result["stderr"].strip().replace("\n", "\n   "), flush=True)
-            shutil.rmtree(options.dir / "sweep-rerun", ignore_errors=True)
-        shutil.rmtree(options.dir / "sweep", ignore_errors=True)
+    for shape in options.grids.split(","):
+        for size in map(int, options.sizes.split(",")):
+            measure(shape, size, options, sides, skip, env)
+
+
+def measure(shape: str, size: int, options: argparse.Namespace, sides: list, skip: set, env: dict) -> None:
+    """Each command on the records of grid `shape` at `size`, for each side, one line each."""
+    arguments = grid(size, shape)
+    runs = options.dir / (f"runs{size}" if shape == "table1" else f"{shape}{size}")
+    if not runs.is_dir():
+        print(f"generating {size} records under {runs} ...", flush=True)
+        subprocess.run([sys.executable, str(REPO / "scripts" / "generate_records.py"), str(runs), str(TEMPLATES),
+                        *arguments], check=True, env=env)
+    for name, bin_dir in sides:
+        out = options.dir / f"tables{shape}{size}-{name}"
+        commands = {
+            "tables": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", str(out)],
+            "select": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", f"{out}-select",
+                       "--select", "method.lr"],
+            "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
+            "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
+                      f"results_dir={runs}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
+            "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}",
+                      f"hydra.sweep.dir={options.dir / 'sweep-rerun'}"],
+        }
+        for what, command in commands.items():
+            if what in skip:
+                continue
+            result = measured(command, env)
+            line = (f"{shape:<6} N={size:>7,} {name:<3} {what:<7} rc {result['rc']}  CPU {result['cpu']:7.1f} s  "
+                    f"wall {result['wall']:7.1f} s  peak {result['peak_mb']:6.0f} MB")
+            print(line, flush=True)
+            if result["rc"] not in (0,):
+                print("   " + result["stderr"].strip().replace("\n", "\n   "), flush=True)
+        shutil.rmtree(options.dir / "sweep-rerun", ignore_errors=True)
+    shutil.rmtree(options.dir / "sweep", ignore_errors=True)
 
 
 if __name__ == "__main__":

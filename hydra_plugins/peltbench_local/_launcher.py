@@ -29,7 +29,7 @@ from peltbench.fusion import plan_groups
 from peltbench.interrupts import interrupted, interruption
 from peltbench.missing import compose_jobs, interrupted_line, record_runs, write_outcome
 
-from ._progress import SKIPPED_STATES, SweepProgress, plan_line, status
+from ._progress import NO_JOB_STATES, SKIPPED_STATES, SweepProgress, plan_line, status
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,15 @@ class PeltbenchLocalLauncher(Launcher):
         states = {num: run.state for num, run in checked.items()}
         log.info("%s", plan_line([[num for _, num in pack] for pack in packs], states))
         progress = SweepProgress(len(runs), sum(state not in SKIPPED_STATES for state in states.values()))
-        returns = {num: skipped_return(overrides, checked[num]) for overrides, num in runs if states[num] == "done"}
+        returns = {num: skipped_return(overrides, checked[num]) for overrides, num in runs if states[num] in NO_JOB_STATES}
         for num in returns:
-            log.debug("skip: %s is already done", checked[num].path.parent)
+            if states[num] == "done":
+                log.debug("skip: %s is already done", checked[num].path.parent)
+            else:
+                log.warning("skip: %s holds a damaged record: %s; move it away to rerun it", checked[num].path,
+                            checked[num].error)
         if returns:
-            progress.add(["skipped"] * len(returns), 0.0)
+            progress.add([str(ret.return_value) for ret in returns.values()], 0.0)
             log.info("%s", progress.line(1, len(returns)))
 
         def left(pack: List[Run]) -> List[Run]:  # a group trains its members not done (peltbench.runner: the same)
@@ -105,15 +109,17 @@ class PeltbenchLocalLauncher(Launcher):
 
 
 def skipped_return(overrides: Sequence[str], run: Any) -> JobReturn:
-    """The return of a run that gets no job because it was done when the sweep started (`skipped`), or, on SLURM,
-    another process's (`running`: not submitted); its log folder's outcome.json says so, as its job's would
-    (peltbench.missing.SweepSummary counts both from there). `run`: its peltbench.missing.Run."""
+    """The return of a run that gets no job because it was done when the sweep started (`skipped`), its folder held a
+    damaged record then (`damaged`), or, on SLURM, another process had it (`running`: not submitted); its log folder's
+    outcome.json says so, as its job's would (peltbench.missing.SweepSummary counts them from there). `run`: its
+    peltbench.missing.Run."""
     from peltbench.missing import RUNNING_ELSEWHERE
 
     ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
     ret.return_value = "skipped" if run.state == "done" else run.state
     if run.log_dir is not None:
-        write_outcome(run.log_dir, ret.return_value, RUNNING_ELSEWHERE if run.state == "running" else None)
+        write_outcome(run.log_dir, ret.return_value,
+                      RUNNING_ELSEWHERE if run.state == "running" else run.error if run.state == "damaged" else None)
     return ret
 
 
