@@ -28,7 +28,8 @@ from . import UserError, __version__
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
 from .packaged import packaged_config
-from .protocols import DEFAULT as DEFAULT_PROTOCOL, identity as protocol_identity, lmbff_chain, method_overrides, protocol_name, run_defaults
+from .protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, identity as protocol_identity, lmbff_chain,
+                        method_overrides, protocol_name)
 from .tasks import RESULT_KEYS
 
 log = logging.getLogger("peltbench")
@@ -593,12 +594,10 @@ def _method_defaults(method: str, protocol: str) -> dict | None:
     return OmegaConf.to_container(OmegaConf.merge(packaged, method_overrides(protocol)), resolve=True)
 
 
-@lru_cache(maxsize=1024)
 def _top_defaults(protocol: str, seed, task: str, max_length: int | None = None) -> dict:
     """The values of FOLDER_KEYS and LATER_KEYS that a run of `protocol`, `seed` and `task` (of that `max_length`)
-    has unless it says otherwise (protocols.run_defaults). Read once each: never change what it returns."""
-    defaults = run_defaults(protocol, seed, task, max_length)
-    return {key: OmegaConf.select(defaults, key) for key in (*FOLDER_KEYS, *LATER_KEYS)}
+    has unless it says otherwise (protocols.run_defaults). Never change what it returns."""
+    return default_values(protocol, seed, task, (*FOLDER_KEYS, *LATER_KEYS), max_length)
 
 
 def _folder_value(key: str, value) -> str:

@@ -1,18 +1,21 @@
 """How long peltbench-tables, peltbench-missing and a sweep's start take over many records (docs/tables.md, "How long
 it takes"): CPU seconds, wall seconds and peak memory of each, at the sizes asked for.
 
-    python scripts/benchmark_records.py                      # N = 1,200, 9,600 and 100,800 records
+    python scripts/benchmark_records.py                      # N = 1,200, 9,600 and 100,800 records, both grids
+    python scripts/benchmark_records.py --grids seeds --sizes 100200
     python scripts/benchmark_records.py --sizes 1200 --old /work/wt-base/.venv/bin   # also another install's commands
 
-The records are a Table-1 grid (10 methods × 8 tasks × K = 100, 500, 1000 × 5 seeds) times L learning rates
-(L = 1, 8, 84), written once under --dir by scripts/generate_records.py from the real MiniLM records of
+Two grids (--grids): `table1`, a Table-1 grid (10 methods × 8 tasks × K = 100, 500, 1000 × 5 seeds) times L learning
+rates (L = 1, 8, 84); and `seeds`, few of each but many seeds (3 methods × 5 tasks × 4 K × 5 learning rates × S seeds,
+S = size / 300: 334 for 100,200), where what is worked out once per distinct method, task, K or learning rate repeats
+little. Written once under --dir by scripts/generate_records.py from the real MiniLM records of
 tests/data/tables/minilm_runs, and kept there for later runs. Measured, each in a process of its own (CPU = user +
 system seconds of the process and its children, peak = its largest resident set):
 
 - tables:  `peltbench-tables --results-dir DIR --out OUT`, and again with `--select method.lr`
 - missing: `peltbench-missing GRID results_dir=DIR` (every run done)
-- start:   what `peltbench -m GRID results_dir=DIR` does before its first run (sweep_start below: the launcher's
-           plan over all the sweep's runs, as peltbench/cli.py and the local launcher compose and check them)
+- start:   what `peltbench -m GRID results_dir=DIR` does before its first run (sweep_start below: preflight and the
+           launcher's plan over all the sweep's runs, as peltbench/cli.py and the local launcher compose and check them)
 - rerun:   the whole `peltbench -m GRID results_dir=DIR` with every run done (a finished sweep run again: its start,
            the runs it skips, its summary)
 
@@ -74,12 +77,13 @@ def measured(command: list[str], env: dict) -> dict:
 
 def sweep_start(arguments: list[str]) -> None:
     """What `peltbench -m ARGUMENTS` does before it runs anything, over every run at once: peltbench's preflight (each
-    run's config composed and checked) and the local launcher's plan (configs, fused groups, each record's state)."""
+    run's config composed and checked) and the local launcher's plan of the whole sweep (configs, fused groups, each
+    record's state: hydra_plugins/peltbench_local/_launcher.py plan_sweep). An install from before the plan (--old):
+    its launcher's steps over all runs (configs, groups, states)."""
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from hydra_plugins.peltbench_local._launcher import group_packs
     from peltbench.cli import preflight
     from peltbench.launchers import register_launchers
     from peltbench.missing import compose_jobs, expand, record_states
@@ -93,9 +97,16 @@ def sweep_start(arguments: list[str]) -> None:
         config = loader.load_configuration(config_name="config", overrides=pinned[1:], run_mode=RunMode.MULTIRUN)
         jobs, _ = expand(loader, config)
         runs = [(list(job), num) for num, job in enumerate(jobs)]
-        cfgs = compose_jobs(loader, config, [job for job, _ in runs])
-        group_packs(runs, cfgs)
-        states = record_states(cfgs)
+        try:
+            from hydra_plugins.peltbench_local._launcher import plan_sweep
+        except ImportError:
+            from hydra_plugins.peltbench_local._launcher import group_packs
+
+            cfgs = compose_jobs(loader, config, [job for job, _ in runs])
+            group_packs(runs, cfgs)
+            states = record_states(cfgs)
+        else:
+            states = list(plan_sweep(loader, config, runs).states.values())
     print(f"{len(states)} runs: {sum(state == 'done' for state in states)} done", file=sys.stderr)
 
 

@@ -21,7 +21,6 @@ NOT_DONE = ("failed", "error")    # a failed run (its record says why), a bad in
 
 
 SKIPPED_STATES = ("done", "running", "damaged")  # peltbench.missing.STATES of the runs a sweep will skip
-NO_JOB_STATES = ("done", "damaged")  # of those, the runs that get no job (one running elsewhere may be done by then)
 
 
 def plan_line(packs: list[list[int]], states: dict[int, str]) -> str:

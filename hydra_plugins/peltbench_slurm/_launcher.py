@@ -92,12 +92,15 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         nor are runs another live process is training (their claims).
         """
         from hydra_plugins.peltbench_local._launcher import skipped_return
+        from peltbench.missing import note_no_job
 
         assert self.config is not None and len(job_overrides) > 0
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         states = self._states(job_overrides, initial_job_idx)
-        returns = {num: skipped_return(overrides, states[num]) for overrides, num in runs
+        returns = {num: skipped_return(overrides, states[num].state) for overrides, num in runs
                    if states[num].state in ("done", "running", "damaged")}
+        for num in returns:  # no job, no log folder: the sweep's summary takes them from here
+            note_no_job(str(self.config.hydra.sweep.dir), states[num])
         todo = [run for run in runs if run[1] not in returns]
         packs = self._packs(runs, set(returns))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
