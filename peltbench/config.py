@@ -279,20 +279,49 @@ def check_config(cfg: DictConfig) -> None:
         if cfg.get(key) is None or cfg[key].get("name") is None:  # a protocol may set method.head without a method
             raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
     check_known_keys(cfg)
-    for key, (valid, must) in SETTINGS.items():
-        value = _select(cfg, key)
-        if value is not _ABSENT and not valid(value):
+    plain = isinstance(cfg, dict)
+    for key, path, (valid, must) in _SETTING_PATHS:
+        value = _at(cfg, path) if plain else _select(cfg, key)
+        if value is _ABSENT:
+            continue
+        try:  # a value found valid once is valid (a sweep checks 100,000 runs of a few hundred values)
+            seen = (key, type(value), value)
+            if seen in _VALID:
+                continue
+        except TypeError:  # a list: checked each time
+            seen = None
+        if not valid(value):
             raise UserError(f"{key}={_show(value)}: {must}")
-    check_task(cfg.task)
+        if seen is not None and len(_VALID) < 65536:
+            _VALID.add(seen)
+    _once(check_task, cfg.task, _VALID_TASKS)
     check_schedule(cfg.train)
     check_protocol(cfg)
     check_halving(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
-    check_method(cfg.method)
+    _once(check_method, cfg.method, _VALID_METHODS)
     check_planned_steps(cfg)
     check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
     check_logger(cfg.get("logger"))
+
+
+_SETTING_PATHS = [(key, tuple(key.split(".")), rule) for key, rule in SETTINGS.items()]
+_VALID: set = set()          # (key, type, value) of setting values found valid (SETTINGS' rules are pure)
+_VALID_METHODS: set = set()  # repr of plain method settings check_method found valid
+_VALID_TASKS: set = set()    # and of plain task nodes check_task found valid
+
+
+def _once(check: Callable, node, valid: set) -> None:
+    """check(node), once per distinct node of plain data (a sweep's runs share a few hundred): its rules are pure."""
+    if not isinstance(node, dict):
+        check(node)
+        return
+    text = repr(node)
+    if text not in valid:
+        check(node)
+        if len(valid) < 4096:
+            valid.add(text)
 
 
 def local_model_config(name: str) -> dict | None:
@@ -861,8 +890,9 @@ _KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose
 
 def _shape(node: dict, skip: tuple[str, ...] = SKIPPED_NODES) -> tuple:
     """The key structure of plain data: its keys, and that of each dict in it (no values), outside `skip`."""
-    return (tuple(key for key in node if key not in skip),
-            tuple((key, _shape(child, ())) for key, child in node.items() if isinstance(child, dict) and key not in skip))
+    if skip:
+        node = {key: child for key, child in node.items() if key not in skip}
+    return tuple(node), tuple([(key, _shape(child, ())) for key, child in node.items() if isinstance(child, dict)])
 
 
 def _check_leaves(cfg: DictConfig | Mapping) -> None:
@@ -913,6 +943,19 @@ def _leaves(node: DictConfig | Mapping, prefix: str = "", skip: tuple[str, ...] 
             yield from _leaves(child, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}"
+
+
+def _at(cfg: dict, path: tuple[str, ...]):
+    """The value at `path` of plain data (record.Plain), _ABSENT where there is none."""
+    node = cfg
+    for part in path:
+        if not isinstance(node, dict):
+            if not isinstance(node, Mapping):
+                return _ABSENT
+        if part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
 
 
 def _select(cfg: DictConfig | Mapping, key: str):

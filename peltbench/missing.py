@@ -47,7 +47,7 @@ from .config import check_config
 from .interrupts import stopped_by
 from .overrides import as_given, pin_group_settings
 from .progress import progress
-from .record import (Plain, config_differences, damage, omegaconf_strings, one_pass, read_record, record_path, select,
+from .record import (Plain, config_differences, damage, omegaconf_strings, one_pass, read_record, record_folder, select,
                      unsaved)
 
 log = logging.getLogger("peltbench")
@@ -484,8 +484,8 @@ class MissingKey:
 
 def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     results_dir = _absolute(str(cfg.results_dir), os.getcwd())
-    path = record_path(cfg, results_dir)
-    label = str(path.parent.relative_to(results_dir))
+    label = record_folder(cfg)
+    path = results_dir / label / "result.json"
     sweep_dir = select(cfg, "hydra.sweep.dir")
     try:
         log_dir = Path(sweep_dir) / str(cfg.hydra.sweep.subdir)

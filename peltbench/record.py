@@ -116,8 +116,12 @@ def semantic_config(cfg: DictConfig | Mapping, rows: str | None = None) -> dict:
         identity.update(own)
     elif main_metric is not None and task.get("main_metric", main_metric) != main_metric:
         identity["task.main_metric"] = task["main_metric"]  # selected on another metric (LM-BFF's STS-B: Pearson)
-    for key in SEMANTIC_KEYS:
-        identity[key] = select(cfg, key)
+    if isinstance(cfg, DictConfig):
+        for key in SEMANTIC_KEYS:
+            identity[key] = select(cfg, key)
+    else:  # plain data: each key's path split once (a sweep reads 100,000 configs)
+        for key, path in _SEMANTIC_PATHS:
+            identity[key] = _walk(cfg, path, None)
     identity["model.name"] = model_identity(str(identity["model.name"]))
     for key, before in LATER_KEYS.items():
         value = select(cfg, key, default=before)
@@ -252,6 +256,17 @@ def select(cfg: DictConfig | Mapping, key: str, default=None):
     return node
 
 
+def _walk(cfg: Mapping, path: tuple[str, ...], default):
+    """select on plain data, the key's path split already."""
+    node = cfg
+    for part in path:
+        if not isinstance(node, (dict, Mapping)) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+_SEMANTIC_PATHS = tuple((key, tuple(key.split("."))) for key in SEMANTIC_KEYS)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
@@ -617,7 +632,12 @@ def variant_name(cfg: DictConfig | Mapping) -> str:
 
 def record_path(cfg: DictConfig | Mapping, results_dir: Path) -> Path:
     """Where the record of `cfg` (a config, or the same as plain data) goes under `results_dir`."""
-    return results_dir.joinpath(variant_name(cfg), cfg["task"]["name"], f"k{cfg['k']}", f"seed{cfg['seed']}", "result.json")
+    return results_dir.joinpath(*record_folder(cfg).split("/"), "result.json")
+
+
+def record_folder(cfg: DictConfig | Mapping) -> str:
+    """The run's folder under results_dir, `variant/task/kK/seedS` (its label in peltbench-missing)."""
+    return f"{variant_name(cfg)}/{cfg['task']['name']}/k{cfg['k']}/seed{cfg['seed']}"
 
 
 # ---------------------------------------------------------------- reading
