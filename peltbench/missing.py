@@ -15,7 +15,9 @@ Exit status: 0 when every run is done, 1 otherwise, 2 for a bad argument.
 
 The sweep's own summary also knows why a run of this sweep left no record (a config error, a record that could
 not be written, a SLURM job that ended without results), and which runs it skipped because another process was
-training them: each job that ends so writes `outcome.json` into its log folder, and the summary reads it.
+training them: each job that ends so writes `outcome.json` into its log folder, and the summary reads it. A run its
+launcher gave no job (done or damaged when the sweep began; on SLURM, another process's) has no log folder: the
+launcher tells the summary (note_no_job), which takes it as it was unless its record changed since.
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ class Run:
     state: str                      # one of STATES
     error: str | None = None        # why it is not done: a failed record's error line, the claim's holder, ...
     log_dir: Path | None = None     # the run's Hydra job folder in this sweep
-    elsewhere: bool = False         # this sweep skipped it: another process was training it (its outcome.json)
-    skipped: bool = False           # this sweep skipped it: it was done when its job came (its outcome.json)
+    elsewhere: bool = False         # this sweep skipped it: another process was training it (outcome.json, or the plan)
+    skipped: bool = False           # this sweep skipped it: done when its job came (outcome.json) or the sweep began
 
 
 @dataclass
