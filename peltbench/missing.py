@@ -522,8 +522,8 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
         run.state, run.error = "running", describe(holder)
     elif record is not None:
         run.state, run.error = "failed", record.get("error")
-    else:
-        run.error = progress_of(path.parent, label)  # `resumable, epoch 12 of 50`: a checkpoint goes on from there
+    else:  # `resumable, epoch 12 of 50`: a checkpoint goes on from there (else why its result.json is no record)
+        run.error = progress_of(path.parent, label) or run.error
     return run
 
 

@@ -332,7 +332,8 @@ def test_a_finished_sweep_run_again_composes_each_choice_once_and_writes_no_fold
     assert result.returncode == 0, output
     assert sorted(composed) == [["method=adapter", "task=rte"], ["method=lora", "task=rte"]]  # once each
     assert not (workdir / "sweeps/again").exists() or not any(path.is_dir() for path in (workdir / "sweeps/again").iterdir())
-    lines = [line.split("] ", 1)[1] for line in output.splitlines() if "][HYDRA] " in line]
+    lines = [line.split("] ", 1)[1] for line in output.splitlines()
+             if "][HYDRA] " in line and "skip: " not in line]  # `skip:` lines show where hydra.verbose was set before
     assert lines[0] == "6 runs: 6 already done (skipped), 0 to train"
     assert [line.split(" · ")[0] for line in lines[1:]] == ["runs 1-6 of 6 done (6 skipped)"]
     assert "peltbench sweep: 6 runs: 6 done (6 of them skipped as already done), 0 failed, 0 missing" in output
