@@ -34,6 +34,7 @@ from .loggers import check_can_start
 from .overrides import pin_group_settings
 from .packaged import options, packaged_config, shadowing, use_searchpath
 from .protocols import protocol_name, run_defaults, sweep_seeds
+from .missing import forget_compositions
 from .record import container
 from .tasks import TaskSpec
 
@@ -177,6 +178,7 @@ def preflight(arguments: list[str]) -> str | None:
 
     global _checked
     _checked = None
+    forget_compositions()  # this command composes its runs anew (peltbench.missing shares them within it)
     args = get_args_parser().parse_args(arguments)  # Hydra's own parser: a bad flag exits 2 with its usage
     sweep_cfg = args.multirun and args.cfg is not None  # shown here, one config per run (Hydra refuses it)
     if args.run + args.multirun + (args.cfg is not None and not sweep_cfg) + (args.info is not None) > 1:

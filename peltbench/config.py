@@ -198,20 +198,49 @@ def check_config(cfg: DictConfig) -> None:
         if cfg.get(key) is None or cfg[key].get("name") is None:  # a protocol may set method.head without a method
             raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
     check_known_keys(cfg)
-    for key, (valid, must) in SETTINGS.items():
-        value = _select(cfg, key)
-        if value is not _ABSENT and not valid(value):
+    plain = isinstance(cfg, dict)
+    for key, path, (valid, must) in _SETTING_PATHS:
+        value = _at(cfg, path) if plain else _select(cfg, key)
+        if value is _ABSENT:
+            continue
+        try:  # a value found valid once is valid (a sweep checks 100,000 runs of a few hundred values)
+            seen = (key, type(value), value)
+            if seen in _VALID:
+                continue
+        except TypeError:  # a list: checked each time
+            seen = None
+        if not valid(value):
             raise UserError(f"{key}={_show(value)}: {must}")
-    check_task(cfg.task)
+        if seen is not None and len(_VALID) < 65536:
+            _VALID.add(seen)
+    _once(check_task, cfg.task, _VALID_TASKS)
     check_schedule(cfg.train)
     check_protocol(cfg)
     check_halving(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
-    check_method(cfg.method)
+    _once(check_method, cfg.method, _VALID_METHODS)
     check_planned_steps(cfg)
     check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
     check_logger(cfg.get("logger"))
+
+
+_SETTING_PATHS = [(key, tuple(key.split(".")), rule) for key, rule in SETTINGS.items()]
+_VALID: set = set()          # (key, type, value) of setting values found valid (SETTINGS' rules are pure)
+_VALID_METHODS: set = set()  # repr of plain method settings check_method found valid
+_VALID_TASKS: set = set()    # and of plain task nodes check_task found valid
+
+
+def _once(check: Callable, node, valid: set) -> None:
+    """check(node), once per distinct node of plain data (a sweep's runs share a few hundred): its rules are pure."""
+    if not isinstance(node, dict):
+        check(node)
+        return
+    text = repr(node)
+    if text not in valid:
+        check(node)
+        if len(valid) < 4096:
+            valid.add(text)
 
 
 def local_model_config(name: str) -> dict | None:
@@ -252,8 +281,11 @@ def _read_model_config(path: str, mtime_ns: int, size: int) -> dict | None:
         return None  # the model's own loading says what is wrong with it
 
 
+@lru_cache(maxsize=64)
 def _cached_hub_config(name: str) -> str | None:
-    """Where the Hugging Face cache holds the config.json of Hub model `name` (its main revision), or None."""
+    """Where the Hugging Face cache holds the config.json of Hub model `name` (its main revision), or None. Looked up
+    once per name (a sweep checks each of its runs): a file that went since is then not found (os.stat), one that came
+    since is read when the run loads its model (check_model_fit runs then)."""
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         return None  # a local path that is not there: not a Hub id
     try:
@@ -691,19 +723,11 @@ def _logger_settings(name: str) -> tuple[str, ...] | None:
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse keys peltbench does not read, added with `+` (`+train.epoch=3` would otherwise run 50 epochs), and
     keys it needs that were removed with `~`. `method` and `logger` are checked by their own functions."""
-    packaged = packaged_config("config.yaml")
-    defaults = _default_leaves()
-    known = defaults | set(SETTINGS)
-    present = set(_leaves(cfg, skip=("hydra", "method", "task", "logger", "protocol")))
-    unknown = sorted(present - known)
-    if unknown:
-        parent = unknown[0].rpartition(".")[0]
-        siblings = sorted(key.rpartition(".")[2] for key in known if key.rpartition(".")[0] == parent)
-        hint = f"; {parent} has {', '.join(siblings)}" if parent and siblings else ""
-        raise UserError(f"{unknown[0]}: not a peltbench setting{hint} (peltbench --help lists them all)")
-    removed = sorted(defaults - present)
-    if removed:
-        raise UserError(f"{removed[0]}: missing (peltbench needs it; its default is {_show(_select(packaged, removed[0]))})")
+    shape = _shape(cfg) if isinstance(cfg, dict) else None  # plain data (a sweep's run): its keys, checked once
+    if shape is None or shape not in _KNOWN_SHAPES:
+        _check_leaves(cfg)
+        if shape is not None and len(_KNOWN_SHAPES) < 1024:
+            _KNOWN_SHAPES.add(shape)
     unknown = sorted(set(cfg.task.keys()) - set(TASK_KEYS))
     if unknown:
         raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}; a task file has "
@@ -713,6 +737,34 @@ def check_known_keys(cfg: DictConfig) -> None:
         unknown = sorted(set(cfg.protocol.keys()) - known)
         if unknown:
             raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(known))}")
+
+
+SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol")  # checked by their own functions, or Hydra's
+_KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose keys _check_leaves found right
+
+
+def _shape(node: dict, skip: tuple[str, ...] = SKIPPED_NODES) -> tuple:
+    """The key structure of plain data: its keys, and that of each dict in it (no values), outside `skip`."""
+    if skip:
+        node = {key: child for key, child in node.items() if key not in skip}
+    return tuple(node), tuple([(key, _shape(child, ())) for key, child in node.items() if isinstance(child, dict)])
+
+
+def _check_leaves(cfg: DictConfig | Mapping) -> None:
+    """No key peltbench does not read, none it needs removed (check_known_keys)."""
+    packaged = packaged_config("config.yaml")
+    defaults = _default_leaves()
+    known = defaults | set(SETTINGS)
+    present = set(_leaves(cfg, skip=SKIPPED_NODES))
+    unknown = sorted(present - known)
+    if unknown:
+        parent = unknown[0].rpartition(".")[0]
+        siblings = sorted(key.rpartition(".")[2] for key in known if key.rpartition(".")[0] == parent)
+        hint = f"; {parent} has {', '.join(siblings)}" if parent and siblings else ""
+        raise UserError(f"{unknown[0]}: not a peltbench setting{hint} (peltbench --help lists them all)")
+    removed = sorted(defaults - present)
+    if removed:
+        raise UserError(f"{removed[0]}: missing (peltbench needs it; its default is {_show(_select(packaged, removed[0]))})")
 
 
 @lru_cache(maxsize=None)
@@ -736,14 +788,29 @@ def _packaged_protocols() -> frozenset[str]:
 def _leaves(node: DictConfig | Mapping, prefix: str = "", skip: tuple[str, ...] = ()) -> Iterator[str]:
     """Dotted keys of every value that is not itself a mapping, e.g. `train.epochs` (lists are values). `node`: a
     config, or the same as plain data (record.Plain: peltbench.missing's runs of a sweep)."""
+    plain = isinstance(node, dict)  # dict first: Mapping's check is slow (a sweep checks 100,000 runs)
     for key in node.keys():
         if key in skip or key == "defaults":
             continue
-        child = node._get_node(key) if isinstance(node, DictConfig) else node[key]
-        if isinstance(child, DictConfig) and not child._is_none() or isinstance(child, Mapping):
+        child = node[key] if plain else node._get_node(key)
+        if isinstance(child, dict) or (isinstance(child, DictConfig) and not child._is_none()
+                                       or not isinstance(child, (str, int, float, list)) and isinstance(child, Mapping)):
             yield from _leaves(child, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}"
+
+
+def _at(cfg: dict, path: tuple[str, ...]):
+    """The value at `path` of plain data (record.Plain), _ABSENT where there is none."""
+    node = cfg
+    for part in path:
+        if not isinstance(node, dict):
+            if not isinstance(node, Mapping):
+                return _ABSENT
+        if part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
 
 
 def _select(cfg: DictConfig | Mapping, key: str):
@@ -751,7 +818,7 @@ def _select(cfg: DictConfig | Mapping, key: str):
         return OmegaConf.select(cfg, key, default=_ABSENT)
     node = cfg  # plain data (record.Plain), resolved: the same walk
     for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
+        if not (isinstance(node, dict) or isinstance(node, Mapping)) or part not in node:  # dict first: Mapping is slow
             return _ABSENT
         node = node[part]
     return node

@@ -7,14 +7,17 @@ takes a sweep's arguments, expands its grid as Hydra's BasicSweeper does (the `h
 `+experiment` file, then the command line's key=a,b,c), composes each run's config, and looks at its record:
 done (status ok), failed, missing (no readable record), running (claimed by another live process, which is
 training it: peltbench.claim), unreadable (a record we may not read, e.g. another user's), another config's
-record (a rerun stops on it), or damaged (a record that contradicts itself, record.damage: a rerun stops on it too).
+record (a rerun stops on it), or damaged (record.damage, the one validation every reader of records applies: a field
+missing or of the wrong type, or a record whose fields, config, identity and hash disagree; a rerun stops on it too).
 It prints the counts, the runs not done with their reasons, and the `peltbench -m ...` command(s) that run only the
 failed and missing ones; other arguments (hydra/launcher=slurm, results_dir=...) go through to those commands.
 Exit status: 0 when every run is done, 1 otherwise, 2 for a bad argument.
 
 The sweep's own summary also knows why a run of this sweep left no record (a config error, a record that could
 not be written, a SLURM job that ended without results), and which runs it skipped because another process was
-training them: each job that ends so writes `outcome.json` into its log folder, and the summary reads it.
+training them: each job that ends so writes `outcome.json` into its log folder, and the summary reads it. A run its
+launcher gave no job (done or damaged when the sweep began; on SLURM, another process's) has no log folder: the
+launcher tells the summary (note_no_job), which takes it as it was unless its record changed since.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from .interrupts import stopped_by
 from .overrides import as_given, pin_group_settings
 from .packaged import use_searchpath
 from .progress import progress
-from .record import (Plain, config_differences, damage, omegaconf_strings, one_pass, read_record, record_path, select,
+from .record import (Plain, config_differences, damage, omegaconf_strings, one_pass, read_record, record_folder, select,
                      unsaved)
 
 log = logging.getLogger("peltbench")
@@ -77,8 +80,8 @@ class Run:
     state: str                      # one of STATES
     error: str | None = None        # why it is not done: a failed record's error line, the claim's holder, ...
     log_dir: Path | None = None     # the run's Hydra job folder in this sweep
-    elsewhere: bool = False         # this sweep skipped it: another process was training it (its outcome.json)
-    skipped: bool = False           # this sweep skipped it: it was done when its job came (its outcome.json)
+    elsewhere: bool = False         # this sweep skipped it: another process was training it (outcome.json, or the plan)
+    skipped: bool = False           # this sweep skipped it: done when its job came (outcome.json) or the sweep began
 
 
 @dataclass
@@ -109,26 +112,76 @@ def expand(config_loader: Any, sweep_config: DictConfig) -> tuple[list[list[str]
     return jobs, [key for key in keys if key in swept]
 
 
-def check_sweep(config_loader: Any, sweep_config: DictConfig, arguments: list[str] | None = None) -> Sweep:
-    """Compose every run of the sweep whose (multirun) config is `sweep_config` and classify its record."""
+def check_sweep(config_loader: Any, sweep_config: DictConfig, arguments: list[str] | None = None,
+                known: dict[int, NoJob] | None = None) -> Sweep:
+    """Compose every run of the sweep whose (multirun) config is `sweep_config` and classify its record; `known`: the
+    runs it gave no job (note_no_job), taken as they were where their record has not changed since."""
     jobs, swept_keys = expand(config_loader, sweep_config)
-    runs = check_jobs(config_loader, sweep_config, jobs, swept_keys)
+    runs = check_jobs(config_loader, sweep_config, jobs, swept_keys, known=known)
     passthrough = [] if arguments is None else _passthrough(arguments, swept_keys)
     return Sweep(runs, swept_keys, passthrough)
 
 
 def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]],
-               swept_keys: Sequence[str] = (), first_num: int = 0) -> list[Run]:
-    """The state of each job's record (jobs as Hydra's sweeper hands them to a launcher)."""
+               swept_keys: Sequence[str] = (), first_num: int = 0, known: dict[int, NoJob] | None = None) -> list[Run]:
+    """The state of each job's record (jobs as Hydra's sweeper hands them to a launcher); `known`: runs given no job
+    (note_no_job), each taken as it was, without composing it again, where its record has not changed since."""
     compose = _Composer(config_loader, sweep_config)
     runs = []
     with one_pass():
         for num, job in enumerate(progress(jobs, "checking runs", unit="run", delay=CHECK_BAR_DELAY_S), start=first_num):
             values = dict(o.split("=", 1) for o in job)
+            noted = known.get(num) if known else None
+            if noted is not None and noted.state in NO_JOB_STATES and noted.seen == seen(noted.path):
+                runs.append(Run(num, {key: values[key] for key in swept_keys}, noted.label, Path(noted.path),
+                                noted.state, noted.error, skipped=noted.state == "done"))
+                continue
             cfg = compose(list(job), num)
             check_config(cfg)  # a run that cannot be (k=-1, no method=) is bad input, not a missing run
             runs.append(_check_run(cfg, num, {key: values[key] for key in swept_keys}))
+            runs[-1].elsewhere = noted is not None and noted.state == "running"
     return runs
+
+
+# ---------------------------------------------------------------- runs a sweep gives no job
+
+NO_JOB_STATES = ("done", "damaged")  # runs a launcher gives no job (a run running elsewhere may be done by then)
+
+
+@dataclass(frozen=True)
+class NoJob:
+    """A run of a sweep that its launcher gave no job (done or damaged when the sweep started; on SLURM, another
+    process's): its state then, its record's path, label and error, and `seen`, what its record file was then."""
+
+    state: str
+    path: str
+    label: str
+    error: str | None
+    seen: tuple | None
+
+
+_NO_JOB: dict[str, dict[int, NoJob]] = {}  # a sweep's folder (hydra.sweep.dir) -> job number -> NoJob
+
+
+def note_no_job(sweep_dir: str, run: Run) -> None:
+    """Remember, for the sweep's summary (this process), a run that its launcher gives no job: it writes no log
+    folder, and the summary takes it as it was unless its record changed since (check_jobs `known`)."""
+    path = str(run.path)
+    _NO_JOB.setdefault(str(sweep_dir), {})[run.num] = NoJob(run.state, path, run.label, run.error, seen(path))
+
+
+def noted_no_job(sweep_dir: str) -> dict[int, NoJob]:
+    """The runs of the sweep in `sweep_dir` that got no job (note_no_job), forgotten as they are handed over."""
+    return _NO_JOB.pop(str(sweep_dir), {})
+
+
+def seen(path: str) -> tuple | None:
+    """What a record file is now (its inode, size and modification time), None where there is none."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def record_runs(cfgs: Sequence[DictConfig | Plain], first_num: int = 0) -> list[Run]:
@@ -139,18 +192,42 @@ def record_runs(cfgs: Sequence[DictConfig | Plain], first_num: int = 0) -> list[
                 enumerate(progress(cfgs, "checking runs", unit="run", delay=CHECK_BAR_DELAY_S), start=first_num)]
 
 
+def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]], first_num: int = 0,
+                    size: int | None = None):
+    """The jobs composed and their records checked, as (first job number, jobs, configs, Runs) per batch of `size`
+    (Hydra's batches, hydra.sweeper.max_batch_size; None: one), with one progress bar over them all: a launcher's
+    plan of a whole sweep, holding one batch's configs at a time (100,000 runs' configs would take GBs)."""
+    compose = _Composer(config_loader, sweep_config)
+    size = size or max(1, len(jobs))
+    bar = progress(desc="checking runs", total=len(jobs), unit="run", delay=CHECK_BAR_DELAY_S)
+    try:
+        with one_pass():
+            for start in range(0, len(jobs), size):
+                batch = jobs[start:start + size]
+                cfgs, runs = [], []
+                for num, job in enumerate(batch, start=first_num + start):
+                    cfgs.append(compose(list(job), num))
+                    runs.append(_check_run(cfgs[-1], num, {}))
+                    bar.update()
+                yield first_num + start, batch, cfgs, runs
+    finally:
+        bar.close()
+
+
 def record_states(cfgs: Sequence[DictConfig | Plain]) -> list[str]:
     """The state (STATES) of each composed run's record (configs from compose_jobs)."""
     return [run.state for run in record_runs(cfgs)]
 
 
-def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
+def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True, done_before: int = 0,
+                     total: int | None = None) -> str:
     """The line Ctrl-C (or SIGTERM) ends a run or sweep with (exit status 130, 143): how many of its runs are done,
-    read from their records, and how many can go on from a checkpoint. A run stopped while training wrote no record
-    (the members of its fused group that finished first did) but a checkpoint (peltbench.checkpoint), and released its
-    claim (peltbench.claim): the same command runs what is not done, from where it stopped."""
+    read from the records of `cfgs` (a sweep: the runs it gave a job so far), plus `done_before` (those done when it
+    started), of `total` (default: len(cfgs)), and how many can go on from a checkpoint. A run stopped while training
+    wrote no record (the members of its fused group that finished first did) but a checkpoint (peltbench.checkpoint),
+    and released its claim (peltbench.claim): the same command runs what is not done, from where it stopped."""
     runs = record_runs(cfgs)
-    done = sum(run.state == "done" for run in runs)
+    done = done_before + sum(run.state == "done" for run in runs)
     resumable = [run.error for run in runs if run.state == "missing" and (run.error or "").startswith("resumable")]
     how = stopped_by()
     if not sweep:
@@ -160,8 +237,9 @@ def interrupted_line(cfgs: Sequence[DictConfig], sweep: bool = True) -> str:
             return (f"{how}: the run did not finish; its checkpoint is written, at {resumable[0].removeprefix('resumable, ')}:"
                     f" rerun the same command to go on from it")
         return f"{how}: the run did not finish and wrote no record; rerun the same command to run it"
+    total = len(cfgs) if total is None else total
     going_on = f"; {len(resumable)} of them go on from a checkpoint" if resumable else ""
-    return (f"{how}: {done} of {len(cfgs)} runs done, {len(cfgs) - done} not done; rerun the same command to "
+    return (f"{how}: {done} of {total} runs done, {total - done} not done; rerun the same command to "
             f"run them (done runs are skipped{going_on})")
 
 
@@ -180,7 +258,7 @@ class _Composer:
     Hydra composes every config from its files (~0.1 s each). Here the config-group choices of a job (method=,
     task=, +experiment=) are composed once per distinct set, and the job's other overrides (k=, seed=, method.x=)
     are applied after composition, as Hydra does. Of the `hydra` node only hydra.job.num and hydra.sweep (the job's
-    log folder) are kept.
+    log folder) are kept. Each override line is parsed once (a sweep of 100,000 runs has a few hundred distinct ones).
 
     `plain` (the default): a job whose overrides each set one existing value (k=500, method.lr=1e-3: what a sweep's
     grid is made of) gets its config as plain data (record.Plain, read like a DictConfig): the composed config
@@ -195,46 +273,81 @@ class _Composer:
         self.loader, self.sweep_config, self.plain = config_loader, sweep_config, plain
         use_searchpath(sweep_config.hydra.get("searchpath"))  # the user's method files name their runs' folders
         self.parser = OverridesParser.create()
-        self.composed: dict[tuple[str, ...], DictConfig] = {}
-        self.bases: dict[tuple[str, ...], _PlainBase | None] = {}
-        self.groups: dict[str, bool] = {}
-        self.sweep = {"dir": str(sweep_config.hydra.sweep.dir),
-                      "subdir": OmegaConf.to_container(sweep_config.hydra.sweep)["subdir"]}  # resolved per job
+        self.composed: dict[tuple[str, ...], tuple[DictConfig, _PlainBase | None]] = _compositions(sweep_config, plain)
+        self.lines: dict[str, _Line] = {}
+        sweep = {"dir": str(sweep_config.hydra.sweep.dir),
+                 "subdir": OmegaConf.to_container(sweep_config.hydra.sweep)["subdir"]}  # resolved per job
+        self.sweep = sweep
+        self.template = _Template.of(sweep["subdir"])
 
     def __call__(self, job: list[str], num: int) -> DictConfig | Plain:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-        overrides = [self._parse(line) for line in job]
-        is_group = [self._selects_group(o) for o in overrides]
-        choices = tuple(o.input_line for o, group in zip(overrides, is_group) if group)
-        if choices not in self.composed:
-            composed = self.loader.load_sweep_config(self.sweep_config, list(choices))
-            with open_dict(composed):
-                del composed["hydra"]
-            self.composed[choices] = composed
-            self.bases[choices] = _PlainBase.of(composed, self.sweep) if self.plain else None
-        rest = [o for o, group in zip(overrides, is_group) if not group]
-        base = self.bases[choices]
-        cfg = base.run(rest, num) if base is not None else None
+        lines = [self.lines.get(line) or self._line(line) for line in job]
+        choices = tuple(line.text for line in lines if line.group)
+        composed, base = self.composed.get(choices) or self._compose(choices)
+        rest = [line for line in lines if not line.group]
+        cfg = base.run(rest, num, self.sweep["dir"]) if base is not None else None
         if cfg is not None:
             return cfg
-        cfg = copy.deepcopy(self.composed[choices])
-        ConfigLoaderImpl._apply_overrides_to_config(rest, cfg)
+        cfg = copy.deepcopy(composed)
+        ConfigLoaderImpl._apply_overrides_to_config([line.override for line in rest], cfg)
         with open_dict(cfg):
             cfg.hydra = {"job": {"num": num}, "sweep": self.sweep}
         return cfg
 
-    @functools.lru_cache(maxsize=None)
-    def _parse(self, line: str) -> Any:
-        return self.parser.parse_override(line)
+    def _compose(self, choices: tuple[str, ...]) -> tuple[DictConfig, _PlainBase | None]:
+        composed = self.loader.load_sweep_config(self.sweep_config, list(choices))
+        with open_dict(composed):
+            del composed["hydra"]
+        self.composed[choices] = composed, _PlainBase.of(composed, self.template) if self.plain else None
+        return self.composed[choices]
 
-    def _selects_group(self, override: Any) -> bool:
-        """Whether Hydra treats it as a config-group choice (hydra/_internal/defaults_list.py, class Overrides)."""
-        line = override.input_line
-        if line not in self.groups:
-            self.groups[line] = (self.loader.repository.group_exists(override.key_or_group)
-                                 and not isinstance(override.value(), dict))
-        return self.groups[line]
+    def _line(self, text: str) -> _Line:
+        """One override line of the sweep, parsed once: whether Hydra treats it as a config-group choice
+        (hydra/_internal/defaults_list.py, class Overrides), and for another, the value it sets where it is a plain
+        one (what _PlainBase.run puts in place; None where Hydra's own function must apply it)."""
+        override = self.parser.parse_override(text)
+        group = (self.loader.repository.group_exists(override.key_or_group)
+                 and not isinstance(override.value(), dict))
+        setting = None
+        if not group and override.type == OverrideType.CHANGE and override.package is None:
+            value = override.value()
+            if isinstance(value, SIMPLE) and not (isinstance(value, str) and (value == "???" or "${" in value)):
+                setting = (tuple(override.key_or_group.split(".")), value)
+        line = self.lines[text] = _Line(text, override, group, setting)
+        return line
+
+
+_COMPOSITIONS: dict[tuple, dict] = {}  # a sweep's overrides -> its choices -> (composed config, _PlainBase or None)
+
+
+def _compositions(sweep_config: DictConfig, plain: bool) -> dict:
+    """Where the composers of one sweep keep each set of choices composed (~0.2 s each, 80 for Table 1's grid): one
+    place per sweep (its overrides, as cli.sweep_overrides reads them) in this process, so that `peltbench -m`'s
+    preflight, its launcher and its summary compose each once. Read, never changed: a run's own config is a copy."""
+    overrides = OmegaConf.select(sweep_config, "hydra.overrides", default=None)
+    overrides = OmegaConf.to_container(overrides, resolve=False) if isinstance(overrides, DictConfig) else {}
+    task, hydra = overrides.get("task"), overrides.get("hydra")  # as given: `${hydra.job.num}` is text here
+    if not isinstance(task, list) or not isinstance(hydra, list):
+        return {}
+    key = (tuple(task), tuple(line for line in hydra if line != "hydra.mode=MULTIRUN"), plain)
+    return _COMPOSITIONS.setdefault(key, {})
+
+
+def forget_compositions() -> None:
+    """Compose anew from here on (a new command: its config files may have changed)."""
+    _COMPOSITIONS.clear()
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One override line of a sweep (_Composer._line)."""
+
+    text: str
+    override: Any
+    group: bool
+    setting: tuple[tuple[str, ...], Any] | None  # (path, value) of a plain value it sets, else None
 
 
 LINK = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
@@ -242,59 +355,93 @@ TEMPLATE = re.compile(r"(?:[^$\\]|\$(?!\{)|" + LINK.pattern + r")*")  # text wit
 SIMPLE = (str, int, float, bool, type(None))
 
 
-class _PlainBase:
-    """One composed config as plain data (_Composer): its resolved values, its plain links (path, source key) and the
-    log folder's template; `of` says None where OmegaConf must compose its jobs."""
+@dataclass(frozen=True)
+class _Template:
+    """The log folder's name (hydra.sweep.subdir) as text and plain links, split once: `text` (n + 1 pieces) around
+    `keys` (n dotted keys, as paths)."""
 
-    def __init__(self, resolved: Plain, links: list[tuple[tuple[str, ...], str]], sweep: dict) -> None:
-        self.resolved, self.links, self.sweep = resolved, links, sweep
+    text: tuple[str, ...]
+    keys: tuple[tuple[str, ...], ...]
 
     @classmethod
-    def of(cls, composed: DictConfig, sweep: dict) -> _PlainBase | None:
-        links: list[tuple[tuple[str, ...], str]] = []
-        if not _links(OmegaConf.to_container(composed, resolve=False), (), links):
-            return None  # an interpolation that is more than a link (a resolver, text around it)
-        if any(tuple(source.split(".")) == path for path, _ in links for _, source in links):
-            return None  # a link to a link
-        subdir = sweep["subdir"]
+    def of(cls, subdir: Any) -> _Template | None:
         if not isinstance(subdir, str) or not TEMPLATE.fullmatch(subdir):
             return None
         if any(key.startswith("hydra.") and key != "hydra.job.num" for key in LINK.findall(subdir)):
             return None
+        pieces = LINK.split(subdir)  # text, key, text, key, ..., text
+        return cls(tuple(pieces[0::2]), tuple(tuple(key.split(".")) for key in pieces[1::2]))
+
+    def fill(self, cfg: Plain, num: int) -> str | None:
+        """The name for a job: each link replaced as OmegaConf does (str of the value)."""
+        parts = [self.text[0]]
+        for key, text in zip(self.keys, self.text[1:]):
+            value = num if key == ("hydra", "job", "num") else _at(cfg, key)
+            if value is MissingKey or not isinstance(value, SIMPLE):
+                return None
+            parts.append(str(value))
+            parts.append(text)
+        return "".join(parts)
+
+
+def _at(cfg: Plain, path: tuple[str, ...]) -> Any:
+    """The value at `path` of a plain config, MissingKey where there is none."""
+    node = cfg
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return MissingKey
+        node = node[part]
+    return node
+
+
+class _PlainBase:
+    """One composed config as plain data (_Composer): its resolved values, its plain links (path, source path) and
+    the log folder's template; `of` says None where OmegaConf must compose its jobs."""
+
+    def __init__(self, resolved: Plain, links: list[tuple[tuple[str, ...], tuple[str, ...]]], template: _Template) -> None:
+        self.resolved, self.links, self.template = resolved, links, template
+
+    @classmethod
+    def of(cls, composed: DictConfig, template: _Template | None) -> _PlainBase | None:
+        links: list[tuple[tuple[str, ...], str]] = []
+        if template is None:
+            return None
+        if not _links(OmegaConf.to_container(composed, resolve=False), (), links):
+            return None  # an interpolation that is more than a link (a resolver, text around it)
+        if any(tuple(source.split(".")) == path for path, _ in links for _, source in links):
+            return None  # a link to a link
         try:
             resolved = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True)
         except Exception:  # a ??? or a link that does not resolve: OmegaConf says so, per job
             return None
         if omegaconf_strings(resolved):  # a value that reads as an interpolation once resolved (an escaped ${...})
             return None
-        return cls(_plain(resolved), links, sweep)
+        return cls(_plain(resolved), [(path, tuple(source.split("."))) for path, source in links], template)
 
-    def run(self, overrides: list, num: int) -> Plain | None:
-        """The job's config with `overrides` in place, or None if one of them is not a value set on a value."""
+    def run(self, lines: list[_Line], num: int, sweep_dir: str) -> Plain | None:
+        """The job's config with the values of `lines` in place, or None if one of them is not a value set on a
+        value."""
         cfg = Plain(self.resolved)
         copied: set[tuple[str, ...]] = set()
-        changed = set()
-        for override in overrides:
-            if override.type != OverrideType.CHANGE or override.package is not None:
+        changed = []
+        for line in lines:
+            if line.setting is None:
                 return None
-            value = override.value()
-            if not isinstance(value, SIMPLE) or isinstance(value, str) and (value == "???" or "${" in value):
-                return None
-            path = tuple(override.key_or_group.split("."))
-            parent = _writable(cfg, path[:-1], copied)
+            path, value = line.setting
+            parent = _writable(cfg, path[:-1], copied) if len(path) > 1 else cfg
             if parent is None or path[-1] not in parent or isinstance(parent[path[-1]], (Mapping, list)):
                 return None  # not there, or not a value: Hydra's own function says what it does
             parent[path[-1]] = value
-            changed.add(path)
-        if changed:
-            for path, source in self.links:
-                value = select(cfg, source)
-                if path not in changed and select(cfg, ".".join(path)) is not value:
+            changed.append(path)
+        for path, source in self.links:  # a link whose source (or a dict above it) a line set, followed again
+            if path not in changed and any(source == to[:len(source)] for to in changed):
+                value = _at(cfg, source)
+                if _at(cfg, path) is not value:
                     _writable(cfg, path[:-1], copied)[path[-1]] = value
-        subdir = _fill(self.sweep["subdir"], cfg, num)
+        subdir = self.template.fill(cfg, num)
         if subdir is None:
             return None
-        cfg["hydra"] = Plain(job=Plain(num=num), sweep=Plain(dir=self.sweep["dir"], subdir=subdir))
+        cfg["hydra"] = Plain(job=Plain(num=num), sweep=Plain(dir=sweep_dir, subdir=subdir))
         return cfg
 
 
@@ -335,37 +482,28 @@ def _writable(cfg: Plain, path: tuple[str, ...], copied: set) -> Plain | None:
     return node
 
 
-def _fill(template: str, cfg: Plain, num: int) -> str | None:
-    """The log folder's name: `template` (TEMPLATE) with each link replaced as OmegaConf does (str of the value)."""
-    parts = []
-    for key in LINK.findall(template):
-        value = num if key == "hydra.job.num" else select(cfg, key, default=MissingKey)
-        if value is MissingKey or not isinstance(value, SIMPLE):
-            return None
-        parts.append(str(value))
-    pieces = LINK.split(template)  # text, key, text, key, ..., text
-    return "".join(piece if i % 2 == 0 else parts[i // 2] for i, piece in enumerate(pieces))
-
-
 class MissingKey:
     """select's default where a key is not there."""
 
 
 def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     results_dir = _absolute(str(cfg.results_dir), os.getcwd())
-    path = record_path(cfg, results_dir)
-    label = str(path.parent.relative_to(results_dir))
+    label = record_folder(cfg)
+    path = results_dir / label / "result.json"
     sweep_dir = select(cfg, "hydra.sweep.dir")
     try:
         log_dir = Path(sweep_dir) / str(cfg.hydra.sweep.subdir)
     except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
         log_dir = None if sweep_dir is None else Path(sweep_dir)
     run = Run(num, values, label, path, "missing", log_dir=log_dir)
+    not_a_record: list[str] = []
     try:
-        record = read_record(path)
+        record = read_record(path, not_a_record)
     except UserError as error:  # e.g. a colleague's record we may not read
         run.state, run.error = "unreadable", str(error)
         return run
+    if not_a_record:
+        run.error = f"its result.json is not a record ({not_a_record[0]}): a rerun replaces it"
     damaged = None if record is None else damage(record)
     differences = [] if record is None or damaged else config_differences(record, cfg)
     if damaged:
@@ -386,8 +524,8 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
         run.state, run.error = "running", describe(holder)
     elif record is not None:
         run.state, run.error = "failed", record.get("error")
-    else:
-        run.error = progress_of(path.parent, label)  # `resumable, epoch 12 of 50`: a checkpoint goes on from there
+    else:  # `resumable, epoch 12 of 50`: a checkpoint goes on from there (else why its result.json is no record)
+        run.error = progress_of(path.parent, label) or run.error
     return run
 
 
@@ -604,7 +742,8 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.global_hydra import GlobalHydra
 
-        sweep = with_outcomes(check_sweep(GlobalHydra.instance().config_loader(), config))
+        known = noted_no_job(str(config.hydra.sweep.dir))  # the runs given no job: no log folder, no outcome.json
+        sweep = with_outcomes(check_sweep(GlobalHydra.instance().config_loader(), config, known=known))
         lines = report(sweep, self.limit, logs=True, skips=True)
         lines[0] = f"peltbench sweep: {lines[0]}"
         again = shlex.join(["peltbench", *as_given(sys.argv[1:])])

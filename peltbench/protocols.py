@@ -86,6 +86,35 @@ def run_defaults(name: str, seed: int | None = None, task: str | None = None,
     return base
 
 
+def default_values(name: str, seed, task: str | None, keys: tuple[str, ...], max_length: int | None = None) -> dict:
+    """{key: its value in run_defaults(name, seed, task, max_length)} for the dotted `keys`, worked out once per
+    protocol, task, max_length and keys rather than once per seed too (a sweep of 300 seeds, a results dir of them):
+    the values, with the run's seed at each key whose default is the seed (`model_seed: ${seed}`). Never change what
+    it returns."""
+    values, seeded = _unseeded_values(name, task, keys, max_length)
+    if seeded is None or seed is None:  # a default that depends on the seed otherwise than by being it; no seed
+        return _seed_values(name, seed, task, keys, max_length)
+    return {**values, **dict.fromkeys(seeded, seed)} if seeded else values
+
+
+@lru_cache(maxsize=None)
+def _unseeded_values(name: str, task: str | None, keys: tuple[str, ...],
+                     max_length: int | None) -> tuple[dict, tuple[str, ...] | None]:
+    """default_values' values at seed 0, and the keys whose value is the seed (those that follow seeds 0 and 1); None
+    for those where a value depends on the seed in another way."""
+    first, second = _seed_values(name, 0, task, keys, max_length), _seed_values(name, 1, task, keys, max_length)
+    differ = tuple(key for key in keys if first[key] != second[key])
+    if any(first[key] != 0 or second[key] != 1 for key in differ):
+        return first, None
+    return first, differ
+
+
+@lru_cache(maxsize=64)
+def _seed_values(name: str, seed, task: str | None, keys: tuple[str, ...], max_length: int | None) -> dict:
+    defaults = run_defaults(name, seed, task, max_length)
+    return {key: OmegaConf.select(defaults, key) for key in keys}
+
+
 def identity(cfg: DictConfig) -> dict | None:
     """What of the protocol enters a run's identity (record.semantic_config): None at `unipelt` with its own split,
     so every record made before protocols existed keeps its hash."""

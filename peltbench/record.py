@@ -29,7 +29,8 @@ from .component import code_identity, is_builtin
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
 from .packaged import method_file, packaged_config, user_config_dirs
-from .protocols import DEFAULT as DEFAULT_PROTOCOL, identity as protocol_identity, lmbff_chain, method_overrides, protocol_name, run_defaults
+from .protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, identity as protocol_identity, lmbff_chain,
+                        method_overrides, protocol_name)
 from .tasks import RESULT_KEYS
 
 log = logging.getLogger("peltbench")
@@ -116,8 +117,12 @@ def semantic_config(cfg: DictConfig | Mapping, rows: str | None = None) -> dict:
         identity.update(own)
     elif main_metric is not None and task.get("main_metric", main_metric) != main_metric:
         identity["task.main_metric"] = task["main_metric"]  # selected on another metric (LM-BFF's STS-B: Pearson)
-    for key in SEMANTIC_KEYS:
-        identity[key] = select(cfg, key)
+    if isinstance(cfg, DictConfig):
+        for key in SEMANTIC_KEYS:
+            identity[key] = select(cfg, key)
+    else:  # plain data: each key's path split once (a sweep reads 100,000 configs)
+        for key, path in _SEMANTIC_PATHS:
+            identity[key] = _walk(cfg, path, None)
     identity["model.name"] = model_identity(str(identity["model.name"]))
     for key, before in LATER_KEYS.items():
         value = select(cfg, key, default=before)
@@ -262,6 +267,17 @@ def select(cfg: DictConfig | Mapping, key: str, default=None):
     return node
 
 
+def _walk(cfg: Mapping, path: tuple[str, ...], default):
+    """select on plain data, the key's path split already."""
+    node = cfg
+    for part in path:
+        if not isinstance(node, (dict, Mapping)) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+_SEMANTIC_PATHS = tuple((key, tuple(key.split("."))) for key in SEMANTIC_KEYS)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
@@ -308,41 +324,232 @@ def stored_identity(record: dict, from_config: dict | None = None) -> dict:
 
     A record since issue 32 holds it (`identity`). An older one holds its config, which gives every part but the
     DERIVED_KEYS, and its hash, which decides those: the identity with today's derived parts or with each at its value
-    from before it existed, whichever hashes to the record's `config_hash` (with the model the record names: the real
-    path it had then). Where neither does (a record from before model paths were normalised) its config speaks,
-    without derived parts. `from_config`: semantic_config of the record's config, where the caller has it. Raises
-    (KeyError, ValueError, ...) for a record without a readable config.
+    from before it existed, whichever hashes to the record's `config_hash` (with the model as the record spelt it).
+    One without a hash: its config, without derived parts. `from_config`: semantic_config of the record's config,
+    where the caller has it. Raises (KeyError, ValueError, ...) for a record without a readable config; for a damaged
+    record (`damage`) it is not the run's identity.
     """
     if from_config is None:
         from_config = semantic_config(record["config"])
     here = {"model.name": from_config["model.name"]}
     if isinstance(record.get("identity"), dict):
         return {**container(record["identity"]), **here}
-    before = {**{key: value for key, value in from_config.items() if key not in DERIVED_KEYS},
-              **{key: value for key, value in DERIVED_KEYS.items() if value is not None}}
-    for candidate in (from_config, before):
-        if identity_hash({**candidate, "model.name": record.get("model") or here["model.name"]}) == record.get("config_hash"):
-            return {**candidate, **here}
-    return before
+    found = _hashed_candidate(record, from_config)
+    return {**(found if found is not None else _before_derived(from_config)), **here}
+
+
+def _before_derived(identity: dict) -> dict:
+    """`identity` with each DERIVED_KEYS part at its value from before it existed."""
+    return {**{key: value for key, value in identity.items() if key not in DERIVED_KEYS},
+            **{key: value for key, value in DERIVED_KEYS.items() if value is not None}}
+
+
+def _hashed_candidate(record: dict, from_config: dict) -> dict | None:
+    """Of the identities a record without `identity` may have had (its config's, with today's derived parts or those
+    from before them; its model spelt as the record names it, as this machine resolves it, or as its config gave it
+    before paths were normalised), the first that hashes to its `config_hash`; None if none does."""
+    config_model = (record["config"].get("model") or {}).get("name") if isinstance(record["config"], Mapping) else None
+    models = dict.fromkeys(model for model in (record.get("model"), from_config["model.name"], config_model)
+                           if isinstance(model, str))
+    for candidate in (from_config, _before_derived(from_config)):
+        for model in models:
+            if identity_hash({**candidate, "model.name": model}) == record.get("config_hash"):
+                return candidate
+    return None
+
+
+# ---------------------------------------------------------------- what a record must be: one reading everywhere
+
+class DamagedRecord(UserError):
+    """A run's folder holds a damaged record (`damage`): the run stops at it, and nothing takes it as any run."""
+
+
+def _is_int(value) -> bool:
+    return type(value) is int
+
+
+def _is_number(value) -> bool:
+    return type(value) is float or type(value) is int
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+def _is_str(value) -> bool:
+    return type(value) is str
+
+
+def _is_dict(value) -> bool:
+    return isinstance(value, dict)
+
+
+def _scores(value) -> bool:
+    return isinstance(value, dict) and all(score is None or _is_number(score) for score in value.values())
+
+
+def _gates(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(layers, list) and all(_is_number(gate) for gate in layers) for layers in value.values())
+
+
+def _peak(value) -> bool:
+    return isinstance(value, dict) and _is_number(value.get("bytes")) and _is_str(value.get("measures"))
+
+
+def _fused(value) -> bool:
+    return isinstance(value, dict) and _is_int(value.get("size")) and _is_str(value.get("group"))
+
+
+EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_seconds_share", "train_steps",
+                     "eval_seconds", "eval_seconds_share", "test_seconds", "test_examples")
+STATUSES = ("ok", "failed", "pruned")
+# (field, check, what it must be, required): every field a reader of records reads (docs/record.md), and its type.
+FIELDS = (
+    ("method", _is_str, "a string", True),
+    ("task", _is_str, "a string", True),
+    ("k", lambda value: value == "all" or (_is_int(value) and value > 0), 'a positive integer or "all"', True),
+    ("seed", _is_int, "an integer", True),
+    ("status", lambda value: value in STATUSES, '"ok", "failed" or "pruned"', True),
+    ("config", _is_dict, "an object", True),
+    ("identity", _optional(_is_dict), "an object", False),
+    ("config_hash", _optional(_is_str), "a string", False),
+    ("model_seed", _optional(_is_int), "an integer", False),
+    ("model", lambda value: _is_str(value) and bool(value), "a model name", False),
+    ("architecture", _optional(lambda value: _is_str(value) and bool(value)), "a model_type", False),
+    ("variant", _optional(_is_str), "a string", False),
+    ("error", _optional(_is_str), "a string", False),
+    ("test", _optional(_scores), "{metric: number or null}", False),
+    ("dev_best", _optional(_scores), "{metric: number or null}", False),
+    ("best_epoch", _optional(_is_int), "an integer", False),
+    ("epochs_run", _optional(_is_int), "an integer", False),
+    *((field, _optional(_is_number), "a number", False) for field in EFFICIENCY_FIELDS),
+    ("gates", _optional(_gates), "{submodule: [number per layer]}", False),
+    ("fused", _optional(_fused), '{"group": string, "size": integer}', False),
+    ("peak_memory", _optional(_peak), '{"bytes": number, "measures": string}', False),
+    ("pruned", _optional(_is_dict), "an object", False),
+    ("machine", _optional(_is_dict), "an object", False),
+    ("precision", _optional(_is_str), "a string", False),
+    ("device", _optional(_is_str), "a string", False),
+)
+CONFIG_FIELDS = (
+    ("method", _is_dict, "an object", True),
+    ("task", _is_dict, "an object", False),
+    ("train", _is_dict, "an object", True),
+    ("dev_size", _is_int, "an integer", True),
+    ("model_seed", _is_int, "an integer", False),
+    ("model", _is_dict, "an object", False),
+)
+# A record's own fields that say what its config says: each must agree with it (readers read one or the other).
+AGREEING = (("method", ("method", "name")), ("task", ("task", "name")), ("k", ("k",)), ("seed", ("seed",)),
+            ("model_seed", ("model_seed",)))
 
 
 def damage(record: dict) -> str | None:
-    """Why `record` contradicts itself, or None. A record that stores its identity (`identity`, every record since
-    issue 32) was written with `config_hash` = the hash of that identity: one whose identity does not hash to its
-    `config_hash` was changed after it was written (by hand, say) and is damaged. Which of its parts is true cannot
-    be known, so no run, sweep count or table takes it as the run of either: the rerun stops at it, peltbench-missing
-    lists it as damaged, the tables leave it out, each with this reason. Records from before `identity` have none to
-    contradict their hash (None)."""
-    if "identity" not in record:
-        return None
-    identity = record["identity"]
-    if not isinstance(identity, dict):
-        return f"its identity is {json.dumps(identity)[:40]}, not an object"
-    digest = identity_hash(identity)
-    if digest != record.get("config_hash"):
-        return (f"its identity hashes to {digest}, not to its config_hash {record.get('config_hash')} (edited after "
-                f"it was written?)")
+    """Why `record` is damaged, in one line, or None: the one validation of a record, which every reader applies
+    (a run or sweep deciding whether a run is done: check_existing, peltbench-missing, the sweep's summary; the
+    tables), so that none takes a record another reads otherwise. A record is damaged when
+
+    - a field is missing or of the wrong type (FIELDS, CONFIG_FIELDS: `"seed": "17"`, a score that is a string,
+      `status` other than ok, failed or pruned), or an ok record has no test scores;
+    - a field says other than its config (`seed` 18 where `config.seed` is 17: AGREEING; `model` other than its
+      identity's);
+    - its stored `identity` does not hash to its `config_hash`, or its config gives another identity than the one
+      it stored (a setting edited by hand: which is true cannot be known); or, for a record from before `identity`,
+      its config hashes to no `config_hash` it can have had.
+
+    Such a record is no run: the rerun stops at it (DamagedRecord), peltbench-missing and the sweep's summary list it
+    as damaged, the tables leave it out, each with this reason. A record of a changed meaning (an identity part
+    this version derives otherwise: `changed_meaning`) is not damaged: it is another run. Cheap (a sweep checks
+    100,000 records): the fields' types, one hash, and the record's config read once.
+    """
+    return examine(record, meaning=False)[0]
+
+
+def examine(record: dict, meaning: bool = True) -> tuple[str | None, list[str]]:
+    """(why `record` is damaged or None: `damage`; how its meaning changed: `changed_meaning`, [] where it is
+    damaged or not `meaning`), its config read once for both."""
+    why = _field_damage(record, FIELDS, "") or _field_damage(record["config"], CONFIG_FIELDS, "config.")
+    if why:
+        return why, []
+    if record["status"] == "ok" and not isinstance(record.get("test"), dict):
+        return "an ok record without test scores (field 'test')", []
+    if "model" not in record and not _is_str((record["config"].get("model") or {}).get("name")):
+        return "field 'model' is missing", []
+    config = record["config"]
+    for field, path in AGREEING:
+        if field in record:
+            value = select(config, ".".join(path), default=_MISSING)
+            if value is not _MISSING and value != record[field] and not (type(value) is str and "${" in value):
+                return (f"its field '{field}' is {json.dumps(record[field])[:40]} where its config has "
+                        f"{json.dumps(value)[:40]} (edited after it was written?)"), []
+    identity = record.get("identity")
+    rows = identity.get("task.rows") if isinstance(identity, dict) else None
+    try:  # a user task's rows as the record has them (its files are not read again)
+        from_config = semantic_config(record["config"], rows=rows or "unknown")
+    except Exception as error:  # a config no run could have had (a setting missing, a value OmegaConf refuses)
+        if record.get("identity") is None and record.get("config_hash") is None:
+            return None, []  # nothing to read it against (the tables read what they need of it)
+        return f"its config is not a run's config ({type(error).__name__}: {_first_line(error)[:80]})", []
+    why = _identity_damage(record, from_config)
+    if why or not meaning:
+        return why, []
+    stored = stored_identity(record, from_config)
+    return None, [] if stored == from_config else _differences(_flat(stored), _flat(from_config))
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+_MISSING = object()
+
+
+def _field_damage(record: dict, fields: tuple, prefix: str) -> str | None:
+    for field, check, expected, required in fields:
+        if field not in record:
+            if required:
+                return f"field '{prefix}{field}' is missing"
+        elif not check(record[field]):
+            return f"field '{prefix}{field}' is {json.dumps(record[field])[:40]}, expected {expected}"
     return None
+
+
+def _identity_damage(record: dict, from_config: dict) -> str | None:
+    """Why the record's identity, config (`from_config`: its semantic_config) and hash disagree, or None (`damage`)."""
+    identity, digest = record.get("identity"), record.get("config_hash")
+    if identity is not None:
+        hashed = identity_hash(identity)
+        if hashed != digest:
+            return f"its identity hashes to {hashed}, not to its config_hash {digest} (edited after it was written?)"
+    elif digest is None:
+        return None  # nothing to contradict its config (no record peltbench wrote lacks both)
+    if identity is None:
+        if _hashed_candidate(record, from_config) is None:
+            return (f"its config hashes to {identity_hash(from_config)}, not to its config_hash {digest} (edited "
+                    f"after it was written?)")
+        return None
+    if "model" in record and identity.get("model.name") != record["model"]:
+        return (f"its field 'model' is {json.dumps(record['model'])[:60]} where its identity has "
+                f"{json.dumps(identity.get('model.name'))[:60]} (edited after it was written?)")
+    contradicted = _contradictions(identity, from_config)
+    if contradicted:
+        return f"its config says {', '.join(contradicted)} (edited after it was written?)"
+    return None
+
+
+def _contradictions(identity: dict, from_config: dict) -> list[str]:
+    """Where a record's config gives another identity than the one it stored: `method.lr 0.001 where its identity has
+    0.0005`, each such key. Not the parts this version derives (DERIVED_KEYS: a changed meaning) nor the model's path
+    (the identity holds it as the machine that wrote it resolved it)."""
+    skip = {*DERIVED_KEYS, "model.name"}
+    stored = {key: value for key, value in identity.items() if key not in skip}
+    mine = {key: value for key, value in from_config.items() if key not in skip}
+    if stored == mine:
+        return []
+    stored, mine = _flat(stored) if "method" in stored else stored, _flat(mine)
+    return [f"{key} {json.dumps(mine.get(key))} where its identity has {json.dumps(stored.get(key))}"
+            for key in sorted(stored.keys() | mine.keys()) if stored.get(key, _MISSING) != mine.get(key, _MISSING)]
 
 
 def config_differences(record: dict, cfg: DictConfig) -> list[str]:
@@ -363,15 +570,8 @@ def changed_meaning(record: dict) -> list[str]:
     """How the run that wrote `record` differs from what its own config means to this version, e.g. `split (record
     None, this run 'lmbff-chained')` for an LM-BFF CoLA record from before the chained split: such a record is not
     this version's run of its config (a rerun of the config stops at it), so no table may show it as that run.
-    [] for every record whose meaning did not change; also for one without a readable config (tables name those)."""
-    try:
-        identity = record.get("identity")
-        rows = identity.get("task.rows") if isinstance(identity, dict) else None
-        today = semantic_config(record["config"], rows=rows or "unknown")  # a user task's rows: as the record has them
-        stored = stored_identity(record, today)
-    except Exception:
-        return []
-    return [] if stored == today else _differences(_flat(stored), _flat(today))
+    [] for every record whose meaning did not change, and for a damaged one (`damage` says why)."""
+    return examine(record)[1]
 
 
 def _differences(stored: dict, mine: dict) -> list[str]:
@@ -427,12 +627,10 @@ def _method_file_defaults(method: str, protocol: str, folders: tuple[str, ...]) 
     return OmegaConf.to_container(OmegaConf.merge(packaged, method_overrides(protocol)), resolve=True)
 
 
-@lru_cache(maxsize=1024)
 def _top_defaults(protocol: str, seed, task: str, max_length: int | None = None) -> dict:
     """The values of FOLDER_KEYS and LATER_KEYS that a run of `protocol`, `seed` and `task` (of that `max_length`)
-    has unless it says otherwise (protocols.run_defaults). Read once each: never change what it returns."""
-    defaults = run_defaults(protocol, seed, task, max_length)
-    return {key: OmegaConf.select(defaults, key) for key in (*FOLDER_KEYS, *LATER_KEYS)}
+    has unless it says otherwise (protocols.run_defaults). Never change what it returns."""
+    return default_values(protocol, seed, task, (*FOLDER_KEYS, *LATER_KEYS), max_length)
 
 
 def _folder_value(key: str, value) -> str:
@@ -452,29 +650,59 @@ def variant_name(cfg: DictConfig | Mapping) -> str:
 
 def record_path(cfg: DictConfig | Mapping, results_dir: Path) -> Path:
     """Where the record of `cfg` (a config, or the same as plain data) goes under `results_dir`."""
-    return results_dir.joinpath(variant_name(cfg), cfg["task"]["name"], f"k{cfg['k']}", f"seed{cfg['seed']}", "result.json")
+    return results_dir.joinpath(*record_folder(cfg).split("/"), "result.json")
+
+
+def record_folder(cfg: DictConfig | Mapping) -> str:
+    """The run's folder under results_dir, `variant/task/kK/seedS` (its label in peltbench-missing)."""
+    return f"{variant_name(cfg)}/{cfg['task']['name']}/k{cfg['k']}/seed{cfg['seed']}"
 
 
 # ---------------------------------------------------------------- reading
 
-def read_record(path: Path) -> dict | None:
-    """The record at `path`; None if there is none, or only a corrupt one (a rerun replaces it).
+class NotARecord(ValueError):
+    """Why a result.json is not a record at all (not UTF-8, not JSON, not a JSON object), in one line."""
+
+
+def parse_record(data: bytes) -> dict:
+    """The record a result.json's bytes hold; NotARecord says why they hold none. Its config is a record.Plain (read
+    as plain data) unless the text holds a string OmegaConf reads as more than text (`${`, `???`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise NotARecord(f"not UTF-8 text (byte {error.start})") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        end = "" if text.rstrip().endswith("}") else " (truncated?)"  # a record is one object: it ends with }
+        raise NotARecord(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}{end}") from None
+    if not isinstance(record, dict):
+        raise NotARecord("not a JSON object")
+    if type(record.get("config")) is dict and not may_hold_omegaconf_strings(text):
+        record["config"] = Plain(record["config"])
+    return record
+
+
+def read_record(path: Path, reasons: list[str] | None = None) -> dict | None:
+    """The record at `path`; None if there is none, or only a file that is not a record (parse_record: a rerun
+    replaces it; why is appended to `reasons`, where given).
 
     A record that exists but cannot be read (another user's, without read permission) is a UserError: whether it
     is done cannot be known, and it is not ours to replace.
     """
     try:
-        text = path.read_bytes()
+        data = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):  # a results_dir that is a file: probe_writable says so
         return None
     except OSError as error:
         raise UserError(f"cannot read {path}: {error.strerror} (another user's record? its owner can "
                         f"`chmod a+r` it)") from None
     try:
-        record = json.loads(text)
-    except ValueError:  # not JSON, or not UTF-8: e.g. a file cut off by a full disk under an older version
+        return parse_record(data)
+    except NotARecord as error:  # e.g. a file cut off by a full disk under an older version
+        if reasons is not None:
+            reasons.append(str(error))
         return None
-    return record if isinstance(record, dict) else None
 
 
 # What `save.KEY=true` keeps beside the record (peltbench.saving writes them): a done run without one that its config
@@ -494,7 +722,7 @@ def check_existing(path: Path, cfg: DictConfig) -> dict | None:
         return None
     damaged = damage(existing)
     if damaged:
-        raise UserError(f"{path} holds a damaged record: {damaged}; move it away to rerun the run")
+        raise DamagedRecord(f"{path} holds a damaged record: {damaged}; move it away to rerun it")
     differences = config_differences(existing, cfg)
     if differences:
         raise UserError(f"{path} holds a record of a different config ({'; '.join(differences)}); "

@@ -31,8 +31,8 @@ from .model import initial_head, load_backbone, load_config, load_tokenizer
 from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
                      save_weights)
 from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim, remove_empty_run_folder
-from .record import (SCHEMA, RecordWriteError, changed_meaning, check_existing, config_hash, container, data_location,
-                     machine,
+from .record import (SCHEMA, DamagedRecord, RecordWriteError, changed_meaning, check_existing, config_hash, container,
+                     data_location, machine,
                      model_identity, peak_memory, probe_writable, record_path, reset_peak_memory, semantic_config, unsaved,
                      utc_now, variant_name, versions, write_record)
 from .allocator import kept_memory
@@ -65,6 +65,8 @@ def sweep_status(outcome: Outcome) -> str:
     run's own job log (the summary reads it from there when there is no record)."""
     if outcome.status in ("error", "failed") and outcome.error is not None:
         log.error("%s", outcome.error)
+    if isinstance(outcome.error, DamagedRecord):  # its folder holds a damaged record (record.damage): so named
+        return "damaged"
     return "skipped" if outcome.skipped else outcome.status  # pruned: done for a halving sweep
 
 

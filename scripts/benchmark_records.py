@@ -1,18 +1,21 @@
 """How long peltbench-tables, peltbench-missing and a sweep's start take over many records (docs/tables.md, "How long
 it takes"): CPU seconds, wall seconds and peak memory of each, at the sizes asked for.
 
-    python scripts/benchmark_records.py                      # N = 1,200, 9,600 and 100,800 records
+    python scripts/benchmark_records.py                      # N = 1,200, 9,600 and 100,800 records, both grids
+    python scripts/benchmark_records.py --grids seeds --sizes 100200
     python scripts/benchmark_records.py --sizes 1200 --old /work/wt-base/.venv/bin   # also another install's commands
 
-The records are a Table-1 grid (10 methods × 8 tasks × K = 100, 500, 1000 × 5 seeds) times L learning rates
-(L = 1, 8, 84), written once under --dir by scripts/generate_records.py from the real MiniLM records of
+Two grids (--grids): `table1`, a Table-1 grid (10 methods × 8 tasks × K = 100, 500, 1000 × 5 seeds) times L learning
+rates (L = 1, 8, 84); and `seeds`, few of each but many seeds (3 methods × 5 tasks × 4 K × 5 learning rates × S seeds,
+S = size / 300: 334 for 100,200), where what is worked out once per distinct method, task, K or learning rate repeats
+little. Written once under --dir by scripts/generate_records.py from the real MiniLM records of
 tests/data/tables/minilm_runs, and kept there for later runs. Measured, each in a process of its own (CPU = user +
 system seconds of the process and its children, peak = its largest resident set):
 
 - tables:  `peltbench-tables --results-dir DIR --out OUT`, and again with `--select method.lr`
 - missing: `peltbench-missing GRID results_dir=DIR` (every run done)
-- start:   what `peltbench -m GRID results_dir=DIR` does before its first run (sweep_start below: the launcher's
-           plan over all the sweep's runs, as peltbench/cli.py and the local launcher compose and check them)
+- start:   what `peltbench -m GRID results_dir=DIR` does before its first run (sweep_start below: preflight and the
+           launcher's plan over all the sweep's runs, as peltbench/cli.py and the local launcher compose and check them)
 - rerun:   the whole `peltbench -m GRID results_dir=DIR` with every run done (a finished sweep run again: its start,
            the runs it skips, its summary)
 
@@ -40,8 +43,18 @@ MORE = [f"{m}e-{e}" for e in range(1, 8) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5,
 ALL_RATES = RATES + [rate for rate in MORE if float(rate) not in map(float, RATES)]  # 84 distinct values
 
 
-def grid(size: int) -> list[str]:
-    """The sweep's arguments for about `size` records: 1,200 per learning rate."""
+# The many-seeds grid: few methods, tasks, K and learning rates, each with many data seeds (seed=1,...,S), so that
+# what is worked out once per distinct method, task, K or learning rate repeats little: 300 records per seed.
+SEEDS_GRID = ["method=lora,adapter,bitfit", "task=rte,mrpc,cola,sst2,stsb", "k=100,200,500,1000",
+              "method.lr=1e-4,2e-4,5e-4,1e-3,2e-3"]
+GRIDS = ("table1", "seeds")
+
+
+def grid(size: int, shape: str = "table1") -> list[str]:
+    """The sweep's arguments for about `size` records: the Table-1 grid (`table1`, 1,200 per learning rate) or the
+    many-seeds grid (`seeds`, 300 per seed)."""
+    if shape == "seeds":
+        return SEEDS_GRID + [f"seed={','.join(str(seed) for seed in range(1, max(1, round(size / 300)) + 1))}"]
     rates = max(1, round(size / 1200))
     lrs = ALL_RATES[:rates]
     arguments = [f"method={METHODS}", f"task={TASKS}", "k=100,500,1000", "seed=111,222,333,444,555"]
@@ -64,12 +77,13 @@ def measured(command: list[str], env: dict) -> dict:
 
 def sweep_start(arguments: list[str]) -> None:
     """What `peltbench -m ARGUMENTS` does before it runs anything, over every run at once: peltbench's preflight (each
-    run's config composed and checked) and the local launcher's plan (configs, fused groups, each record's state)."""
+    run's config composed and checked) and the local launcher's plan of the whole sweep (configs, fused groups, each
+    record's state: hydra_plugins/peltbench_local/_launcher.py plan_sweep). An install from before the plan (--old):
+    its launcher's steps over all runs (configs, groups, states)."""
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from hydra_plugins.peltbench_local._launcher import group_packs
     from peltbench.cli import preflight
     from peltbench.launchers import register_launchers
     from peltbench.missing import compose_jobs, expand, record_states
@@ -83,9 +97,16 @@ def sweep_start(arguments: list[str]) -> None:
         config = loader.load_configuration(config_name="config", overrides=pinned[1:], run_mode=RunMode.MULTIRUN)
         jobs, _ = expand(loader, config)
         runs = [(list(job), num) for num, job in enumerate(jobs)]
-        cfgs = compose_jobs(loader, config, [job for job, _ in runs])
-        group_packs(runs, cfgs)
-        states = record_states(cfgs)
+        try:
+            from hydra_plugins.peltbench_local._launcher import plan_sweep
+        except ImportError:
+            from hydra_plugins.peltbench_local._launcher import group_packs
+
+            cfgs = compose_jobs(loader, config, [job for job, _ in runs])
+            group_packs(runs, cfgs)
+            states = record_states(cfgs)
+        else:
+            states = list(plan_sweep(loader, config, runs).states.values())
     print(f"{len(states)} runs: {sum(state == 'done' for state in states)} done", file=sys.stderr)
 
 
@@ -97,42 +118,49 @@ def main() -> None:
     parser.add_argument("--sizes", default="1200,9600,100800", help="records, comma-separated (1,200 per learning rate)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/peltbench-benchmark"), help="where the records go")
     parser.add_argument("--old", type=Path, help="another install's bin folder, measured alike (its own python)")
+    parser.add_argument("--grids", default=",".join(GRIDS), help="which grids: table1 (its own), seeds (many seeds)")
     parser.add_argument("--skip", default="", help="what not to measure: tables,select,missing,start,rerun")
     options = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
     here = Path(sys.executable).parent
     sides = [("new", here)] + ([("old", options.old)] if options.old else [])
     skip = set(filter(None, options.skip.split(",")))
-    for size in map(int, options.sizes.split(",")):
-        runs = options.dir / f"runs{size}"
-        arguments = grid(size)
-        if not runs.is_dir():
-            print(f"generating {size} records under {runs} ...", flush=True)
-            subprocess.run([sys.executable, str(REPO / "scripts" / "generate_records.py"), str(runs), str(TEMPLATES),
-                            *arguments], check=True, env=env)
-        for name, bin_dir in sides:
-            out = options.dir / f"tables{size}-{name}"
-            commands = {
-                "tables": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", str(out)],
-                "select": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", f"{out}-select",
-                           "--select", "method.lr"],
-                "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
-                "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
-                          f"results_dir={runs}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
-                "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}",
-                          f"hydra.sweep.dir={options.dir / 'sweep-rerun'}"],
-            }
-            for what, command in commands.items():
-                if what in skip:
-                    continue
-                result = measured(command, env)
-                line = (f"N={size:>7,} {name:<3} {what:<7} rc {result['rc']}  CPU {result['cpu']:7.1f} s  wall "
-                        f"{result['wall']:7.1f} s  peak {result['peak_mb']:6.0f} MB")
-                print(line, flush=True)
-                if result["rc"] not in (0,):
-                    print("   " + result["stderr"].strip().replace("\n", "\n   "), flush=True)
-            shutil.rmtree(options.dir / "sweep-rerun", ignore_errors=True)
-        shutil.rmtree(options.dir / "sweep", ignore_errors=True)
+    for shape in options.grids.split(","):
+        for size in map(int, options.sizes.split(",")):
+            measure(shape, size, options, sides, skip, env)
+
+
+def measure(shape: str, size: int, options: argparse.Namespace, sides: list, skip: set, env: dict) -> None:
+    """Each command on the records of grid `shape` at `size`, for each side, one line each."""
+    arguments = grid(size, shape)
+    runs = options.dir / (f"runs{size}" if shape == "table1" else f"{shape}{size}")
+    if not runs.is_dir():
+        print(f"generating {size} records under {runs} ...", flush=True)
+        subprocess.run([sys.executable, str(REPO / "scripts" / "generate_records.py"), str(runs), str(TEMPLATES),
+                        *arguments], check=True, env=env)
+    for name, bin_dir in sides:
+        out = options.dir / f"tables{shape}{size}-{name}"
+        commands = {
+            "tables": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", str(out)],
+            "select": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", f"{out}-select",
+                       "--select", "method.lr"],
+            "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
+            "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
+                      f"results_dir={runs}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
+            "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}",
+                      f"hydra.sweep.dir={options.dir / 'sweep-rerun'}"],
+        }
+        for what, command in commands.items():
+            if what in skip:
+                continue
+            result = measured(command, env)
+            line = (f"{shape:<6} N={size:>7,} {name:<3} {what:<7} rc {result['rc']}  CPU {result['cpu']:7.1f} s  "
+                    f"wall {result['wall']:7.1f} s  peak {result['peak_mb']:6.0f} MB")
+            print(line, flush=True)
+            if result["rc"] not in (0,):
+                print("   " + result["stderr"].strip().replace("\n", "\n   "), flush=True)
+        shutil.rmtree(options.dir / "sweep-rerun", ignore_errors=True)
+    shutil.rmtree(options.dir / "sweep", ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,22 @@ def compose_config(*overrides: str):
     return copy.deepcopy(_composed[overrides])
 
 
+def a_record(*overrides: str, **fields) -> dict:
+    """A valid record (record.damage finds nothing) of the run `compose_config(*overrides)` (default method=adapter
+    task=rte), as the runner starts it (runner._identity), `ok` with made-up scores, `fields` set over it: for tests of
+    what reads or keeps records. `status="failed"` makes it a failed run's (null scores, an error)."""
+    from peltbench.record import config_hash
+    from peltbench.runner import _identity
+
+    cfg = compose_config(*(overrides or ("method=adapter", "task=rte")))
+    record = {**_identity(cfg, config_hash(cfg)), "status": "ok", "test": {"accuracy": 61.0, "main": 61.0},
+              "dev_best": {"accuracy": 60.0, "main": 60.0}, "best_epoch": 3, "epochs_run": 13}
+    if fields.get("status") == "failed":
+        record.update(test=None, dev_best=None, best_epoch=None, error="RuntimeError: boom")
+    record.update(fields)
+    return record
+
+
 def _compose(overrides: tuple[str, ...]):
     """Hydra composes a config from its group choices, then applies the other overrides (k=, seed=, method.lr=, ...)
     with ConfigLoaderImpl._apply_overrides_to_config (hydra/_internal/config_loader_impl.py). Done here in those two

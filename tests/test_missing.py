@@ -16,7 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from conftest import compose_config
+from conftest import a_record, compose_config
 from peltbench.claim import claim_run, describe
 from peltbench.missing import Run, Sweep, _load, check_sweep, compact, main, report, with_outcomes, write_outcome
 from peltbench.record import config_hash, record_path, write_record
@@ -25,13 +25,14 @@ GRID = ["method=adapter,lora", "task=rte,mrpc", "k=100", "seed=111,222"]
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "conf" / "experiment"
 
 
-def write(results: Path, *overrides: str, status: str = "ok", digest: str | None = None) -> Path:
-    """A record for the run that `overrides` configure (no training: only what peltbench-missing reads)."""
+def write(results: Path, *overrides: str, status: str = "ok", of: tuple[str, ...] = ()) -> Path:
+    """The record of the run that `overrides` configure (no training: made up as conftest.a_record makes it), in its
+    folder; `of`: overrides of another run whose record it holds instead (another config's record)."""
     cfg = compose_config(*overrides, f"results_dir={results}")
     path = record_path(cfg, results)
-    write_record(path, {"status": status, "config_hash": digest or config_hash(cfg),
-                        "error": None if status == "ok" else "RuntimeError: out of memory",
-                        "finished_at": "2026-01-01T00:00:00+00:00"})
+    write_record(path, a_record(*(of or overrides), f"results_dir={results}", status=status,
+                                finished_at="2026-01-01T00:00:00+00:00",
+                                **({} if status == "ok" else {"error": "RuntimeError: out of memory"})))
     return path
 
 
@@ -72,9 +73,10 @@ def test_an_experiment_file_defines_the_grid(tmp_path):
 def test_record_states(tmp_path, monkeypatch):
     done = write(tmp_path, "method=adapter", "task=rte", "seed=111")
     write(tmp_path, "method=adapter", "task=rte", "seed=222", status="failed")
-    write(tmp_path, "method=adapter", "task=mrpc", "seed=111", digest="0123456789abcdef")  # another config's record
+    write(tmp_path, "method=adapter", "task=mrpc", "seed=111",  # another config's record
+          of=("method=adapter", "task=mrpc", "seed=111", "method.bottleneck=64"))
     cut = write(tmp_path, "method=lora", "task=rte", "seed=111")
-    cut.write_text('{"status": "ok", "conf')  # unreadable: missing, a rerun replaces it
+    cut.write_text('{"status": "ok", "conf')  # not a record: missing, a rerun replaces it
     running = record_path(compose_config("method=lora", "task=mrpc", "seed=111"), tmp_path)
     claim = claim_run(running)  # this process is training it
     denied = write(tmp_path, "method=lora", "task=mrpc", "seed=222")
@@ -99,7 +101,7 @@ def test_record_states(tmp_path, monkeypatch):
     }
     errors = {run.label: run.error for run in sweep.runs if run.error}
     assert errors["adapter/rte/k100/seed222"] == "RuntimeError: out of memory"
-    assert errors["adapter/mrpc/k100/seed111"].startswith("config_hash (record 0123456789abcdef, this run ")
+    assert errors["adapter/mrpc/k100/seed111"].startswith("method.bottleneck (record 64, this run ")
     assert errors["lora/mrpc/k100/seed111"] == describe(claim.holder)
     assert errors["lora/mrpc/k100/seed222"].startswith(f"cannot read {denied}: Permission denied")
     assert sweep.runs[0].path == done

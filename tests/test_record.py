@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose_config
+from conftest import a_record, compose_config
 from peltbench import UserError
 from peltbench import files as files_module
 from peltbench.files import folder_lock, write_file
@@ -31,8 +31,8 @@ def strict_json(text: str):
 
 def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "a" / "result.json"
-    assert write_record(path, {"status": "ok", "config_hash": "h"})
-    assert write_record(path, {"status": "ok", "config_hash": "h", "n": 2})
+    assert write_record(path, a_record())
+    assert write_record(path, a_record(n=2))
     assert read_record(path)["n"] == 2
     assert sorted(os.listdir(path.parent)) == [".lock", "result.json"]  # the folder's lock file stays
 
@@ -69,10 +69,11 @@ def test_a_readable_record_scores_first_compact_lists_no_float_noise():
 
 def test_a_finished_record_is_never_replaced_by_a_failed_one(tmp_path):
     path = tmp_path / "result.json"
-    write_record(path, {"status": "failed", "config_hash": "h", "error": "first try"})
-    assert write_record(path, {"status": "ok", "config_hash": "h"})  # a failed run is retried and replaced
-    assert not write_record(path, {"status": "failed", "config_hash": "h", "error": "RuntimeError: late"})
-    assert read_record(path) == {"status": "ok", "config_hash": "h"}
+    finished = a_record()
+    write_record(path, a_record(status="failed", error="first try"))
+    assert write_record(path, finished)  # a failed run is retried and replaced
+    assert not write_record(path, a_record(status="failed", error="RuntimeError: late"))
+    assert read_record(path) == json.loads(format_record(finished))
 
 
 def test_the_decision_is_taken_at_the_rename(tmp_path):
@@ -81,11 +82,11 @@ def test_the_decision_is_taken_at_the_rename(tmp_path):
     outcome = []
     with folder_lock(tmp_path):  # the other process, in the middle of its write
         writer = threading.Thread(target=lambda: outcome.append(
-            write_record(path, {"status": "failed", "config_hash": "h", "error": "boom"})))
+            write_record(path, a_record(status="failed", error="boom"))))
         writer.start()
         time.sleep(0.3)
         assert writer.is_alive() and not path.exists()  # waiting for the lock
-        write_file(path, format_record({"status": "ok", "config_hash": "h"}), ".result.")
+        write_file(path, format_record(a_record()), ".result.")
     writer.join(10)
     assert outcome == [False] and read_record(path)["status"] == "ok"
 
@@ -94,31 +95,32 @@ def test_another_configs_record_is_never_replaced_at_the_rename(tmp_path):
     cfg = compose_config("method=adapter", "task=rte")
     other = compose_config("method=adapter", "task=rte", "method.bottleneck=64")
     path = tmp_path / "result.json"
-    write_record(path, {"status": "failed", "config_hash": config_hash(other), "config": OmegaConf.to_container(other)})
-    assert not write_record(path, {"status": "ok", "config_hash": config_hash(cfg), "config": OmegaConf.to_container(cfg)})
-    assert read_record(path)["config_hash"] == config_hash(other)
+    write_record(path, a_record("method=adapter", "task=rte", "method.bottleneck=64", status="failed"))
+    assert not write_record(path, a_record())
+    assert read_record(path)["config_hash"] == config_hash(other) != config_hash(cfg)
 
 
 def test_check_existing(tmp_path):
     cfg = compose_config("method=adapter", "task=rte")
     path = tmp_path / "result.json"
     assert check_existing(path, cfg) is None
-    write_record(path, {"status": "failed", "config_hash": config_hash(cfg)})
+    finished = a_record()
+    write_record(path, a_record(status="failed"))
     assert check_existing(path, cfg) is None  # a failed run is retried
-    write_record(path, {"status": "ok", "config_hash": config_hash(cfg)})
-    assert check_existing(path, cfg) == {"status": "ok", "config_hash": config_hash(cfg)}
+    write_record(path, finished)
+    assert check_existing(path, cfg) == json.loads(format_record(finished))
 
 
 def test_a_different_config_is_refused_naming_the_keys_that_differ(tmp_path):
     stored = compose_config("method=adapter", "task=rte", "method.bottleneck=64", "train.epochs=3")
     path = tmp_path / "result.json"
-    write_record(path, {"status": "ok", "config_hash": config_hash(stored), "config": OmegaConf.to_container(stored)})
+    write_record(path, a_record("method=adapter", "task=rte", "method.bottleneck=64", "train.epochs=3"))
     with pytest.raises(UserError) as error:
         check_existing(path, compose_config("method=adapter", "task=rte", "method.bottleneck=256", "train.epochs=3"))
     assert str(error.value) == (f"{path} holds a record of a different config (method.bottleneck (record 64, this run "
                                 f"256)); move it away or choose another results_dir")
-    write_record(path, {"status": "ok", "config_hash": "0123456789abcdef"})  # an old record without `config`
-    with pytest.raises(UserError, match=r"different config \(config_hash \(record 0123456789abcdef, this run \w+\)\)"):
+    path.write_text(json.dumps({"status": "ok", "config_hash": "0123456789abcdef"}))  # not a record peltbench wrote
+    with pytest.raises(UserError, match=r"holds a damaged record: field 'method' is missing; move it away to rerun it"):
         check_existing(path, compose_config("method=adapter", "task=rte"))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import SHIPPED_GLUE, compose_config
 
-from peltbench.record import changed_meaning, config_differences, config_hash, record_path, semantic_config, stored_identity
+from peltbench.record import changed_meaning, config_differences, config_hash, identity_hash, record_path, semantic_config, stored_identity
 
 FIXTURES = Path(__file__).parent / "data" / "lmbff_cola_split"
 MODEL = "/tmp/peltbench-fixture/tiny-bert"  # what the records name; never loaded here
@@ -92,8 +92,8 @@ def test_a_new_record_stores_its_identity(tmp_path):
     record = _identity(cfg, config_hash(cfg))
     assert record["identity"] == semantic_config(cfg) and record["identity"]["split"] == "lmbff-chained"
     # a record that says it was made without the marker is the old split's, whatever its config derives today
-    made_before = {**record, "identity": {k: v for k, v in record["identity"].items() if k != "split"},
-                   "config_hash": "written before"}
+    before = {k: v for k, v in record["identity"].items() if k != "split"}
+    made_before = {**record, "status": "failed", "identity": before, "config_hash": identity_hash(before)}
     assert config_differences(made_before, cfg) == [OLD] and changed_meaning(made_before) == [OLD]
 
 
@@ -120,6 +120,7 @@ def test_the_tables_leave_a_record_of_the_old_split_out_and_say_why(tmp_path):
     placed("chained", tmp_path / "new")
     old, unusable = read_records(tmp_path / "old")
     assert len(old) == 0 and len(unusable) == 1
-    assert unusable[0][1] == (f"made when its config meant another run ({OLD}): rerun it (move this record away first)")
+    assert unusable[0][1:] == ("changed", f"made when its config meant another run ({OLD}): rerun it (move this record "
+                                            "away first)")
     new, unusable = read_records(tmp_path / "new")
     assert len(new) == 1 and unusable == []

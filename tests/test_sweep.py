@@ -57,12 +57,11 @@ def test_a_sweep_killed_with_sigkill_is_finished_by_running_it_again(workdir, in
     output = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, output
     check_records(workdir, 4)
-    # the runs finished before the kill got no job (no Hydra job folder, no training), only an outcome.json that
-    # says `skipped`; the others ran in jobs of their own
+    # the runs finished before the kill got no job (no Hydra job folder, no training, no folder at all); the others
+    # ran in jobs of their own
     jobs = sorted(path for path in (workdir / "sweeps/rerun").iterdir() if path.is_dir())
     outcomes = [json.loads((job / "outcome.json").read_text())["status"] for job in jobs]
-    assert sorted(outcomes) == sorted(["skipped"] * len(finished) + ["ok"] * (4 - len(finished)))
-    assert [(job / ".hydra").is_dir() for job in jobs] == [outcome == "ok" for outcome in outcomes]
+    assert outcomes == ["ok"] * (4 - len(finished)) and all((job / ".hydra").is_dir() for job in jobs)
     trained = {Path(line.split("run: ", 1)[1]) for line in output.splitlines() if "] - run: " in line}
     assert trained == {path.parent for path in records(workdir)} - finished
     assert (f"peltbench sweep: 4 runs: 4 done ({len(finished)} of them skipped as already done), 0 failed, 0 missing"
@@ -231,14 +230,14 @@ def test_a_run_claimed_by_a_live_process_is_not_run_and_the_summary_says_where(w
 
 
 def test_a_run_skipped_as_running_elsewhere_and_finished_there_is_counted(workdir, monkeypatch):
-    from conftest import compose_config
-    from peltbench.record import config_hash, record_path
+    from conftest import a_record, compose_config
+    from peltbench.record import record_path
 
     monkeypatch.chdir(workdir)
     args = ["method=adapter", "task=rte", "k=16", "seed=111", "train.epochs=2", *TINY]
     cfg = compose_config(*args)
     held = record_path(cfg, workdir / "results")
-    record = {"status": "ok", "config_hash": config_hash(cfg), "test": {"main": 50.0}}
+    record = a_record(*args)
     holder = subprocess.Popen([sys.executable, "-c", "import json, sys; from pathlib import Path; "
                                "from peltbench.claim import claim_run; from peltbench.record import write_record; "
                                "c = claim_run(Path(sys.argv[1])); print('got' if c else 'none', flush=True); "
@@ -271,8 +270,10 @@ def test_a_rerun_gives_the_runs_done_before_it_no_job(workdir, in_process, monke
     """A sweep run again to finish its last runs trained nothing more, but walked every run done before it through a
     Hydra job of its own (composed again, a log folder, a `skip:` line: ~0.16 s of CPU each, hours for 100,000).
     Now a run done when the sweep starts gets no job, as on SLURM: only the missing run trains, in a fused group
-    too (its group trains the members left), the summary still counts the skips, and each skipped run's outcome.json
-    is in its own log folder when Hydra hands the sweep over in batches (hydra.sweeper.max_batch_size)."""
+    too (its group trains the members left), and the summary still counts the skips. Issue 48: a skipped run has no
+    log folder at all (100,200 of them took 12-17 minutes to delete), and a sweep handed over in batches
+    (hydra.sweeper.max_batch_size) is planned and counted as one: one plan line, one progress count (`1000 runs:
+    1000 already done` 101 times, `run 976 of 1000` as the first job of a 10,500-run sweep, before)."""
     from peltbench import runner
     from peltbench.record import record_path
 
@@ -295,25 +296,55 @@ def test_a_rerun_gives_the_runs_done_before_it_no_job(workdir, in_process, monke
     assert trained == [[lost]]
     jobs = {path.name: path for path in (workdir / "sweeps/again").iterdir() if path.is_dir()}
     assert {name: (json.loads((job / "outcome.json").read_text())["status"], (job / ".hydra").is_dir())
-            for name, job in jobs.items()} == {
-        "0_adapter_rte_k16_s111": ("skipped", False), "1_adapter_rte_k16_s222": ("skipped", False),
-        "2_lora_rte_k16_s111": ("ok", True), "3_lora_rte_k16_s222": ("skipped", False)}
+            for name, job in jobs.items()} == {"2_lora_rte_k16_s111": ("ok", True)}  # the skipped runs: no folder
     skips = {Path(line.split("skip: ", 1)[1].split(" is already done")[0]) for line in output.splitlines() if "skip: " in line}
     assert skips == {path.parent for path in records(workdir)} - {lost.parent}  # listed with hydra.verbose
-    if batch is None:
-        assert "4 runs: 3 already done (skipped), 1 to train" in output
-        assert "runs 1-3 of 4 done (3 skipped)" in output and "run 4 of 4 done (3 skipped)" in output
-    else:  # a plan and progress per batch
-        assert "3 runs: 2 already done (skipped), 1 to train" in output and "1 runs: 1 already done (skipped)" in output
+    lines = [line.split("] ", 1)[1] for line in output.splitlines() if "][HYDRA] " in line]
+    assert [line for line in lines if " runs: " in line] == ["4 runs: 3 already done (skipped), 1 to train"]
+    assert [line.split(" · ")[0] for line in lines if " of 4 done" in line] == [
+        "runs 1-3 of 4 done (3 skipped)", "run 4 of 4 done (3 skipped)"]
+    assert "run 4 of 4 (#2): " in output  # numbered among the sweep's runs, whichever batch it is in
     assert "peltbench sweep: 4 runs: 4 done (3 of them skipped as already done), 0 failed, 0 missing" in output
+
+
+def test_a_finished_sweep_run_again_composes_each_choice_once_and_writes_no_folder(workdir, in_process, monkeypatch):
+    """Issue 48, 2: a finished sweep run again composed each distinct method × task once in its preflight, once per
+    batch of Hydra's (hydra.sweeper.max_batch_size) and once in its summary, wrote a log folder (outcome.json) per
+    run, and said `N runs: N already done` once per batch. Now: each set of choices composed once in the command,
+    no folder, one plan line and one progress line for the whole sweep, and the summary counts every skip."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from conftest import a_record, compose_config
+    from peltbench.record import record_path, write_record
+
+    monkeypatch.chdir(workdir)
+    args = ["method=adapter,lora", "task=rte", "k=16", "train.epochs=1", "seed=111,222,333", *TINY]
+    for method in ("adapter", "lora"):
+        for seed in (111, 222, 333):
+            run = [f"method={method}", "task=rte", "k=16", "train.epochs=1", f"seed={seed}", *TINY]
+            write_record(record_path(compose_config(*run), workdir / "results"), a_record(*run))
+    composed = []
+    compose = ConfigLoaderImpl.load_sweep_config
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config",
+                        lambda self, config, overrides: composed.append(overrides) or compose(self, config, overrides))
+    result = in_process("-m", *args, "hydra.sweeper.max_batch_size=2", "hydra.sweep.dir=sweeps/again", cwd=workdir)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert sorted(composed) == [["method=adapter", "task=rte"], ["method=lora", "task=rte"]]  # once each
+    assert not (workdir / "sweeps/again").exists() or not any(path.is_dir() for path in (workdir / "sweeps/again").iterdir())
+    lines = [line.split("] ", 1)[1] for line in output.splitlines()
+             if "][HYDRA] " in line and "skip: " not in line]  # `skip:` lines show where hydra.verbose was set before
+    assert lines[0] == "6 runs: 6 already done (skipped), 0 to train"
+    assert [line.split(" · ")[0] for line in lines[1:]] == ["runs 1-6 of 6 done (6 skipped)"]
+    assert "peltbench sweep: 6 runs: 6 done (6 of them skipped as already done), 0 failed, 0 missing" in output
 
 
 def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch, in_process):
     """Issue 21, 3d and 3l: a sweep beside an identical one said "0 of them skipped as already done" while its progress
     said 9 skipped (the other sweep wrote the records after it began); a sweep that retrains done runs lacking the
     predictions it asks for said they were done (skipped), and logged each `rerun:` line twice."""
-    from conftest import compose_config
-    from peltbench.record import config_hash, record_path, write_record
+    from conftest import a_record, compose_config
+    from peltbench.record import record_path, write_record
 
     monkeypatch.chdir(workdir)
     args = ["method=adapter", "task=rte", "k=16", "train.epochs=1", "save.predictions=true", *TINY]
@@ -321,7 +352,7 @@ def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch, i
     for seed in (111, 222):
         cfg = compose_config(*args, f"seed={seed}")
         path = record_path(cfg, workdir / "results")
-        write_record(path, {"status": "ok", "config_hash": config_hash(cfg), "test": {"main": 50.0}})
+        write_record(path, a_record(*args, f"seed={seed}"))
         if seed == 111:
             (path.parent / "predictions.csv").write_text("index,prediction\n")
         os.utime(path, (later, later))  # as if written by a sweep beside this one, after this one began

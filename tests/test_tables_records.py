@@ -10,7 +10,7 @@ import pytest
 
 from peltbench.tables import load_records, main
 from peltbench.tables.comparability import select
-from peltbench.tables.records import known_runs, one_record_per_seed, read_records
+from peltbench.tables.records import Skipped, known_runs, one_record_per_seed, read_records
 from test_tables import write_record
 
 GOOD = ("adapter", "rte", 100, 111, 60.0)
@@ -46,14 +46,14 @@ def test_unreadable_files_are_named_with_their_reason(tmp_path, name, content, r
     path = broken(tmp_path, name, content)
     records, unreadable = read_records(tmp_path)
     assert records.empty
-    assert unreadable == [(path, reason)]
+    assert unreadable == [Skipped(path, "unreadable", reason)]
 
 
 def test_a_truncated_record_says_truncated(tmp_path):
     whole = valid_record(tmp_path)
     path = broken(tmp_path, "truncated", whole[: len(whole) // 2])
     (only,) = read_records(tmp_path / "truncated")[1]
-    assert only[0] == path and only[1].startswith("not valid JSON") and only[1].endswith("(truncated?)")
+    assert only[:2] == (path, "unreadable") and only[2].startswith("not valid JSON") and only[2].endswith("(truncated?)")
 
 
 @pytest.mark.parametrize("changes, reason", [
@@ -72,8 +72,8 @@ def test_a_truncated_record_says_truncated(tmp_path):
 ])
 def test_wrong_typed_or_missing_fields_are_not_guessed(tmp_path, changes, reason):
     path = broken(tmp_path, "bad", valid_record(tmp_path, **changes))
-    records, unreadable = read_records(tmp_path / "bad")
-    assert records.empty and unreadable == [(path, reason)]
+    records, skipped = read_records(tmp_path / "bad")  # damaged (record.damage), as for every reader of records
+    assert records.empty and skipped == [Skipped(path, "damaged", f"{reason}; move it away to rerun it")]
 
 
 def test_the_rest_still_renders_and_each_bad_file_is_one_line(tmp_path, capsys):
@@ -82,12 +82,14 @@ def test_the_rest_still_renders_and_each_bad_file_is_one_line(tmp_path, capsys):
     bad = [broken(runs, "corrupt", b"{"), broken(runs, "nostatus", valid_record(tmp_path, status=None))]
     assert main(["--results-dir", str(runs), "--out", str(tmp_path / "out"), "--paper-dir", str(tmp_path)]) == 0
     errors = capsys.readouterr().err.splitlines()
-    assert errors == [f"peltbench-tables: unreadable record, skipped: {bad[0]}: not valid JSON: Expecting property name "
+    assert errors == [f"peltbench-tables: unreadable file, skipped: {bad[0]}: not valid JSON: Expecting property name "
                       "enclosed in double quotes at line 1 column 2 (truncated?)",
-                      f"peltbench-tables: unreadable record, skipped: {bad[1]}: field 'status' is missing"]
+                      f"peltbench-tables: damaged record, skipped: {bad[1]}: field 'status' is missing; move it away to "
+                      "rerun it"]
     assert "**60.00**" in (tmp_path / "out" / "table1.md").read_text()  # the good record: Adapter, RTE
     listing = (tmp_path / "out" / "other_runs.md").read_text()
-    assert f"- `{bad[1]}`: field 'status' is missing" in listing
+    assert f"## Damaged records (skipped)\n\n- `{bad[1]}`: field 'status' is missing; move it away to rerun it" in listing
+    assert f"## Unreadable files (skipped)\n\n- `{bad[0]}`: not valid JSON" in listing
 
 
 def test_only_unreadable_records_is_status_1(tmp_path, capsys):
@@ -99,7 +101,7 @@ def test_only_unreadable_records_is_status_1(tmp_path, capsys):
 def test_load_records_warns_once_per_unreadable_file(tmp_path):
     write_record(tmp_path, *GOOD)
     path = broken(tmp_path, "corrupt", b"{")
-    with pytest.warns(UserWarning, match=f"{path}: unreadable record, skipped: not valid JSON"):
+    with pytest.warns(UserWarning, match=f"{path}: unreadable file, skipped: not valid JSON"):
         assert len(load_records(tmp_path)) == 1
 
 

@@ -5,11 +5,14 @@ of the group's first run, whose log holds the training; the job of every other m
 trained in. A separate run goes through the task function as on Hydra's basic launcher. After each run (or fused
 group) a line says how far the sweep is, with an ETA from the runs trained so far (_progress.py).
 
-A run whose record is done when the sweep starts gets no job (as on SLURM, where it is not submitted): its log
-folder says `skipped` (outcome.json, for the sweep's summary) and its JobReturn is the `skipped` its job would have
-returned, so rerunning a mostly-done sweep of 100,000 runs costs the sweep's start, not a job per done run
-(~0.16 s of CPU each: hours). A run being trained elsewhere when the sweep starts still gets its job: by the time
-the sweep reaches it, it may be done, or its holder dead (peltbench.runner decides then).
+The sweep is planned once, when Hydra hands over its first batch (hydra.sweeper.max_batch_size runs): every run of
+every batch composed and its record checked, each batch grouped (plan_sweep), one line for the whole sweep, and one
+progress count (`run 10,001 of 10,500`). A run whose record is done when the sweep starts gets no job (as on SLURM,
+where it is not submitted), nor does one whose folder holds a damaged record: no log folder, its JobReturn the
+`skipped` (`damaged`) its job would have returned, and the sweep's summary takes it from the plan
+(peltbench.missing.note_no_job). So rerunning a finished sweep of 100,000 runs costs its start and its summary, not a
+job per run (~0.16 s of CPU each: hours) nor a folder per run. A run being trained elsewhere when the sweep starts
+still gets its job: by the time the sweep reaches it, it may be done, or its holder dead (peltbench.runner decides).
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Sequence, Tuple
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from peltbench.fusion import plan_groups, trains_alone
 from peltbench.interrupts import interrupted, interruption
-from peltbench.missing import compose_jobs, interrupted_line, record_runs, write_outcome
+from peltbench.missing import (NO_JOB_STATES, checked_batches, compose_jobs, expand, interrupted_line,
+                               note_no_job)
 
 from ._progress import SKIPPED_STATES, SweepProgress, plan_line, status
 
@@ -48,6 +52,7 @@ ConfigStore.instance().store(group="hydra/launcher", name="peltbench_local", nod
 class PeltbenchLocalLauncher(Launcher):
     def __init__(self) -> None:
         self.config = self.task_function = self.hydra_context = None
+        self.plan: SweepPlan | None = None
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -58,40 +63,41 @@ class PeltbenchLocalLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-        cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in runs],
-                            first_num=initial_job_idx)
-        packs, alone = group_packs(runs, cfgs)
-        checked = dict(zip((num for _, num in runs), record_runs(cfgs, first_num=initial_job_idx)))
-        states = {num: run.state for num, run in checked.items()}
-        log.info("%s", plan_line([[num for _, num in pack] for pack in packs], states))
-        progress = SweepProgress(len(runs), sum(state not in SKIPPED_STATES for state in states.values()))
-        returns = {num: skipped_return(overrides, checked[num]) for overrides, num in runs if states[num] == "done"}
-        for num in returns:
-            log.debug("skip: %s is already done", checked[num].path.parent)
-        if returns:
-            progress.add(["skipped"] * len(returns), 0.0)
-            log.info("%s", progress.line(1, len(returns)))
-
-        def left(pack: List[Run]) -> List[Run]:  # a group trains its members not done (peltbench.runner: the same)
-            return [run for run in pack if run[1] not in returns]
-
-        packs, alone = [kept for pack in packs if (kept := left(pack))], [kept for pack in alone if (kept := left(pack))]
-        with interruption(lambda: interrupted_line(cfgs)):  # Ctrl-C: one line (peltbench.cli), how far the sweep got
-            returns.update(self._run_packs(runs, packs, alone, progress, len(returns)))
+        batch = self.plan.batch(runs) if self.plan is not None else None
+        if batch is None:  # the sweep's first batch (its plan covers every batch), or one the plan did not foresee
+            self.plan = plan_sweep(self.hydra_context.config_loader, self.config, runs,
+                                   whole=self.plan is None and initial_job_idx == 0)
+            batch = self.plan.batch(runs)
+        plan = self.plan
+        returns = {num: skipped_return(overrides, plan.states[num]) for overrides, num in runs
+                   if plan.states[num] in NO_JOB_STATES}
+        by_num = {num: (overrides, num) for overrides, num in runs}
+        packs = [[by_num[num] for num in pack] for pack in batch.packs]
+        alone = [pack for pack in packs if tuple(num for _, num in pack) in batch.alone]
+        with interruption(lambda: self._interrupted()):  # Ctrl-C: one line (peltbench.cli), how far the sweep got
+            returns.update(self._run_packs(packs, alone, plan))
         return [returns[num] for _, num in runs]
 
-    def _run_packs(self, runs: List[Run], packs: List[List[Run]], alone: List[List[Run]],
-                   progress: SweepProgress, done: int) -> dict:
-        """Train the packs, after `done` runs of the sweep (those done before it started)."""
+    def _interrupted(self) -> str:
+        """Ctrl-C's line: the runs done when the sweep started, and those of the runs it gave a job that are done."""
+        assert self.plan is not None and self.hydra_context is not None
+        cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in self.plan.given])
+        return interrupted_line(cfgs, done_before=self.plan.done_before, total=self.plan.total)
+
+    def _run_packs(self, packs: List[List[Run]], alone: List[List[Run]], plan: SweepPlan) -> dict:
+        """Train the packs, numbered among the sweep's runs (plan.progress counts those finished)."""
         returns: dict[int, JobReturn] = {}
+        progress = plan.progress
         for pack in packs:
+            done, total = progress.finished, plan.total
+            plan.given.extend(pack)
             nums = ", ".join(f"#{num}" for _, num in pack)
             if len(pack) == 1:
-                log.info("run %d of %d (#%d): %s", done + 1, len(runs), pack[0][1], " ".join(filter_overrides(pack[0][0])))
+                log.info("run %d of %d (#%d): %s", done + 1, total, pack[0][1], " ".join(filter_overrides(pack[0][0])))
                 if pack in alone:
                     log.info("fine-tuning trains alone: it changes the backbone, which fused runs share")
             else:
-                log.info("runs %d-%d of %d, fused (%s)", done + 1, done + len(pack), len(runs), nums)
+                log.info("runs %d-%d of %d, fused (%s)", done + 1, done + len(pack), total, nums)
             started = time.monotonic()
             pack_returns = run_pack(self, pack)
             progress.add([status(ret) for ret in pack_returns], time.monotonic() - started)
@@ -100,20 +106,88 @@ class PeltbenchLocalLauncher(Launcher):
             if interrupted():  # the run's job caught what Ctrl-C became (Hydra's run_job: any Exception)
                 raise KeyboardInterrupt
             log.info("%s", progress.line(done + 1, done + len(pack)))
-            done += len(pack)
         return returns
 
 
-def skipped_return(overrides: Sequence[str], run: Any) -> JobReturn:
-    """The return of a run that gets no job because it was done when the sweep started (`skipped`), or, on SLURM,
-    another process's (`running`: not submitted); its log folder's outcome.json says so, as its job's would
-    (peltbench.missing.SweepSummary counts both from there). `run`: its peltbench.missing.Run."""
-    from peltbench.missing import RUNNING_ELSEWHERE
+@dataclass
+class PlannedBatch:
+    """One of Hydra's batches of a sweep (hydra.sweeper.max_batch_size), as planned: its jobs' overrides (to know it
+    when it comes), and the job numbers of each pack it trains (a fused group or a run of its own, less its members
+    given no job) and of those that train alone although fuse=true (fine-tuning)."""
 
+    jobs: List[Tuple[str, ...]]
+    packs: List[List[int]]
+    alone: set
+
+
+@dataclass
+class SweepPlan:
+    """What a local sweep decided when it started, over all its runs (or, where Hydra handed over a batch the plan did
+    not foresee, over that batch): each run's record state (peltbench.missing.STATES), its batches' packs, one
+    progress count for all of it, and the runs given a job so far (Ctrl-C's line)."""
+
+    total: int
+    states: dict
+    batches: dict          # first job number -> PlannedBatch
+    progress: SweepProgress
+    done_before: int
+    given: List[Run] = field(default_factory=list)
+
+    def batch(self, runs: List[Run]) -> PlannedBatch | None:
+        """The planned batch that `runs` are (the same jobs, numbered alike), or None."""
+        planned = self.batches.get(runs[0][1]) if runs else None
+        if planned is None or len(planned.jobs) != len(runs):
+            return None
+        return planned if all(tuple(overrides) == job for (overrides, _), job in zip(runs, planned.jobs)) else None
+
+
+def plan_sweep(config_loader: Any, sweep_config: DictConfig, runs: List[Run], whole: bool = True) -> SweepPlan:
+    """Plan the sweep (`whole`: all its runs, as Hydra will hand them over batch by batch; else the batch `runs`):
+    compose every run, check its record, group each batch (group_packs: the same groups as before any run is left
+    out), and give no job to a run done when it starts, or whose folder holds a damaged record: it returns `skipped`
+    (`damaged`) at once, writes no log folder, and the sweep's summary takes it from here (note_no_job). Logs the plan
+    (one line for the whole sweep) and a count of those runs."""
+    jobs, first, size = [overrides for overrides, _ in runs], runs[0][1] if runs else 0, len(runs)
+    if whole:
+        every, _ = expand(config_loader, sweep_config)
+        if every[:len(runs)] == jobs:  # the batches Hydra's sweeper makes of them (its BasicSweeper's split)
+            jobs, first = every, 0
+            size = OmegaConf.select(sweep_config, "hydra.sweeper.max_batch_size", default=None) or len(every)
+    sweep_dir = str(sweep_config.hydra.sweep.dir)
+    states: dict = {}
+    batches = {}
+    for start, batch, cfgs, checked in checked_batches(config_loader, sweep_config, jobs, first, size):
+        numbered = [(list(job), start + i) for i, job in enumerate(batch)]
+        packs, alone = group_packs(numbered, cfgs)
+        for run in checked:
+            states[run.num] = run.state
+            if run.state in NO_JOB_STATES:
+                note_no_job(sweep_dir, run)
+                if run.state == "done":
+                    log.debug("skip: %s is already done", run.path.parent)
+                else:
+                    log.warning("skip: %s holds a damaged record: %s; move it away to rerun it", run.path, run.error)
+
+        def left(pack: List[Run]) -> List[int]:  # a group trains its members not done (peltbench.runner: the same)
+            return [num for _, num in pack if states[num] not in NO_JOB_STATES]
+
+        batches[start] = PlannedBatch([tuple(job) for job in batch], [kept for pack in packs if (kept := left(pack))],
+                                      {tuple(kept) for pack in alone if (kept := left(pack))})
+    log.info("%s", plan_line([pack for planned in batches.values() for pack in planned.packs], states))
+    progress = SweepProgress(len(states), sum(state not in SKIPPED_STATES for state in states.values()))
+    skipped = [("skipped" if state == "done" else state) for state in states.values() if state in NO_JOB_STATES]
+    if skipped:
+        progress.add(skipped, 0.0)
+        log.info("%s", progress.line(1, len(skipped)))
+    return SweepPlan(len(states), states, batches, progress, sum(state == "done" for state in states.values()))
+
+
+def skipped_return(overrides: Sequence[str], state: str) -> JobReturn:
+    """The return of a run that gets no job: done when the sweep started (`skipped`), its folder holding a damaged
+    record then (`damaged`), or, on SLURM, another process's (`running`: not submitted). It has no log folder: the
+    sweep's summary knows it from its launcher (peltbench.missing.note_no_job)."""
     ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
-    ret.return_value = "skipped" if run.state == "done" else run.state
-    if run.log_dir is not None:
-        write_outcome(run.log_dir, ret.return_value, RUNNING_ELSEWHERE if run.state == "running" else None)
+    ret.return_value = "skipped" if state == "done" else state
     return ret
 
 

@@ -14,11 +14,13 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from peltbench.progress import duration
 
-SKIPPED = ("skipped", "running")  # peltbench.runner.sweep_status: done before, or being run by another process
+# peltbench.runner.sweep_status of a run that did not train: done before, being run by another process, or its folder
+# holding a damaged record (record.damage)
+SKIPPED = ("skipped", "running", "damaged")
 NOT_DONE = ("failed", "error")    # a failed run (its record says why), a bad input (no record)
 
 
-SKIPPED_STATES = ("done", "running")  # peltbench.missing.STATES of the runs a sweep will skip
+SKIPPED_STATES = ("done", "running", "damaged")  # peltbench.missing.STATES of the runs a sweep will skip
 
 
 def plan_line(packs: list[list[int]], states: dict[int, str]) -> str:
@@ -28,11 +30,13 @@ def plan_line(packs: list[list[int]], states: dict[int, str]) -> str:
     left = [[num for num in pack if states[num] not in SKIPPED_STATES] for pack in packs]
     done = sum(state == "done" for state in states.values())
     running = sum(state == "running" for state in states.values())
+    damaged = sum(state == "damaged" for state in states.values())
     to_train = sum(len(pack) for pack in left)
     groups = [pack for pack in left if len(pack) > 1]
     fused = sum(len(pack) for pack in groups)
     parts = [f"{done} already done (skipped)"] if done else []
     parts += [f"{running} running elsewhere (skipped)"] if running else []
+    parts += [f"{damaged} damaged (skipped: the summary names them)"] if damaged else []
     plan = f"{to_train} to train"
     if groups:
         grouped = f"{len(groups)} fused group{'s' if len(groups) > 1 else ''}"
@@ -72,8 +76,8 @@ class SweepProgress:
         """`run 3 of 12 done (2 skipped) · 4m10s elapsed · ETA 9m` for runs first..last (1-based) of the sweep."""
         runs = f"run {first}" if first == last else f"runs {first}-{last}"
         notes = [f"{self.counts.get(key, 0)} {words}" for key, words in
-                 (("skipped", "skipped"), ("pruned", "pruned"), ("running", "running elsewhere"), ("failed", "failed"),
-                  ("error", "bad input"))
+                 (("skipped", "skipped"), ("pruned", "pruned"), ("running", "running elsewhere"), ("damaged", "damaged"),
+                  ("failed", "failed"), ("error", "bad input"))
                  if self.counts.get(key)]
         text = f"{runs} of {self.total} done" + (f" ({', '.join(notes)})" if notes else "")
         text += f" · {duration(time.monotonic() - self.started)} elapsed"

@@ -92,24 +92,30 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         nor are runs another live process is training (their claims).
         """
         from hydra_plugins.peltbench_local._launcher import skipped_return
+        from peltbench.missing import note_no_job
 
         assert self.config is not None and len(job_overrides) > 0
         runs = [(list(overrides), initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         states = self._states(job_overrides, initial_job_idx)
-        returns = {num: skipped_return(overrides, states[num]) for overrides, num in runs
-                   if states[num].state in ("done", "running")}
+        returns = {num: skipped_return(overrides, states[num].state) for overrides, num in runs
+                   if states[num].state in ("done", "running", "damaged")}
+        for num in returns:  # no job, no log folder: the sweep's summary takes them from here
+            note_no_job(str(self.config.hydra.sweep.dir), states[num])
         todo = [run for run in runs if run[1] not in returns]
         packs = self._packs(runs, set(returns))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit 'slurm' sweep output dir : %s", sweep_dir)
         running = sum(states[num].state == "running" for _, num in runs)
+        damaged = sum(states[num].state == "damaged" for _, num in runs)
         fused = sum(len(piece) for pack in packs for piece in pack if len(piece) > 1)
         log.info("%d runs: %d already done (not submitted), %d to run in %d array tasks (%s)", len(runs),
-                 len(returns) - running, len(todo), len(packs),
+                 len(returns) - running - damaged, len(todo), len(packs),
                  f"{fused} of them in fused groups, one group per task" if fused else f"up to {self.runs_per_job} runs each")
         if running:
             log.info("%d runs are being trained by other processes (claimed; not submitted)", running)
+        if damaged:
+            log.warning("%d runs' folders hold a damaged record (not submitted; the summary names them)", damaged)
         for overrides, job_num in todo:
             log.info("\t#%d : %s", job_num, " ".join(filter_overrides(overrides)))
         if packs:

@@ -23,7 +23,7 @@ from .paper import default_paper_dir, load_paper
 from .published import write_published
 from ..protocols import statistic
 from .comparability import label_protocol, pooled, render_options, select
-from .records import (architecture_conflicts, default_runs, known_names, known_runs, one_record_per_seed,
+from .records import (SKIPPED, architecture_conflicts, default_runs, known_names, known_runs, one_record_per_seed,
                       read_records)
 from .selection import candidate_runs, parse_keys, select_settings, selected_runs, table_caption
 from .selection_render import write_selection
@@ -219,9 +219,9 @@ def _say_unknown(unknown):
               "load_records() reads them all", file=sys.stderr)
 
 
-def _say_unreadable(unreadable):
-    for path, reason in unreadable:
-        print(f"{PROG}: unreadable record, skipped: {path}: {reason}", file=sys.stderr)
+def _say_unreadable(skipped):
+    for path, kind, reason in skipped:
+        print(f"{PROG}: {SKIPPED[kind][0]}, skipped: {path}: {reason}", file=sys.stderr)
 
 
 def _say_nothing_fits(known, selection, args):

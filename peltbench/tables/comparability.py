@@ -24,7 +24,8 @@ from omegaconf import OmegaConf
 from .. import UserError
 from ..architectures import NAMES
 from ..packaged import packaged_config
-from ..protocols import DEFAULT as DEFAULT_PROTOCOL, describe as describe_named, protocol_file, protocol_name, run_defaults
+from ..protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, describe as describe_named, protocol_file,
+                         protocol_name, run_defaults)
 
 NON_RESULT_TRAIN_KEYS = frozenset({"eval_batch_size", "checkpoint_every"})
 TOP_LEVEL_KEYS = ("dev_size", "model_seed")
@@ -62,9 +63,10 @@ def run_protocol(config, precision):
     if name != DEFAULT_PROTOCOL:  # only what departs from the protocol's own settings (its seed resolves model_seed)
         task = (config.get("task") or {}).get("name")  # a protocol's own settings for the task (LM-BFF's RTE: 256)
         length = (config.get("task") or {}).get("max_length")
-        own = run_defaults(name, config.get("seed"), task, length) if protocol_file(name) is not None else None
+        own = (default_values(name, config.get("seed"), task, tuple(settings), length) if protocol_file(name) is not None
+               else None)
         settings = {PROTOCOL: name, **{key: value for key, value in settings.items()
-                                       if own is None or canonical(value) != canonical(OmegaConf.select(own, key))}}
+                                       if own is None or canonical(value) != canonical(own[key])}}
     settings[PRECISION] = precision
     return settings
 

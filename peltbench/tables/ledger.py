@@ -9,12 +9,14 @@ import pandas as pd
 
 from .markdown import frame_markdown
 from .names import METHODS, TASKS, k_order, method_label, order_of
+from .records import SKIPPED
 from .comparability import canonical, model_label, most_common, parse_protocol, render_options
 
 
 @dataclass
 class Ledger:
-    """Where each record went. Frames are rows of `load_records`; `unreadable` is [(path, reason)]."""
+    """Where each record went. Frames are rows of `load_records`; `unreadable` is every result.json left out
+    (records.Skipped: path, kind, reason)."""
 
     in_tables: pd.DataFrame        # the chosen model and protocol, default method settings, one per seed
     only_in_figures: pd.DataFrame  # non-default method settings that Figure 2 or 3 plots
@@ -40,7 +42,13 @@ class Ledger:
         chosen = f"{candidates} only in selection.csv (candidates not chosen), " if candidates else ""
         text = (f"{total} records: {len(self.in_tables)} in the tables, {len(self.only_in_figures)} only in figures, {chosen}"
                 f"{sum(listed.values())} listed in other_runs.md" + (f" ({details})" if details else ""))
-        return text + (f"; {len(self.unreadable)} unreadable files skipped" if self.unreadable else "")
+        return text + (f"; {skipped_counts(self.unreadable)} skipped" if self.unreadable else "")
+
+
+def skipped_counts(skipped):
+    """`1 damaged record, 2 unreadable files`: how many result.json were left out, of each kind (records.SKIPPED)."""
+    counts = {kind: sum(which == kind for _, which, _ in skipped) for kind in SKIPPED}
+    return ", ".join(f"{count} {SKIPPED[kind][count != 1]}" for kind, count in counts.items() if count)
 
 
 def other_settings_groups(runs):
@@ -99,7 +107,11 @@ def other_runs_markdown(ledger, selection):
     parts += _section("Unknown method or task (not made a row or column)", _unknown_list(ledger.unknown))
     parts += _section("Seeds recorded more than once under one model, protocol and method setting",
                       _duplicate_list(ledger.duplicates))
-    parts += _section("Unreadable files (skipped)", "\n".join(f"- `{path}`: {reason}" for path, reason in ledger.unreadable))
+    for kind, words in SKIPPED.items():
+        left_out = [(path, reason) for path, which, reason in ledger.unreadable if which == kind]
+        if left_out or kind == "unreadable":
+            parts += _section(f"{words[1][0].upper()}{words[1][1:]} (skipped)",
+                              "\n".join(f"- `{path}`: {reason}" for path, reason in left_out))
     return "\n".join(parts) + "\n"
 
 

@@ -21,6 +21,7 @@ import json
 import os
 import warnings
 from functools import lru_cache
+from typing import NamedTuple
 from operator import itemgetter
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from omegaconf import OmegaConf
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
 from ..progress import progress
-from ..record import LATER_METHOD_KEYS, Plain, changed_meaning, damage, may_hold_omegaconf_strings, one_pass
+from ..record import EFFICIENCY_FIELDS, LATER_METHOD_KEYS, NotARecord, examine, one_pass, parse_record
 from .names import METHODS, TASKS
 from .comparability import (TOP_LEVEL_KEYS, architecture_name, canonical, config_defaults, normalize_model,
                             protocol_label, run_protocol)
@@ -43,9 +44,7 @@ RECORD_FILE = "result.json"
 WEIGHTS_FILE = "weights.safetensors"  # written beside result.json by a run with save.weights=true
 NAN = np.nan  # a missing column's value, the object pandas fills a list of dicts with
 READING_BAR_DELAY_S = 3.0  # a terminal shows a bar while records are read once reading has taken this long
-# A fused run's `*_seconds` are its group's; `*_seconds_share` its part of them (records before the field: None)
-EFFICIENCY_FIELDS = ("trainable_params", "backbone_params", "train_seconds", "train_seconds_share", "train_steps",
-                     "eval_seconds", "eval_seconds_share", "test_seconds", "test_examples")
+# EFFICIENCY_FIELDS (record.py): a fused run's `*_seconds` are its group's; `*_seconds_share` its part of them
 COLUMNS = (
     "method", "variant", "task", "k", "seed", "model", "architecture", "status", "error", "main", "test_main", "dev_main",
     "best_epoch", "epochs_run", "pruned_at", "dev_size", "model_seed", "precision", "protocol",
@@ -55,12 +54,31 @@ COLUMNS = (
 
 
 class BadRecord(ValueError):
-    """Why a result.json is not a usable record (one line)."""
+    """Why a result.json is not a usable record (one line); `kind`: one of SKIPPED."""
+
+    def __init__(self, kind, reason):
+        super().__init__(reason)
+        self.kind = kind
+
+
+# Why a result.json is left out, as every reader words it: not a record at all (not UTF-8, not JSON, not an object, or
+# a file that cannot be read); a damaged record (record.damage); one made when its config meant another run
+# (record.changed_meaning).
+SKIPPED = {"unreadable": ("unreadable file", "unreadable files"), "damaged": ("damaged record", "damaged records"),
+           "changed": ("record of a changed meaning", "records of a changed meaning")}
+
+
+class Skipped(NamedTuple):
+    """A result.json left out: its path, its kind (a key of SKIPPED) and why, in one line."""
+
+    path: str
+    kind: str
+    reason: str
 
 
 def read_records(results_dir="results/runs"):
-    """(records, unreadable): every readable `result.json` under `results_dir` as one row (see `load_records`),
-    and [(path, reason)] for each file that is not a usable record."""
+    """(records, skipped): every usable `result.json` under `results_dir` as one row (see `load_records`),
+    and a Skipped (path, kind, reason) for each one left out."""
     rows, unreadable = [], []
     found = record_files(results_dir)
     memo = {}  # what depends only on a record's method settings or protocol settings: worked out once per pass
@@ -73,7 +91,7 @@ def read_records(results_dir="results/runs"):
                 try:
                     row = _flatten(_read(path), path, memo, weights)
                 except BadRecord as error:
-                    unreadable.append((path, str(error)))
+                    unreadable.append(Skipped(path, error.kind, str(error)))
                     continue
                 rows.append(_as_list(row, position))
     finally:
@@ -157,9 +175,9 @@ def load_records(results_dir="results/runs"):
     method settings that differ from the method's defaults, e.g. `("bottleneck",)`. A file that is not a
     usable record is left out with a one-line warning naming it.
     """
-    records, unreadable = read_records(results_dir)
-    for path, reason in unreadable:
-        warnings.warn(f"{path}: unreadable record, skipped: {reason}", stacklevel=2)
+    records, skipped = read_records(results_dir)
+    for path, kind, reason in skipped:
+        warnings.warn(f"{path}: {SKIPPED[kind][0]}, skipped: {reason}", stacklevel=2)
     return records
 
 
@@ -278,113 +296,24 @@ def one_record_per_seed(runs):
 
 
 def _read(path):
+    """The record at `path`, judged as every reader judges it (record.damage, record.changed_meaning); BadRecord
+    says why it is left out."""
     try:
         with open(path, "rb") as handle:
-            text = handle.read().decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise BadRecord(f"not UTF-8 text (byte {error.start})") from None
+            data = handle.read()
     except OSError as error:
-        raise BadRecord(error.strerror or type(error).__name__) from None
+        raise BadRecord("unreadable", error.strerror or type(error).__name__) from None
     try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        end = "" if text.rstrip().endswith("}") else " (truncated?)"  # a record is one object: it ends with }
-        raise BadRecord(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}{end}") from None
-    if not isinstance(record, dict):
-        raise BadRecord("not a JSON object")
-    _check(record)
-    damaged = damage(record)
-    if damaged:  # its identity does not hash to its config_hash (docs/record.md): neither can be trusted
-        raise BadRecord(f"damaged: {damaged}; move it away and rerun it")
-    # A record without a string OmegaConf reads as more than text is read as plain data (record.Plain), without a look
-    # at every string of its config; one with `${` or `???` anywhere is read as OmegaConf reads it (record.readable)
-    plain = not may_hold_omegaconf_strings(text)
-    changed = changed_meaning({**record, "config": Plain(record["config"])} if plain else record)
+        record = parse_record(data)
+    except NotARecord as error:
+        raise BadRecord("unreadable", str(error)) from None
+    damaged, changed = examine(record)
+    if damaged:
+        raise BadRecord("damaged", f"{damaged}; move it away to rerun it")
     if changed:  # e.g. an LM-BFF CoLA record of the old split: not this version's run of its config (docs/record.md)
-        raise BadRecord(f"made when its config meant another run ({'; '.join(changed)}): rerun it (move this record "
-                        "away first)")
+        raise BadRecord("changed", f"made when its config meant another run ({'; '.join(changed)}): rerun it (move "
+                        "this record away first)")
     return record
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _optional(check):
-    return lambda value: value is None or check(value)
-
-
-def _scores(value):
-    return isinstance(value, dict) and all(_is_number(score) or score is None for score in value.values())
-
-
-def _gates(value):
-    return isinstance(value, dict) and all(
-        isinstance(layers, list) and all(_is_number(gate) for gate in layers) for layers in value.values())
-
-
-def _peak(value):
-    return isinstance(value, dict) and _is_number(value.get("bytes")) and isinstance(value.get("measures"), str)
-
-
-def _fused(value):
-    return isinstance(value, dict) and _is_int(value.get("size")) and isinstance(value.get("group"), str)
-
-
-# (field, check, what it must be, required): what the tables read from a record, and nothing else.
-FIELDS = (
-    ("method", lambda value: isinstance(value, str), "a string", True),
-    ("task", lambda value: isinstance(value, str), "a string", True),
-    ("k", lambda value: value == "all" or (_is_int(value) and value > 0), 'a positive integer or "all"', True),
-    ("seed", _is_int, "an integer", True),
-    ("status", lambda value: value in ("ok", "failed", "pruned"), '"ok", "failed" or "pruned"', True),
-    ("config", lambda value: isinstance(value, dict), "an object", True),
-    ("model", lambda value: isinstance(value, str) and bool(value), "a model name", False),
-    ("architecture", _optional(lambda value: isinstance(value, str) and bool(value)), "a model_type", False),
-    ("variant", _optional(lambda value: isinstance(value, str)), "a string", False),
-    ("error", _optional(lambda value: isinstance(value, str)), "a string", False),
-    ("test", _optional(_scores), "{metric: number or null}", False),
-    ("dev_best", _optional(_scores), "{metric: number or null}", False),
-    ("best_epoch", _optional(_is_int), "an integer", False),
-    ("epochs_run", _optional(_is_int), "an integer", False),
-    *((field, _optional(_is_number), "a number", False) for field in EFFICIENCY_FIELDS),
-    ("gates", _optional(_gates), "{submodule: [number per layer]}", False),
-    ("fused", _optional(_fused), '{"group": string, "size": integer}', False),
-    ("peak_memory", _optional(_peak), '{"bytes": number, "measures": string}', False),
-    ("machine", _optional(lambda value: isinstance(value, dict)), "an object", False),
-    ("precision", _optional(lambda value: isinstance(value, str)), "a string", False),
-    ("device", _optional(lambda value: isinstance(value, str)), "a string", False),
-)
-CONFIG_FIELDS = (
-    ("method", lambda value: isinstance(value, dict), "an object", True),
-    ("train", lambda value: isinstance(value, dict), "an object", True),
-    ("dev_size", _is_int, "an integer", True),
-    ("model_seed", _is_int, "an integer", False),
-    ("model", lambda value: isinstance(value, dict), "an object", False),
-)
-
-
-def _check(record):
-    _check_fields(record, FIELDS, "")
-    _check_fields(record["config"], CONFIG_FIELDS, "config.")
-    if "model" not in record and not isinstance(record["config"].get("model", {}).get("name"), str):
-        raise BadRecord("field 'model' is missing")
-    if record["status"] == "ok" and not isinstance(record.get("test"), dict):
-        raise BadRecord("an ok record without test scores (field 'test')")
-
-
-def _check_fields(record, fields, prefix):
-    for field, check, expected, required in fields:
-        if field not in record:
-            if required:
-                raise BadRecord(f"field '{prefix}{field}' is missing")
-            continue
-        if not check(record[field]):
-            raise BadRecord(f"field '{prefix}{field}' is {json.dumps(record[field])[:40]}, expected {expected}")
 
 
 def _flatten(record, path, memo=None, weights=None):
