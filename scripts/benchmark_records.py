@@ -19,6 +19,11 @@ system seconds of the process and its children, peak = its largest resident set)
 - rerun:   the whole `peltbench -m GRID results_dir=DIR` with every run done (a finished sweep run again: its start,
            the runs it skips, its summary)
 
+A sweep's start reads each task's data before its first run (issue 46), so `start` and `rerun` get `data.dir=` a
+folder under --dir: the GLUE files --glue holds (default ../shared/data/glue, else the repository's data/glue), and for
+a task whose files are not there a stand-in of 2,200 rows in its task file's layout (its first `files` entry), which
+the start reads and checks as it would the real ones: their reading is a small share of a start over 100,000 runs.
+
 --old BIN runs the same commands from another install's bin folder (e.g. an older peltbench's), on the same records,
 alternating with this one's, so the two are measured under the same load. Nothing here asserts a time: timings on a
 shared machine are noisy; compare the ratios of one run.
@@ -120,6 +125,9 @@ def main() -> None:
     parser.add_argument("--old", type=Path, help="another install's bin folder, measured alike (its own python)")
     parser.add_argument("--grids", default=",".join(GRIDS), help="which grids: table1 (its own), seeds (many seeds)")
     parser.add_argument("--skip", default="", help="what not to measure: tables,select,missing,start,rerun")
+    parser.add_argument("--glue", type=Path, default=next((path for path in (REPO.parent / "shared" / "data" / "glue",
+                                                                          REPO / "data" / "glue") if path.is_dir()), None),
+                        help="a GLUE folder for the start's data (tasks it lacks get stand-ins)")
     options = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
     here = Path(sys.executable).parent
@@ -130,9 +138,54 @@ def main() -> None:
             measure(shape, size, options, sides, skip, env)
 
 
+def stand_in_glue(folder: Path, glue: Path | None) -> Path:
+    """`folder` as a GLUE data dir for every packaged GLUE task: `glue`'s own task folders linked, and for each task
+    whose train file is not there, stand-in train and test files of 2,200 rows in the layout its task file's first
+    `files` entry names (columns, header, label names or numbers)."""
+    import csv
+
+    from omegaconf import OmegaConf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for task_file in sorted((REPO / "conf" / "task").glob("*.yaml")):
+        task = OmegaConf.load(task_file)
+        entry = task.files[0] if OmegaConf.is_list(task.files) else task.files
+        text, label = list(entry.get("text", task.text)), entry.get("label", task.label)
+        top = Path(entry.train).parts[0]
+        if glue is not None and all((glue / entry[split]).is_file() for split in ("train", "test")):
+            if not (folder / top).exists():
+                (folder / top).symlink_to((glue / top).resolve())
+            continue
+        for split in ("train", "test"):
+            target = folder / entry[split]
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            header = entry.get("header", True)
+            columns = max([*text, label]) + 1 if not header else None
+            with open(target, "w", newline="") as out:
+                writer = csv.writer(out, delimiter="\t")
+                if header:
+                    writer.writerow([*text, label])
+                for row in range(2200):
+                    value = (f"{(row % 50) / 10:.1f}" if task.num_labels == 1 else
+                             task.label_names[row % task.num_labels] if task.label_names else row % task.num_labels)
+                    sentences = [f"stand-in sentence {row} of part {part}" for part in range(len(text))]
+                    if header:
+                        writer.writerow([*sentences, value])
+                    else:
+                        cells = [""] * columns
+                        for index, sentence in zip(text, sentences):
+                            cells[index] = sentence
+                        cells[label] = value
+                        writer.writerow(cells)
+    return folder
+
+
 def measure(shape: str, size: int, options: argparse.Namespace, sides: list, skip: set, env: dict) -> None:
     """Each command on the records of grid `shape` at `size`, for each side, one line each."""
     arguments = grid(size, shape)
+    data = stand_in_glue(options.dir / "glue", options.glue)
     runs = options.dir / (f"runs{size}" if shape == "table1" else f"{shape}{size}")
     if not runs.is_dir():
         print(f"generating {size} records under {runs} ...", flush=True)
@@ -146,8 +199,8 @@ def measure(shape: str, size: int, options: argparse.Namespace, sides: list, ski
                        "--select", "method.lr"],
             "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
             "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
-                      f"results_dir={runs}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
-            "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}",
+                      f"results_dir={runs}", f"data.dir={data}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
+            "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}", f"data.dir={data}",
                       f"hydra.sweep.dir={options.dir / 'sweep-rerun'}"],
         }
         for what, command in commands.items():
