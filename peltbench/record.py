@@ -541,9 +541,10 @@ def _identity_damage(record: dict, from_config: dict) -> str | None:
 
 def _contradictions(identity: dict, from_config: dict) -> list[str]:
     """Where a record's config gives another identity than the one it stored: `method.lr 0.001 where its identity has
-    0.0005`, each such key. Not the parts this version derives (DERIVED_KEYS: a changed meaning) nor the model's path
-    (the identity holds it as the machine that wrote it resolved it)."""
-    skip = {*DERIVED_KEYS, "model.name"}
+    0.0005`, each such key. Not the parts this version derives (DERIVED_KEYS: a changed meaning), nor the code of a
+    user's component (read from its module as this process finds it, not from the config: a change is a changed
+    meaning, docs/record.md), nor the model's path (the identity holds it as the machine that wrote it resolved it)."""
+    skip = {*DERIVED_KEYS, "code", "model.name"}
     stored = {key: value for key, value in identity.items() if key not in skip}
     mine = {key: value for key, value in from_config.items() if key not in skip}
     if stored == mine:

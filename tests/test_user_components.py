@@ -263,7 +263,8 @@ def test_a_change_of_a_users_code_is_another_run_named_in_one_line(tmp_path, tin
     run = _check_run(cfg, 0, {})
     assert (run.state, run.error) == ("foreign", changed)
     records, unreadable = read_records(tmp_path / "results")
-    assert records.empty and unreadable == [(str(path), f"made when its config meant another run ({changed}): rerun "
-                                                        "it (move this record away first)")]
+    assert records.empty and [(str(s.path), s.kind, s.reason) for s in unreadable] == [
+        (str(path), "changed", f"made when its config meant another run ({changed}): rerun it (move this record away "
+                               "first)")]
     with pytest.raises(UserError, match=re.escape(f"made by other code than this Python's ({changed})")):
         load_run(path.parent)
