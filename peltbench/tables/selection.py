@@ -140,19 +140,31 @@ def _single_candidates(frame, keys):
 
 
 def _cell(cell, ddof):
-    """Each candidate of one method × task × K as a row, the chosen one marked; and a note when seeds are missing."""
-    seeds = {value: set(group["seed"]) for value, group in cell.groupby("value")}
+    """Each candidate of one method × task × K as a row, the chosen one marked; and a note when seeds are missing.
+    Read as arrays once per cell (a grid of 84 learning rates has 84 candidates a cell: a frame filtered per candidate
+    cost 20,000 small pandas selections at 100,000 records)."""
+    values = cell["value"].to_numpy(dtype=object)
+    seed_of = cell["seed"].to_numpy()
+    dev = cell["dev_main"].to_numpy(dtype=float)
+    main = cell["main"].to_numpy(dtype=float)
+    pruned_at = cell["pruned_at"].to_numpy(dtype=float) if "pruned_at" in cell else np.full(len(cell), np.nan)
+    where: dict = {}
+    for index, value in enumerate(values):
+        where.setdefault(value, []).append(index)
+    seeds = {value: set(seed_of[rows].tolist()) for value, rows in where.items()}
     shared = set.intersection(*seeds.values())
     every = set.union(*seeds.values())
     rows = []
     for value in sorted(seeds, key=_value_order):
-        group = cell[cell["value"] == value]
-        compared = group[group["seed"].isin(shared)]
-        test = group["main"].dropna().to_numpy(dtype=float)
-        pruned = group["pruned_at"].dropna() if "pruned_at" in group else pd.Series(dtype=float)
+        at = np.asarray(where[value])
+        compared = dev[at[np.isin(seed_of[at], list(shared))]] if shared else dev[:0]
+        test = main[at]
+        test = test[~np.isnan(test)]
+        pruned = pruned_at[at]
+        pruned = pruned[~np.isnan(pruned)]
         rows.append({
             "value": value, "seeds": _seed_list(seeds[value]),
-            "dev_mean": compared["dev_main"].mean() if len(compared) else np.nan,
+            "dev_mean": _mean(compared) if len(compared) else np.nan,
             "test_mean": test.mean() if len(test) else np.nan, "test_std": test.std(ddof=ddof) if len(test) > ddof else np.nan,
             "test_median": float(np.median(test)) if len(test) else np.nan, "compared_seeds": _seed_list(shared),
             "missing_seeds": _seed_list(every - seeds[value]),
@@ -169,6 +181,11 @@ def _cell(cell, ddof):
     if not shared:
         return rows, f"no data seed is shared by every candidate ({lacking}): nothing chosen"
     return rows, f"missing seeds ({lacking}): compared on the {len(shared)} seed(s) all candidates share ({_seed_list(shared)})"
+
+
+def _mean(values):
+    """A Series' mean as pandas takes it (NaN skipped): the dev mean a candidate is chosen by, as before."""
+    return pd.Series(values).mean()
 
 
 def _value_order(value):
