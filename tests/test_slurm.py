@@ -204,8 +204,9 @@ def test_a_packed_job_requeues_itself_on_the_pre_timeout_signal(cluster, workdir
 
 @pytest.mark.slurm
 def test_a_group_longer_than_its_time_limit_finishes_across_requeues_with_the_same_records(cluster, workdir):
-    """timeout_min=2 for a fused group that trains for minutes: each job gets USR2 before its time limit (about 90 s
-    in: SLURM sends it at a check every 30 s), writes a checkpoint at the end of its step and requeues; with
+    """timeout_min=1 for a fused group that trains for minutes (2,400 steps: 130 s on the idle 2-core machine; with
+    timeout_min=2 and 800 steps it finished inside one job there): each job gets USR2 before its time limit (about
+    50 s in: SLURM sends it at a check every 30 s), writes a checkpoint at the end of its step and requeues; with
     max_num_timeout=0, which allows no time-limit requeue but those of jobs that trained (docs/slurm.md). Its records
     equal the same group's trained here, in this process, meanwhile, never stopped."""
     from test_checkpoint import comparable
@@ -213,9 +214,9 @@ def test_a_group_longer_than_its_time_limit_finishes_across_requeues_with_the_sa
     from conftest import compose_config
     from peltbench.runner import run_group
 
-    group = ["task=rte", "seed=111", "fuse=true", *tiny(workdir, 1)[:-2], "train.epochs=null", "train.max_steps=800",
-             "train.eval_every=200", "train.patience=null", "logger=[]"]
-    sweep = start(workdir, "method=adapter,lora", *group, "hydra.launcher.timeout_min=2",
+    group = ["task=rte", "seed=111", "fuse=true", *tiny(workdir, 1)[:-2], "train.epochs=null", "train.max_steps=2400",
+             "train.eval_every=600", "train.patience=null", "logger=[]"]
+    sweep = start(workdir, "method=adapter,lora", *group, "hydra.launcher.timeout_min=1",
                   "hydra.launcher.signal_delay_s=10", "hydra.launcher.max_num_timeout=0", sweep="limited")
     here = [f"results_dir={workdir}/whole" if arg.startswith("results_dir=") else arg for arg in group]
     assert all(outcome.status == "ok" for outcome in run_group([compose_config(f"method={method}", *here)
