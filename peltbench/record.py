@@ -240,8 +240,11 @@ def omegaconf_strings(value) -> bool:
     return may_hold_omegaconf_strings(text) and _walk_strings(value)
 
 
-def may_hold_omegaconf_strings(text: str) -> bool:
-    """Whether JSON text may hold a string OmegaConf reads as more than text (False: it holds none)."""
+def may_hold_omegaconf_strings(text: str | bytes) -> bool:
+    """Whether JSON text (or its UTF-8 bytes, as a record file holds it) may hold a string OmegaConf reads as more than
+    text (False: it holds none)."""
+    if isinstance(text, bytes):
+        return b"${" in text or b'"???"' in text
     return "${" in text or '"???"' in text
 
 
@@ -679,7 +682,7 @@ def parse_record(data: bytes) -> dict:
         record = _parse_slowly(data)
     if not isinstance(record, dict):
         raise NotARecord("not a JSON object")
-    if type(record.get("config")) is dict and b"${" not in data and b'"???"' not in data:  # may_hold_omegaconf_strings
+    if type(record.get("config")) is dict and not may_hold_omegaconf_strings(data):
         record["config"] = Plain(record["config"])
     return record
 
