@@ -132,6 +132,18 @@ def test_a_group_of_prompt_runs_computes_each_members_logits_and_gradients():
             assert_close_to_scale(gradients[name][slot], parameter.grad[0], msg=f"{slot} {name} grad")
 
 
+def torch_references(group, lrs, totals):
+    """Per member: a copy of its trained tensors, torch.optim.AdamW at its lr and the linear schedule over its total
+    steps, as MemberAdamW's slice of that member is to follow them."""
+    references = []
+    for m, (lr, total) in enumerate(zip(lrs, totals)):
+        state = {name: tensor.clone().requires_grad_(True) for name, tensor in member_state(group, m).items()}
+        torch_optimizer = torch.optim.AdamW(state.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda s, t=total: max(0.0, (t - s) / t))
+        references.append((state, torch_optimizer, schedule))
+    return references
+
+
 def test_member_adamw_and_clipping_equal_torch_per_member():
     """Each member's slice follows torch's AdamW + linear schedule + clip_grad_norm_ with its own lr and norm, bit for
     bit on a CPU."""
@@ -143,12 +155,7 @@ def test_member_adamw_and_clipping_equal_torch_per_member():
     lrs, totals = [1e-2, 3e-3, 5e-2], [5, 5, 3]
     for m in range(3):
         optimizer.schedule(m, lrs[m], totals[m])
-    references = []
-    for m in range(3):
-        state = {name: tensor.clone().requires_grad_(True) for name, tensor in member_state(group, m).items()}
-        torch_optimizer = torch.optim.AdamW(state.values(), lr=lrs[m], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        schedule = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda s, t=totals[m]: max(0.0, (t - s) / t))
-        references.append((state, torch_optimizer, schedule))
+    references = torch_references(group, lrs, totals)
     generator = torch.Generator().manual_seed(0)
     for step in range(4):
         for name, parameter, flags, _ in group.member_parameters():
@@ -180,12 +187,7 @@ def test_member_adamw_keeps_a_slot_without_a_gradient_as_torch_does(clipped):
     lrs, totals, norms = [1e-2, 3e-3, 5e-2], [8, 8, 6], [0.3, 1.0, 2.0] if clipped else [1e9] * 3
     for m in range(3):
         optimizer.schedule(m, lrs[m], totals[m])
-    references = []
-    for m in range(3):
-        state = {name: tensor.clone().requires_grad_(True) for name, tensor in member_state(group, m).items()}
-        torch_optimizer = torch.optim.AdamW(state.values(), lr=lrs[m], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        schedule = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda s, t=totals[m]: max(0.0, (t - s) / t))
-        references.append((state, torch_optimizer, schedule))
+    references = torch_references(group, lrs, totals)
     parameters = [(group.stored_name(name), parameter, flags) for name, parameter, flags, _ in group.member_parameters()]
     skipped = {1: set(range(0, len(parameters), 3)), 2: set(range(1, len(parameters), 4)), 4: {2}}
     left = 2  # leaves after step 3: not in the pass from step 4 on (its slots' gradients 0), its optimiser stepped no more
