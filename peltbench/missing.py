@@ -34,7 +34,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
@@ -192,11 +192,27 @@ def record_runs(cfgs: Sequence[DictConfig | Plain], first_num: int = 0) -> list[
                 enumerate(progress(cfgs, "checking runs", unit="run", delay=CHECK_BAR_DELAY_S), start=first_num)]
 
 
+@dataclass
+class CheckedBatch:
+    """One of Hydra's batches of a sweep (hydra.sweeper.max_batch_size runs), checked: its first job number, its jobs,
+    each run's record (Run), and its runs grouped as they will train (fusion.fused_packs: indices into `jobs`, and
+    for each group whether it is fine-tuning that trains alone although fuse=true)."""
+
+    start: int
+    jobs: list[tuple[str, ...]]
+    runs: list[Run]
+    groups: list[list[int]]
+    alone: list[bool]
+
+
 def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]], first_num: int = 0,
-                    size: int | None = None):
-    """The jobs composed and their records checked, as (first job number, jobs, configs, Runs) per batch of `size`
-    (Hydra's batches, hydra.sweeper.max_batch_size; None: one), with one progress bar over them all: a launcher's
-    plan of a whole sweep, holding one batch's configs at a time (100,000 runs' configs would take GBs)."""
+                    size: int | None = None, each: Callable[[DictConfig | Plain], None] | None = None):
+    """The jobs composed, their records checked and each batch of `size` grouped (Hydra's batches,
+    hydra.sweeper.max_batch_size; None: one), a CheckedBatch per batch, with one progress bar over them all: a sweep's
+    plan (peltbench.cli.preflight, the local launcher), holding one batch's configs at a time (100,000 runs' configs
+    would take GBs). `each(cfg)`: called with every run's config before its record is read (preflight's checks)."""
+    from .fusion import fused_packs
+
     compose = _Composer(config_loader, sweep_config)
     size = size or max(1, len(jobs))
     bar = progress(desc="checking runs", total=len(jobs), unit="run", delay=CHECK_BAR_DELAY_S)
@@ -206,10 +222,14 @@ def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence
                 batch = jobs[start:start + size]
                 cfgs, runs = [], []
                 for num, job in enumerate(batch, start=first_num + start):
-                    cfgs.append(compose(list(job), num))
-                    runs.append(_check_run(cfgs[-1], num, {}))
+                    cfg = compose(list(job), num)
+                    if each is not None:
+                        each(cfg)
+                    cfgs.append(cfg)
+                    runs.append(_check_run(cfg, num, {}))
                     bar.update()
-                yield first_num + start, batch, cfgs, runs
+                groups, alone = fused_packs(cfgs)
+                yield CheckedBatch(first_num + start, [tuple(job) for job in batch], runs, groups, alone)
     finally:
         bar.close()
 
