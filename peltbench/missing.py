@@ -509,10 +509,10 @@ class MissingKey:
 def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     results_dir = _absolute(str(cfg.results_dir), os.getcwd())
     label = record_folder(cfg)
-    path = results_dir / label / "result.json"
+    path = results_dir.joinpath(label, "result.json")
     sweep_dir = select(cfg, "hydra.sweep.dir")
     try:
-        log_dir = Path(sweep_dir) / str(cfg.hydra.sweep.subdir)
+        log_dir = Path(sweep_dir, str(cfg.hydra.sweep.subdir))
     except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
         log_dir = None if sweep_dir is None else Path(sweep_dir)
     run = Run(num, values, label, path, "missing", log_dir=log_dir)
