@@ -226,7 +226,7 @@ def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence
                     if each is not None:
                         each(cfg)
                     cfgs.append(cfg)
-                    runs.append(_check_run(cfg, num, {}))
+                    runs.append(_check_run(cfg, num, {}, logs=False))  # a plan: the launcher makes the job folders
                     bar.update()
                 groups, alone = fused_packs(cfgs)
                 yield CheckedBatch(first_num + start, [tuple(job) for job in batch], runs, groups, alone)
@@ -506,16 +506,12 @@ class MissingKey:
     """select's default where a key is not there."""
 
 
-def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
+def _check_run(cfg: DictConfig, num: int, values: dict[str, str], logs: bool = True) -> Run:
+    """The run's record and its state; `logs`: with its Hydra job folder in this sweep (a plan needs none)."""
     results_dir = _absolute(str(cfg.results_dir), os.getcwd())
     label = record_folder(cfg)
     path = results_dir.joinpath(label, "result.json")
-    sweep_dir = select(cfg, "hydra.sweep.dir")
-    try:
-        log_dir = Path(sweep_dir, str(cfg.hydra.sweep.subdir))
-    except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
-        log_dir = None if sweep_dir is None else Path(sweep_dir)
-    run = Run(num, values, label, path, "missing", log_dir=log_dir)
+    run = Run(num, values, label, path, "missing", log_dir=_log_dir(cfg) if logs else None)
     not_a_record: list[str] = []
     try:
         record = read_record(path, not_a_record)
@@ -547,6 +543,15 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     else:  # `resumable, epoch 12 of 50`: a checkpoint goes on from there (else why its result.json is no record)
         run.error = progress_of(path.parent, label) or run.error
     return run
+
+
+def _log_dir(cfg: DictConfig) -> Path | None:
+    """The run's Hydra job folder in its sweep (None for a single run's config: no `hydra`)."""
+    sweep_dir = select(cfg, "hydra.sweep.dir")
+    try:
+        return Path(sweep_dir, str(cfg.hydra.sweep.subdir))
+    except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
+        return None if sweep_dir is None else Path(sweep_dir)
 
 
 @functools.lru_cache(maxsize=64)

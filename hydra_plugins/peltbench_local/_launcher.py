@@ -5,9 +5,11 @@ of the group's first run, whose log holds the training; the job of every other m
 trained in. A separate run goes through the task function as on Hydra's basic launcher. After each run (or fused
 group) a line says how far the sweep is, with an ETA from the runs trained so far (_progress.py).
 
-The sweep is planned once, when Hydra hands over its first batch (hydra.sweeper.max_batch_size runs): every run of
-every batch composed and its record checked, each batch grouped (plan_sweep), one line for the whole sweep, and one
-progress count (`run 10,001 of 10,500`). A run whose record is done when the sweep starts gets no job (as on SLURM,
+The sweep is planned once: every run of every batch (hydra.sweeper.max_batch_size runs) composed and its record
+checked, each batch grouped, one line for the whole sweep, and one progress count (`run 10,001 of 10,500`). `peltbench
+-m`'s preflight makes the plan as it checks each run's config (peltbench.cli.checked_plan), so each run is composed and
+its record read once; the launcher takes it when Hydra hands over the first batch (plan_sweep), or makes it there for a
+sweep preflight did not check. A run whose record is done when the sweep starts gets no job (as on SLURM,
 where it is not submitted), nor does one whose folder holds a damaged record: no log folder, its JobReturn the
 `skipped` (`damaged`) its job would have returned, and the sweep's summary takes it from the plan
 (peltbench.missing.note_no_job). So rerunning a finished sweep of 100,000 runs costs its start and its summary, not a
