@@ -69,7 +69,7 @@ OUTCOME_NAME = "outcome.json"  # in a job's log folder: why the run left no reco
 RUNNING_ELSEWHERE = "another process was training it when this sweep reached it"
 
 
-@dataclass
+@dataclass(slots=True)  # 100,000 of them in a sweep's plan: no __dict__ each
 class Run:
     """One run of a sweep: its job number, its swept key=value pairs, and the state of its record."""
 
