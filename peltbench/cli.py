@@ -148,6 +148,7 @@ def _main() -> None:
 
 
 _checked: tuple | None = None  # the overrides of the sweep that preflight composed and checked every run of
+_planned: list | None = None   # and, for its local launcher, each batch's runs checked and grouped (checked_plan)
 
 
 def checked_sweep() -> tuple | None:
@@ -155,6 +156,38 @@ def checked_sweep() -> tuple | None:
     them (hydra.overrides: the task's, then Hydra's own); its sweeper need not compose them again
     (hydra_plugins/peltbench_local/_sweeper.py). None if none."""
     return _checked
+
+
+def checked_plan(sweep_config: DictConfig, jobs: list[list[str]], size: int) -> list | None:
+    """The runs of the sweep whose config is `sweep_config` as `peltbench -m`'s preflight composed, checked and grouped
+    them in this process (peltbench.missing.CheckedBatch, a batch each), for its local launcher's plan, when they
+    are `jobs` in batches of `size`; handed over once (a sweep's plan is made once). None otherwise: the launcher
+    composes and checks them itself."""
+    global _planned
+    planned, _planned = _planned, None
+    if planned is None or checked_sweep() != sweep_overrides(sweep_config):
+        return None
+    if [batch.start for batch in planned] != list(range(0, len(jobs), size)):
+        return None
+    if any(list(batch.jobs) != [tuple(job) for job in jobs[batch.start:batch.start + size]] for batch in planned):
+        return None
+    return planned
+
+
+def _launched_here(config: DictConfig) -> bool:
+    """Whether the sweep's launcher is peltbench's local one, which plans the sweep as preflight checks it."""
+    return OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/launcher") == "peltbench_local"
+
+
+def _plan(loader, config: DictConfig, check) -> list:
+    """Every run of the sweep composed, `check`ed (check_config and what preflight gathers) and its record read, each
+    of Hydra's batches grouped as the local launcher will train it (peltbench.missing.checked_batches): its plan, made
+    once (each run composed and checked once at a sweep's start, not by preflight and again by its launcher)."""
+    from .missing import checked_batches, expand
+
+    jobs, _ = expand(loader, config)
+    size = OmegaConf.select(config, "hydra.sweeper.max_batch_size", default=None) or len(jobs)
+    return list(checked_batches(loader, config, jobs, 0, size, each=check))
 
 
 def sweep_overrides(config: DictConfig) -> tuple:
@@ -176,8 +209,8 @@ def preflight(arguments: list[str]) -> str | None:
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
-    global _checked
-    _checked = None
+    global _checked, _planned
+    _checked = _planned = None
     forget_compositions()  # this command composes its runs anew (peltbench.missing shares them within it)
     args = get_args_parser().parse_args(arguments)  # Hydra's own parser: a bad flag exits 2 with its usage
     sweep_cfg = args.multirun and args.cfg is not None  # shown here, one config per run (Hydra refuses it)
@@ -203,10 +236,11 @@ def preflight(arguments: list[str]) -> str | None:
             if shadowed:
                 raise UserError(f"{shadowed[0]}: peltbench ships a method of that name, which Hydra finds first, so "
                                 f"this file would never run: give your method (file and `name:`) a name of its own")
-            shown = []
+            shown, planned = [], None
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
                 loggers, data, protocols = {}, {}, set()
-                for overrides, job in _jobs(loader, config, mode, plain=not sweep_cfg):
+
+                def check(job: DictConfig) -> None:
                     check_config(job)
                     protocols.add(protocol_name(job))
                     loggers.setdefault(repr(container(job.get("logger") or {})), job.get("logger"))
@@ -215,8 +249,14 @@ def preflight(arguments: list[str]) -> str | None:
                     node = job.get("protocol")
                     fit = (job.k, job.dev_size, node.get("dev", "train") if node is not None else "train")
                     data.setdefault(task_key, (job.task, set()))[1].add(fit)
-                    if sweep_cfg:
-                        shown.append((overrides, job))
+
+                if mode == RunMode.MULTIRUN and args.cfg is None and _launched_here(config):
+                    planned = _plan(loader, config, check)  # its launcher takes the plan (checked_plan)
+                else:
+                    for overrides, job in _jobs(loader, config, mode, plain=not sweep_cfg):
+                        check(job)
+                        if sweep_cfg:
+                            shown.append((overrides, job))
                 check_protocol_sweep(sorted(protocols), list(args.overrides))
                 if args.cfg is None:  # runs will start: their loggers must be able to, their data files be there
                     for logger in loggers.values():
@@ -225,7 +265,7 @@ def preflight(arguments: list[str]) -> str | None:
                         task = task if isinstance(task, DictConfig) else OmegaConf.create(container(task))
                         check_task_data(TaskSpec.from_config(task), data_dir, sorted(fits, key=str))
                     if mode == RunMode.MULTIRUN:
-                        _checked = sweep_overrides(config)
+                        _checked, _planned = sweep_overrides(config), planned
         except OverrideParseException as error:
             raise UserError(_bad_override(arguments, error)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as error:  # ValueError: e.g. logger=null

@@ -74,6 +74,13 @@ def plan_groups(cfgs: Sequence[DictConfig]) -> list[list[int]]:
     return groups
 
 
+def fused_packs(cfgs: Sequence[DictConfig]) -> tuple[list[list[int]], list[bool]]:
+    """The runs (indices into `cfgs`) grouped as they will train (plan_groups), and for each group whether it is
+    fine-tuning that could not fuse although fuse=true (a launcher says so in its log)."""
+    groups = plan_groups(cfgs)
+    return groups, [bool(cfgs[group[0]].get("fuse", False)) and trains_alone(cfgs[group[0]].method) for group in groups]
+
+
 def _units(cfgs: Sequence[DictConfig]) -> list[list[int]]:
     """Runs that should share a group: a halving bracket's runs (candidate by candidate), else each run alone."""
     from .halving import bracket_id, candidate_name, eta

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
@@ -69,7 +69,7 @@ OUTCOME_NAME = "outcome.json"  # in a job's log folder: why the run left no reco
 RUNNING_ELSEWHERE = "another process was training it when this sweep reached it"
 
 
-@dataclass
+@dataclass(slots=True)  # 100,000 of them in a sweep's plan: no __dict__ each
 class Run:
     """One run of a sweep: its job number, its swept key=value pairs, and the state of its record."""
 
@@ -192,11 +192,27 @@ def record_runs(cfgs: Sequence[DictConfig | Plain], first_num: int = 0) -> list[
                 enumerate(progress(cfgs, "checking runs", unit="run", delay=CHECK_BAR_DELAY_S), start=first_num)]
 
 
+@dataclass
+class CheckedBatch:
+    """One of Hydra's batches of a sweep (hydra.sweeper.max_batch_size runs), checked: its first job number, its jobs,
+    each run's record (Run), and its runs grouped as they will train (fusion.fused_packs: indices into `jobs`, and
+    for each group whether it is fine-tuning that trains alone although fuse=true)."""
+
+    start: int
+    jobs: list[tuple[str, ...]]
+    runs: list[Run]
+    groups: list[list[int]]
+    alone: list[bool]
+
+
 def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]], first_num: int = 0,
-                    size: int | None = None):
-    """The jobs composed and their records checked, as (first job number, jobs, configs, Runs) per batch of `size`
-    (Hydra's batches, hydra.sweeper.max_batch_size; None: one), with one progress bar over them all: a launcher's
-    plan of a whole sweep, holding one batch's configs at a time (100,000 runs' configs would take GBs)."""
+                    size: int | None = None, each: Callable[[DictConfig | Plain], None] | None = None):
+    """The jobs composed, their records checked and each batch of `size` grouped (Hydra's batches,
+    hydra.sweeper.max_batch_size; None: one), a CheckedBatch per batch, with one progress bar over them all: a sweep's
+    plan (peltbench.cli.preflight, the local launcher), holding one batch's configs at a time (100,000 runs' configs
+    would take GBs). `each(cfg)`: called with every run's config before its record is read (preflight's checks)."""
+    from .fusion import fused_packs
+
     compose = _Composer(config_loader, sweep_config)
     size = size or max(1, len(jobs))
     bar = progress(desc="checking runs", total=len(jobs), unit="run", delay=CHECK_BAR_DELAY_S)
@@ -206,10 +222,14 @@ def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence
                 batch = jobs[start:start + size]
                 cfgs, runs = [], []
                 for num, job in enumerate(batch, start=first_num + start):
-                    cfgs.append(compose(list(job), num))
-                    runs.append(_check_run(cfgs[-1], num, {}))
+                    cfg = compose(list(job), num)
+                    if each is not None:
+                        each(cfg)
+                    cfgs.append(cfg)
+                    runs.append(_check_run(cfg, num, {}, logs=False))  # a plan: the launcher makes the job folders
                     bar.update()
-                yield first_num + start, batch, cfgs, runs
+                groups, alone = fused_packs(cfgs)
+                yield CheckedBatch(first_num + start, [tuple(job) for job in batch], runs, groups, alone)
     finally:
         bar.close()
 
@@ -486,16 +506,12 @@ class MissingKey:
     """select's default where a key is not there."""
 
 
-def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
+def _check_run(cfg: DictConfig, num: int, values: dict[str, str], logs: bool = True) -> Run:
+    """The run's record and its state; `logs`: with its Hydra job folder in this sweep (a plan needs none)."""
     results_dir = _absolute(str(cfg.results_dir), os.getcwd())
     label = record_folder(cfg)
-    path = results_dir / label / "result.json"
-    sweep_dir = select(cfg, "hydra.sweep.dir")
-    try:
-        log_dir = Path(sweep_dir) / str(cfg.hydra.sweep.subdir)
-    except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
-        log_dir = None if sweep_dir is None else Path(sweep_dir)
-    run = Run(num, values, label, path, "missing", log_dir=log_dir)
+    path = results_dir.joinpath(label, "result.json")
+    run = Run(num, values, label, path, "missing", log_dir=_log_dir(cfg) if logs else None)
     not_a_record: list[str] = []
     try:
         record = read_record(path, not_a_record)
@@ -527,6 +543,15 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str]) -> Run:
     else:  # `resumable, epoch 12 of 50`: a checkpoint goes on from there (else why its result.json is no record)
         run.error = progress_of(path.parent, label) or run.error
     return run
+
+
+def _log_dir(cfg: DictConfig) -> Path | None:
+    """The run's Hydra job folder in its sweep (None for a single run's config: no `hydra`)."""
+    sweep_dir = select(cfg, "hydra.sweep.dir")
+    try:
+        return Path(sweep_dir, str(cfg.hydra.sweep.subdir))
+    except Exception:  # a custom hydra.sweep.subdir naming other hydra keys; a single run's config (no `hydra`)
+        return None if sweep_dir is None else Path(sweep_dir)
 
 
 @functools.lru_cache(maxsize=64)

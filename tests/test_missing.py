@@ -17,6 +17,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from conftest import a_record, compose_config
+from peltbench import record as record_module
 from peltbench.claim import claim_run, describe
 from peltbench.missing import Run, Sweep, _load, check_sweep, compact, main, report, with_outcomes, write_outcome
 from peltbench.record import config_hash, record_path, write_record
@@ -80,14 +81,14 @@ def test_record_states(tmp_path, monkeypatch):
     running = record_path(compose_config("method=lora", "task=mrpc", "seed=111"), tmp_path)
     claim = claim_run(running)  # this process is training it
     denied = write(tmp_path, "method=lora", "task=mrpc", "seed=222")
-    real_read_bytes = Path.read_bytes
+    real_file_bytes = record_module.file_bytes
 
-    def read_bytes(path):
+    def file_bytes(path):
         if path == denied:  # a colleague's record, mode 0600 (root reads anything, so it is simulated)
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real_read_bytes(path)
+        return real_file_bytes(path)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(record_module, "file_bytes", file_bytes)
     try:
         sweep = _load([*GRID, f"results_dir={tmp_path}"])
     finally:

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from conftest import a_record, compose_config
 from peltbench import UserError
+from peltbench import record as record_module
 from peltbench import files as files_module
 from peltbench.files import folder_lock, write_file
 from peltbench.record import (RecordWriteError, check_existing, config_differences, config_hash, format_record,
@@ -136,10 +137,10 @@ def test_a_record_we_may_not_read_is_one_clear_error(tmp_path, monkeypatch):
     path = tmp_path / "result.json"
     write_record(path, {"status": "ok", "config_hash": "h"})
 
-    def denied(self):
-        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(Path, "read_bytes", denied)  # a colleague's record, mode 0600 (root reads anything)
+    monkeypatch.setattr(record_module, "file_bytes", denied)  # a colleague's record, mode 0600 (root reads anything)
     with pytest.raises(UserError, match=rf"^cannot read {path}: Permission denied \(another user's record\?"):
         read_record(path)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_glue
+from peltbench import missing
 
 PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
@@ -323,20 +324,31 @@ def test_a_finished_sweep_run_again_composes_each_choice_once_and_writes_no_fold
         for seed in (111, 222, 333):
             run = [f"method={method}", "task=rte", "k=16", "train.epochs=1", f"seed={seed}", *TINY]
             write_record(record_path(compose_config(*run), workdir / "results"), a_record(*run))
-    composed = []
+    composed, runs, read = [], [], []
     compose = ConfigLoaderImpl.load_sweep_config
     monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config",
                         lambda self, config, overrides: composed.append(overrides) or compose(self, config, overrides))
+    monkeypatch.setattr(missing._Composer, "__call__", _counted(missing._Composer.__call__, runs))
+    monkeypatch.setattr(missing, "read_record", _counted(missing.read_record, read))
     result = in_process("-m", *args, "hydra.sweeper.max_batch_size=2", "hydra.sweep.dir=sweeps/again", cwd=workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert sorted(composed) == [["method=adapter", "task=rte"], ["method=lora", "task=rte"]]  # once each
+    assert len(runs) == len(read) == 6  # each run composed and its record read once: the plan is preflight's
     assert not (workdir / "sweeps/again").exists() or not any(path.is_dir() for path in (workdir / "sweeps/again").iterdir())
     lines = [line.split("] ", 1)[1] for line in output.splitlines()
              if "][HYDRA] " in line and "skip: " not in line]  # `skip:` lines show where hydra.verbose was set before
     assert lines[0] == "6 runs: 6 already done (skipped), 0 to train"
     assert [line.split(" · ")[0] for line in lines[1:]] == ["runs 1-6 of 6 done (6 skipped)"]
     assert "peltbench sweep: 6 runs: 6 done (6 of them skipped as already done), 0 failed, 0 missing" in output
+
+
+def _counted(function, calls: list):
+    """`function`, appending its arguments to `calls` at each call."""
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+    return counted
 
 
 def test_the_sweep_counts_its_skips_as_its_progress_does(workdir, monkeypatch, in_process):

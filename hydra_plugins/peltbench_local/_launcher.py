@@ -5,9 +5,11 @@ of the group's first run, whose log holds the training; the job of every other m
 trained in. A separate run goes through the task function as on Hydra's basic launcher. After each run (or fused
 group) a line says how far the sweep is, with an ETA from the runs trained so far (_progress.py).
 
-The sweep is planned once, when Hydra hands over its first batch (hydra.sweeper.max_batch_size runs): every run of
-every batch composed and its record checked, each batch grouped (plan_sweep), one line for the whole sweep, and one
-progress count (`run 10,001 of 10,500`). A run whose record is done when the sweep starts gets no job (as on SLURM,
+The sweep is planned once: every run of every batch (hydra.sweeper.max_batch_size runs) composed and its record
+checked, each batch grouped, one line for the whole sweep, and one progress count (`run 10,001 of 10,500`). `peltbench
+-m`'s preflight makes the plan as it checks each run's config (peltbench.cli.checked_plan), so each run is composed and
+its record read once; the launcher takes it when Hydra hands over the first batch (plan_sweep), or makes it there for a
+sweep preflight did not check. A run whose record is done when the sweep starts gets no job (as on SLURM,
 where it is not submitted), nor does one whose folder holds a damaged record: no log folder, its JobReturn the
 `skipped` (`damaged`) its job would have returned, and the sweep's summary takes it from the plan
 (peltbench.missing.note_no_job). So rerunning a finished sweep of 100,000 runs costs its start and its summary, not a
@@ -28,7 +30,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-from peltbench.fusion import plan_groups, trains_alone
+from peltbench.fusion import fused_packs
 from peltbench.interrupts import interrupted, interruption
 from peltbench.missing import (NO_JOB_STATES, checked_batches, compose_jobs, expand, interrupted_line,
                                note_no_job)
@@ -143,36 +145,43 @@ class SweepPlan:
 
 def plan_sweep(config_loader: Any, sweep_config: DictConfig, runs: List[Run], whole: bool = True) -> SweepPlan:
     """Plan the sweep (`whole`: all its runs, as Hydra will hand them over batch by batch; else the batch `runs`):
-    compose every run, check its record, group each batch (group_packs: the same groups as before any run is left
-    out), and give no job to a run done when it starts, or whose folder holds a damaged record: it returns `skipped`
-    (`damaged`) at once, writes no log folder, and the sweep's summary takes it from here (note_no_job). Logs the plan
-    (one line for the whole sweep) and a count of those runs."""
+    compose every run, check its record, group each batch (fusion.fused_packs: the same groups as before any run is
+    left out), and give no job to a run done when it starts, or whose folder holds a damaged record: it returns
+    `skipped` (`damaged`) at once, writes no log folder, and the sweep's summary takes it from here (note_no_job).
+    A whole sweep that `peltbench -m`'s preflight has just composed, checked and grouped (peltbench.cli.checked_plan)
+    is taken from there, not composed again. Logs the plan (one line for the whole sweep) and a count of those runs."""
+    from peltbench.cli import checked_plan
+
     jobs, first, size = [overrides for overrides, _ in runs], runs[0][1] if runs else 0, len(runs)
+    checked = None
     if whole:
         every, _ = expand(config_loader, sweep_config)
         if every[:len(runs)] == jobs:  # the batches Hydra's sweeper makes of them (its BasicSweeper's split)
             jobs, first = every, 0
             size = OmegaConf.select(sweep_config, "hydra.sweeper.max_batch_size", default=None) or len(every)
+            checked = checked_plan(sweep_config, every, size)
+    if checked is None:
+        checked = checked_batches(config_loader, sweep_config, jobs, first, size)
     sweep_dir = str(sweep_config.hydra.sweep.dir)
     states: dict = {}
     batches = {}
-    for start, batch, cfgs, checked in checked_batches(config_loader, sweep_config, jobs, first, size):
-        numbered = [(list(job), start + i) for i, job in enumerate(batch)]
-        packs, alone = group_packs(numbered, cfgs)
-        for run in checked:
+    listing = log.isEnabledFor(logging.DEBUG)  # hydra.verbose=hydra_plugins lists the runs done
+    for batch in checked:
+        for run in batch.runs:
             states[run.num] = run.state
             if run.state in NO_JOB_STATES:
                 note_no_job(sweep_dir, run)
-                if run.state == "done":
+                if run.state == "done" and listing:
                     log.debug("skip: %s is already done", run.path.parent)
-                else:
+                elif run.state == "damaged":
                     log.warning("skip: %s holds a damaged record: %s; move it away to rerun it", run.path, run.error)
 
-        def left(pack: List[Run]) -> List[int]:  # a group trains its members not done (peltbench.runner: the same)
-            return [num for _, num in pack if states[num] not in NO_JOB_STATES]
+        def left(group: List[int]) -> List[int]:  # a group trains its members not done (peltbench.runner: the same)
+            return [batch.start + i for i in group if states[batch.start + i] not in NO_JOB_STATES]
 
-        batches[start] = PlannedBatch([tuple(job) for job in batch], [kept for pack in packs if (kept := left(pack))],
-                                      {tuple(kept) for pack in alone if (kept := left(pack))})
+        batches[batch.start] = PlannedBatch(list(batch.jobs), [kept for group in batch.groups if (kept := left(group))],
+                                            {tuple(kept) for group, lone in zip(batch.groups, batch.alone)
+                                             if lone and (kept := left(group))})
     log.info("%s", plan_line([pack for planned in batches.values() for pack in planned.packs], states))
     progress = SweepProgress(len(states), sum(state not in SKIPPED_STATES for state in states.values()))
     skipped = [("skipped" if state == "done" else state) for state in states.values() if state in NO_JOB_STATES]
@@ -199,11 +208,9 @@ def plan_packs(config_loader: Any, sweep_config: DictConfig, runs: List[Run]) ->
 def group_packs(runs: List[Run], cfgs: List[DictConfig]) -> Tuple[List[List[Run]], List[List[Run]]]:
     """The runs grouped as they will train: fused groups (fuse=true) and runs of their own, in sweep order;
     and the packs of the fine-tuning runs that could not fuse although fuse=true. `cfgs`: each run's config."""
-    groups = plan_groups(cfgs)
+    groups, alone = fused_packs(cfgs)
     packs = [[runs[i] for i in group] for group in groups]
-    alone = [pack for pack, group in zip(packs, groups)
-             if cfgs[group[0]].get("fuse", False) and trains_alone(cfgs[group[0]].method)]
-    return packs, alone
+    return packs, [pack for pack, lone in zip(packs, alone) if lone]
 
 
 def run_pack(launcher: Any, pack: List[Run], job_id: Any = None) -> List[JobReturn]:

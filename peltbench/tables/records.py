@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
 from ..progress import progress
-from ..record import EFFICIENCY_FIELDS, LATER_METHOD_KEYS, NotARecord, examine, one_pass, parse_record
+from ..record import EFFICIENCY_FIELDS, LATER_METHOD_KEYS, NotARecord, examine, file_bytes, one_pass, parse_record
 from .names import METHODS, TASKS
 from .comparability import (TOP_LEVEL_KEYS, architecture_name, canonical, config_defaults, normalize_model,
                             protocol_label, run_protocol)
@@ -299,8 +299,7 @@ def _read(path):
     """The record at `path`, judged as every reader judges it (record.damage, record.changed_meaning); BadRecord
     says why it is left out."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = file_bytes(path)
     except OSError as error:
         raise BadRecord("unreadable", error.strerror or type(error).__name__) from None
     try:
