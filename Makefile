@@ -36,8 +36,8 @@ pack-offline: ## for a GPU node without network whose python has torch: .offline
 	@test -x $(BIN)/python || { echo "make pack-offline: no $(BIN)/python: run make install first"; exit 2; }
 	@VENV=$(VENV) scripts/offline/pack.sh
 
-test: ## the test suite but the checks that take minutes (marked slow or slurm): the one to run before a commit
-	$(BIN)/pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+test: ## the test suite but the checks that take minutes (marked slow or slurm): the one to run before a commit; a worker per core (pytest-xdist; PYTEST_ARGS="-n 0": in one process)
+	$(BIN)/pytest -q -n auto --dist loadfile -m "not slow and not slurm" $(PYTEST_ARGS)
 
 test-slow: ## the checks that take minutes: MiniLM on the shipped GLUE files (slow), jobs on a local SLURM cluster (slurm; skip without one)
 	$(BIN)/pytest -q -m "slow or slurm" $(PYTEST_ARGS)

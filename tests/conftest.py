@@ -10,11 +10,42 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+
+MAX_WORKERS = 8  # make test's -n auto: the suite's longest test file takes about 1/8 of it on one core (loadfile)
+
+
+def _cores() -> int:
+    """The cores this process may run on (taskset, a SLURM job's cpuset), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core this process may use, at most MAX_WORKERS (pytest-xdist's own count is the
+    machine's physical cores, whatever the affinity; PYTEST_XDIST_AUTO_NUM_WORKERS=N still decides)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return max(1, min(_cores(), MAX_WORKERS))
+
+
+def _share_the_cores_among_xdist_workers() -> None:
+    """Under pytest-xdist (make test: `-n auto`), each worker's torch, and the peltbench commands it starts, get their
+    share of the cores (OMP_NUM_THREADS: 1 each for 2 workers on 2 cores), not all of them each: torch's threads of two
+    workers on the same cores wait on one another. Before torch is imported; a count set by the user is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, _cores() // workers))
+        if "torch" in sys.modules:  # a plugin imported it first
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cores_among_xdist_workers()
+
+from hydra import compose, initialize_config_module  # noqa: E402
 
 # The tiny random encoders (hidden 32, 2 layers, O(1) weights) and their word-level vocabulary: peltbench.tiny, which
 # peltbench-check-method builds its models with too
-from peltbench.tiny import (ENCODERS, O1_INIT, ROBERTA_STYLE, TINY, WORDS, save_tiny_encoder,  # noqa: F401
+from peltbench.tiny import (ENCODERS, O1_INIT, ROBERTA_STYLE, TINY, WORDS, save_tiny_encoder,  # noqa: F401,E402
                             tiny_encoder, tiny_encoder_config, tiny_tokenizer)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach the Hub

@@ -428,7 +428,13 @@ def sweep(checkpoint, glue, results, methods, fuse: bool, *extra: str):
             for name in methods]
 
 
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
+# make test runs BERT's; the other encoders' are make test-slow's (8-11 s each): what they check beyond BERT's is make
+# test's too, per encoder: every method's count (test_peltbench_params_counts_any_model_from_its_config), a mixed group's
+# logits and gradients those of its members alone (test_a_mixed_group_computes_each_members_logits_and_gradients), what
+# each method trains (test_training_changes_exactly_what_the_method_trains) and the runner on the encoder
+# (test_a_saved_lora_run_reloads; tests/test_devices.py: a fused group of every component in bf16)
+@pytest.mark.parametrize("model_type", [model_type if model_type == "bert" else pytest.param(model_type, marks=pytest.mark.slow)
+                                        for model_type in ARCHITECTURES])
 def test_every_method_runs_through_peltbench_alone_and_fused(model_type, tmp_path, glue_dir):
     """Every method trains on the encoder and writes its record; all frozen-backbone methods in one fused group give,
     with dropout off, the records of their separate runs."""

@@ -368,7 +368,11 @@ HALVING_ROWS = {
 }
 
 
-@pytest.mark.parametrize("row", sorted(HALVING_ROWS))
+# make test runs FourierFT's row (its statuses fixed); the other rows are make test-slow's (2-5 s each): halving itself
+# is the grids' above, and each method fused with members that leave is tests/test_checkpoint.py's and
+# tests/test_randomness.py's
+@pytest.mark.parametrize("row", [row if row == "fourierft" else pytest.param(row, marks=pytest.mark.slow)
+                                 for row in sorted(HALVING_ROWS)])
 def test_successive_halving_of_each_new_methods_grid_keeps_the_full_grids_records(tmp_path, row):
     """A learning-rate grid under halving=2 (dropout on): some candidates are pruned, the survivors' records are those
     of the same runs without halving, and a pruned run's history is the full run's first epochs."""
