@@ -142,8 +142,8 @@ BAD_INPUTS = [  # (arguments, the one line printed): Hydra's errors and peltbenc
 
 
 @pytest.mark.parametrize("arguments,line", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_line_and_exit_status_2_before_anything_runs(arguments, line, tmp_path):
-    result = peltbench(*arguments, cwd=tmp_path)
+def test_bad_input_is_one_line_and_exit_status_2_before_anything_runs(arguments, line, tmp_path, in_process):
+    result = in_process(*arguments, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"peltbench: error: {line}"), result.stderr
     assert result.stderr.count("\n") == 1 and result.stdout == ""
