@@ -265,12 +265,7 @@ def select(cfg: DictConfig | Mapping, key: str, default=None):
     `key`, `default` where there is none."""
     if isinstance(cfg, DictConfig):
         return OmegaConf.select(cfg, key, default=default)
-    node = cfg
-    for part in _KEY_PARTS.get(key) or _split(key):
-        if not isinstance(node, (dict, Mapping)) or part not in node:  # dict first: Mapping's check is slow
-            return default
-        node = node[part]
-    return node
+    return _walk(cfg, _KEY_PARTS.get(key) or _split(key), default)
 
 
 _KEY_PARTS: dict[str, tuple[str, ...]] = {}  # select's keys, split once (a sweep reads ~20 of them in each of its runs)
@@ -287,7 +282,7 @@ def _walk(cfg: Mapping, path: tuple[str, ...], default):
     """select on plain data, the key's path split already."""
     node = cfg
     for part in path:
-        if not isinstance(node, (dict, Mapping)) or part not in node:
+        if not isinstance(node, (dict, Mapping)) or part not in node:  # dict first: Mapping's check is slow
             return default
         node = node[part]
     return node
