@@ -18,6 +18,8 @@ from . import UserError
 from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentError, builtin_files, builtin_names,
                         declaration, evaluate, is_builtin)
 from .packaged import options, packaged_config
+from .passes import once
+from .plain import known, remember
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
 from .tasks import DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
@@ -199,20 +201,25 @@ def check_config(cfg: DictConfig) -> None:
             raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
     check_known_keys(cfg)
     plain = isinstance(cfg, dict)
-    for key, path, (valid, must) in _SETTING_PATHS:
-        value = _at(cfg, path) if plain else _select(cfg, key)
-        if value is _ABSENT:
+    for top, settings in _SETTING_GROUPS:
+        node = cfg.get(top) if plain else None
+        if known("settings", node):  # a node of the composed config this run shares (train, save, ...): checked
             continue
-        try:  # a value found valid once is valid (a sweep checks 100,000 runs of a few hundred values)
-            seen = (key, type(value), value)
-            if seen in _VALID:
+        for key, path, (valid, must) in settings:
+            value = _at(cfg, path) if plain else _select(cfg, key)
+            if value is _ABSENT:
                 continue
-        except TypeError:  # a list: checked each time
-            seen = None
-        if not valid(value):
-            raise UserError(f"{key}={_show(value)}: {must}")
-        if seen is not None and len(_VALID) < 65536:
-            _VALID.add(seen)
+            try:  # a value found valid once is valid (a sweep checks 100,000 runs of a few hundred values)
+                seen = (key, type(value), value)
+                if seen in _VALID:
+                    continue
+            except TypeError:  # a list: checked each time
+                seen = None
+            if not valid(value):
+                raise UserError(f"{key}={_show(value)}: {must}")
+            if seen is not None and len(_VALID) < 65536:
+                _VALID.add(seen)
+        remember("settings", node, True)
     _once(check_task, cfg.task, _VALID_TASKS)
     check_schedule(cfg.train)
     check_protocol(cfg)
@@ -226,6 +233,8 @@ def check_config(cfg: DictConfig) -> None:
 
 
 _SETTING_PATHS = [(key, tuple(key.split(".")), rule) for key, rule in SETTINGS.items()]
+_SETTING_GROUPS = [(top, [entry for entry in _SETTING_PATHS if entry[1][0] == top])  # by top-level key, in order
+                   for top in dict.fromkeys(path[0] for _, path, _ in _SETTING_PATHS)]
 _VALID: set = set()          # (key, type, value) of setting values found valid (SETTINGS' rules are pure)
 _VALID_METHODS: set = set()  # repr of plain method settings check_method found valid
 _VALID_TASKS: set = set()    # and of plain task nodes check_task found valid
@@ -236,17 +245,24 @@ def _once(check: Callable, node, valid: set) -> None:
     if not isinstance(node, dict):
         check(node)
         return
+    if known(check, node) is not None:
+        return
     text = repr(node)
     if text not in valid:
         check(node)
         if len(valid) < 4096:
             valid.add(text)
+    remember(check, node, True)
 
 
 def local_model_config(name: str) -> dict | None:
     """The model's config.json, read without torch and without the network: a local checkpoint's, or a Hub model's
     where the Hugging Face cache holds it; None otherwise (then check_model_fit runs when the run has loaded the
-    config, before any weights)."""
+    config, before any weights). Inside one_pass() (a sweep's check) looked up once per name."""
+    return once("local_model_config", name, _local_model_config)
+
+
+def _local_model_config(name: str) -> dict | None:
     import os
     import stat
 
@@ -728,15 +744,18 @@ def check_known_keys(cfg: DictConfig) -> None:
         _check_leaves(cfg)
         if shape is not None and len(_KNOWN_SHAPES) < 1024:
             _KNOWN_SHAPES.add(shape)
-    unknown = sorted(set(cfg.task.keys()) - set(TASK_KEYS))
-    if unknown:
-        raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}; a task file has "
-                        f"{', '.join(TASK_KEYS)} (docs/tasks.md)")
-    if cfg.get("protocol") is not None:
-        known = _protocol_keys()
-        unknown = sorted(set(cfg.protocol.keys()) - known)
+    if known("task keys", cfg.task) is None:
+        unknown = sorted(set(cfg.task.keys()) - set(TASK_KEYS))
         if unknown:
-            raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(known))}")
+            raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}; a task file has "
+                            f"{', '.join(TASK_KEYS)} (docs/tasks.md)")
+        remember("task keys", cfg.task, True)
+    if cfg.get("protocol") is not None and known("protocol keys", cfg.protocol) is None:
+        settings = _protocol_keys()
+        unknown = sorted(set(cfg.protocol.keys()) - settings)
+        if unknown:
+            raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(settings))}")
+        remember("protocol keys", cfg.protocol, True)
 
 
 SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol")  # checked by their own functions, or Hydra's
@@ -747,19 +766,26 @@ def _shape(node: dict, skip: tuple[str, ...] = SKIPPED_NODES) -> tuple:
     """The key structure of plain data: its keys, and that of each dict in it (no values), outside `skip`."""
     if skip:
         node = {key: child for key, child in node.items() if key not in skip}
-    return tuple(node), tuple([(key, _shape(child, ())) for key, child in node.items() if isinstance(child, dict)])
+    return tuple(node), tuple([(key, known("shape", child) or _child_shape(child)) for key, child in node.items()
+                               if isinstance(child, dict)])
+
+
+def _child_shape(node: dict) -> tuple:
+    shape = _shape(node, ())
+    remember("shape", node, shape)
+    return shape
 
 
 def _check_leaves(cfg: DictConfig | Mapping) -> None:
     """No key peltbench does not read, none it needs removed (check_known_keys)."""
     packaged = packaged_config("config.yaml")
     defaults = _default_leaves()
-    known = defaults | set(SETTINGS)
+    allowed = defaults | set(SETTINGS)
     present = set(_leaves(cfg, skip=SKIPPED_NODES))
-    unknown = sorted(present - known)
+    unknown = sorted(present - allowed)
     if unknown:
         parent = unknown[0].rpartition(".")[0]
-        siblings = sorted(key.rpartition(".")[2] for key in known if key.rpartition(".")[0] == parent)
+        siblings = sorted(key.rpartition(".")[2] for key in allowed if key.rpartition(".")[0] == parent)
         hint = f"; {parent} has {', '.join(siblings)}" if parent and siblings else ""
         raise UserError(f"{unknown[0]}: not a peltbench setting{hint} (peltbench --help lists them all)")
     removed = sorted(defaults - present)

@@ -113,19 +113,22 @@ def expand(config_loader: Any, sweep_config: DictConfig) -> tuple[list[list[str]
 
 
 def check_sweep(config_loader: Any, sweep_config: DictConfig, arguments: list[str] | None = None,
-                known: dict[int, NoJob] | None = None) -> Sweep:
+                known: dict[int, NoJob] | None = None, logs: bool = True) -> Sweep:
     """Compose every run of the sweep whose (multirun) config is `sweep_config` and classify its record; `known`: the
-    runs it gave no job (note_no_job), taken as they were where their record has not changed since."""
+    runs it gave no job (note_no_job), taken as they were where their record has not changed since; `logs`: with each
+    run's job folder in this sweep (the sweep's summary reads them; peltbench-missing does not)."""
     jobs, swept_keys = expand(config_loader, sweep_config)
-    runs = check_jobs(config_loader, sweep_config, jobs, swept_keys, known=known)
+    runs = check_jobs(config_loader, sweep_config, jobs, swept_keys, known=known, logs=logs)
     passthrough = [] if arguments is None else _passthrough(arguments, swept_keys)
     return Sweep(runs, swept_keys, passthrough)
 
 
 def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]],
-               swept_keys: Sequence[str] = (), first_num: int = 0, known: dict[int, NoJob] | None = None) -> list[Run]:
+               swept_keys: Sequence[str] = (), first_num: int = 0, known: dict[int, NoJob] | None = None,
+               logs: bool = True) -> list[Run]:
     """The state of each job's record (jobs as Hydra's sweeper hands them to a launcher); `known`: runs given no job
-    (note_no_job), each taken as it was, without composing it again, where its record has not changed since."""
+    (note_no_job), each taken as it was, without composing it again, where its record has not changed since; `logs`:
+    with each run's job folder."""
     compose = _Composer(config_loader, sweep_config)
     runs = []
     with one_pass():
@@ -138,7 +141,7 @@ def check_jobs(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequ
                 continue
             cfg = compose(list(job), num)
             check_config(cfg)  # a run that cannot be (k=-1, no method=) is bad input, not a missing run
-            runs.append(_check_run(cfg, num, {key: values[key] for key in swept_keys}))
+            runs.append(_check_run(cfg, num, {key: values[key] for key in swept_keys}, logs=logs))
             runs[-1].elsewhere = noted is not None and noted.state == "running"
     return runs
 
@@ -670,7 +673,7 @@ def _load(arguments: list[str]) -> Sweep:
         loader = GlobalHydra.instance().config_loader()
         pinned = pin_group_settings(["-m", *arguments])[1:]  # method.lr=1e-3 beside method=a,b (overrides.py)
         sweep_config = loader.load_configuration(config_name="config", overrides=pinned, run_mode=RunMode.MULTIRUN)
-        return check_sweep(loader, sweep_config, arguments)
+        return check_sweep(loader, sweep_config, arguments, logs=False)  # its report names no log folder
 
 
 def write_outcome(log_dir: Path, status: str, reason: str | None = None) -> None:

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -30,6 +29,8 @@ from .component import code_identity, is_builtin
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
 from .packaged import method_file, packaged_config, user_config_dirs
+from .plain import Plain, known, remember
+from .passes import once, one_pass  # noqa: F401  (one_pass: readers of records import it from here)
 from .protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, identity as protocol_identity, lmbff_chain,
                         method_overrides, protocol_name)
 from .tasks import RESULT_KEYS
@@ -54,33 +55,15 @@ class RecordWriteError(Exception):
 
 def model_identity(name: str) -> str:
     """One spelling per model: a local directory as its real absolute path (DIR, DIR/, a relative path to it and a
-    symlink to it are one model), a Hub id as given. A record written with the absolute real path keeps its hash."""
-    if _resolved is not None:
-        if name not in _resolved:
-            _resolved[name] = _model_identity(name)
-        return _resolved[name]
-    return _model_identity(name)
+    symlink to it are one model), a Hub id as given. A record written with the absolute real path keeps its hash.
+    Inside one_pass() each name is resolved once, as it was when first asked."""
+    return once("model_identity", name, _model_identity)
 
 
 def _model_identity(name: str) -> str:
     if is_local(name):
         return os.path.realpath(os.path.expanduser(name))
     return name
-
-
-_resolved: dict[str, str] | None = None  # model_identity's answers, inside one_pass()
-
-
-@contextmanager
-def one_pass():
-    """A pass over many records or runs (the tables' reading, a sweep's check): inside it, each model name is resolved
-    to its real path once (model_identity), not once per record; the paths are taken as they were when first asked."""
-    global _resolved
-    outer, _resolved = _resolved, {} if _resolved is None else _resolved
-    try:
-        yield
-    finally:
-        _resolved = outer
 
 
 def data_location(data_dir: str | None) -> str | None:
@@ -170,6 +153,14 @@ def task_identity(cfg: DictConfig | Mapping, rows: str | None = None) -> dict | 
 def is_packaged_task(task: DictConfig | Mapping) -> bool:
     """Whether a task node is a packaged task file's (conf/task/), as this version ships it or as records from before
     task files took their present form hold it (`hub` and `tsv`), in what decides results (tasks.RESULT_KEYS)."""
+    answer = known(is_packaged_task, task)  # a sweep's runs share their task node
+    if answer is None:
+        answer = _is_packaged_task(task)
+        remember(is_packaged_task, task, answer)
+    return answer
+
+
+def _is_packaged_task(task: DictConfig | Mapping) -> bool:
     packaged = _packaged_task(str(task.get("name")))
     if packaged is None:
         return False
@@ -209,21 +200,6 @@ def _packaged_main_metric(task: str):
 
 
 # ---------------------------------------------------------------- a config as plain data
-
-class Plain(dict):
-    """A resolved config as plain dicts and lists, read as a DictConfig is read (`cfg.method.lr`, `cfg.get("k")`,
-    `cfg["task"]`): what peltbench.missing composes for each run of a sweep, without an OmegaConf object per run. It
-    holds no interpolation and no `???` (those are composed by OmegaConf). Never changed once made: runs share its
-    unchanged parts."""
-
-    __slots__ = ()
-
-    def __getattr__(self, key: str):
-        try:
-            return self[key]
-        except KeyError:
-            raise AttributeError(key) from None
-
 
 def readable(cfg: DictConfig | Mapping) -> DictConfig | Mapping:
     """`cfg` as the functions here read it: a DictConfig as it is; a plain config as it is, unless one of its strings
@@ -581,6 +557,8 @@ def _contradictions(identity: dict, from_config: dict) -> list[str]:
     0.0005`, each such key. Not the parts this version derives (DERIVED_KEYS: a changed meaning), nor the code of a
     user's component (read from its module as this process finds it, not from the config: a change is a changed
     meaning, docs/record.md), nor the model's path (the identity holds it as the machine that wrote it resolved it)."""
+    if identity == from_config:
+        return []
     skip = {*DERIVED_KEYS, "code", "model.name"}
     stored = {key: value for key, value in identity.items() if key not in skip}
     mine = {key: value for key, value in from_config.items() if key not in skip}
