@@ -22,8 +22,10 @@ launcher tells the summary (note_no_job), which takes it as it was unless its re
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import io
 import json
 import logging
 import os
@@ -320,7 +322,8 @@ class _Composer:
         return cfg
 
     def _compose(self, choices: tuple[str, ...]) -> tuple[DictConfig, _PlainBase | None]:
-        composed = self.loader.load_sweep_config(self.sweep_config, list(choices))
+        with _files_parsed_once():
+            composed = self.loader.load_sweep_config(self.sweep_config, list(choices))
         with open_dict(composed):
             del composed["hydra"]
         self.composed[choices] = composed, _PlainBase.of(composed, self.template) if self.plain else None
@@ -361,6 +364,32 @@ def _compositions(sweep_config: DictConfig, plain: bool) -> dict:
 def forget_compositions() -> None:
     """Compose anew from here on (a new command: its config files may have changed)."""
     _COMPOSITIONS.clear()
+    _PARSED.clear()
+
+
+_PARSED: dict[str, DictConfig] = {}  # a config file's text -> OmegaConf.load's config of it (never handed out itself)
+
+
+@contextlib.contextmanager
+def _files_parsed_once():
+    """While Hydra composes a sweep's sets of choices, each config file's YAML is parsed once, not once per set (Table
+    1's grid composes 80 sets from the same dozen files): OmegaConf.load, which Hydra's config sources call with the
+    open file, answers a text it has parsed with a copy of that config (a fifth of the time of parsing it again)."""
+    load = OmegaConf.load
+
+    def load_once(file_):
+        if isinstance(file_, (str, os.PathLike)):
+            return load(file_)
+        text = file_.read()
+        if text not in _PARSED:
+            _PARSED[text] = load(io.StringIO(text) if isinstance(text, str) else io.BytesIO(text))
+        return copy.deepcopy(_PARSED[text])
+
+    OmegaConf.load = load_once
+    try:
+        yield
+    finally:
+        OmegaConf.load = load
 
 
 @dataclass(frozen=True)
