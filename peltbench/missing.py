@@ -452,6 +452,7 @@ class _PlainBase:
 
     def __init__(self, resolved: Plain, links: list[tuple[tuple[str, ...], tuple[str, ...]]], template: _Template) -> None:
         self.resolved, self.links, self.template = resolved, links, template
+        self.follow: dict[tuple, list] = {}  # the paths a job's lines set -> the links to follow again (_followed)
 
     @classmethod
     def of(cls, composed: DictConfig, template: _Template | None) -> _PlainBase | None:
@@ -470,6 +471,14 @@ class _PlainBase:
             return None
         return cls(_plain(resolved), [(path, tuple(source.split("."))) for path, source in links], template)
 
+    def _followed(self, changed: tuple[tuple[str, ...], ...]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """The links to follow again where lines set the values at `changed` (a sweep's runs set the same keys)."""
+        found = self.follow.get(changed)
+        if found is None:
+            found = self.follow[changed] = [(path, source) for path, source in self.links if path not in changed and
+                                            any(source == to[:len(source)] for to in changed)]
+        return found
+
     def run(self, lines: list[_Line], num: int, sweep_dir: str) -> Plain | None:
         """The job's config with the values of `lines` in place, or None if one of them is not a value set on a
         value."""
@@ -481,15 +490,14 @@ class _PlainBase:
                 return None
             path, value = line.setting
             parent = _writable(cfg, path[:-1], copied) if len(path) > 1 else cfg
-            if parent is None or path[-1] not in parent or isinstance(parent[path[-1]], (Mapping, list)):
+            if parent is None or path[-1] not in parent or isinstance(parent[path[-1]], (dict, list, Mapping)):
                 return None  # not there, or not a value: Hydra's own function says what it does
             parent[path[-1]] = value
             changed.append(path)
-        for path, source in self.links:  # a link whose source (or a dict above it) a line set, followed again
-            if path not in changed and any(source == to[:len(source)] for to in changed):
-                value = _at(cfg, source)
-                if _at(cfg, path) is not value:
-                    _writable(cfg, path[:-1], copied)[path[-1]] = value
+        for path, source in self._followed(tuple(changed)):  # a link whose source (or a dict above it) a line set
+            value = _at(cfg, source)
+            if _at(cfg, path) is not value:
+                _writable(cfg, path[:-1], copied)[path[-1]] = value
         subdir = self.template.fill(cfg, num)
         if subdir is None:
             return None

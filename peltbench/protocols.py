@@ -14,6 +14,7 @@ from functools import lru_cache
 from omegaconf import DictConfig, OmegaConf
 
 from .packaged import options, packaged_config
+from .plain import known, remember
 
 DEFAULT = "unipelt"       # today's protocol: records without a `protocol` field ran it
 GLUE_MAX_LENGTH = 128     # App. B; every GLUE task file's max_length, and every record's from before task files had one
@@ -32,8 +33,8 @@ SELECTION = {
 
 def protocol_name(config: Mapping | DictConfig | None) -> str:
     """The protocol a config (or a record's `config`) ran under: `unipelt` when it names none (earlier records)."""
-    node = (config or {}).get("protocol") if isinstance(config, (Mapping, DictConfig)) else None
-    name = node.get("name") if isinstance(node, (Mapping, DictConfig)) else None
+    node = (config or {}).get("protocol") if isinstance(config, (dict, Mapping, DictConfig)) else None  # dict first:
+    name = node.get("name") if isinstance(node, (dict, Mapping, DictConfig)) else None  # Mapping's check is slow
     return str(name) if name else DEFAULT
 
 
@@ -121,8 +122,12 @@ def identity(cfg: DictConfig) -> dict | None:
     node = cfg.get("protocol")
     if node is None:
         return None
-    values = {key: node.get(key) for key in RESULT_KEYS}
-    return None if values == _default_identity() else values
+    found = known(identity, node)  # a sweep's runs share their protocol node
+    if found is None:
+        values = {key: node.get(key) for key in RESULT_KEYS}
+        found = (None if values == _default_identity() else values,)
+        remember(identity, node, found)
+    return None if found[0] is None else dict(found[0])  # the caller's own dict
 
 
 @lru_cache(maxsize=None)

@@ -618,8 +618,9 @@ def non_default_settings(cfg: DictConfig | Mapping) -> list[tuple[str, object]]:
                 changes.append((key, value))
     task = cfg["task"]  # the protocol's k, seeds, train.* and the task's max_length are not departures
     defaults = _top_defaults(protocol, cfg["seed"], task["name"], task.get("max_length"))
-    for key in (*FOLDER_KEYS, *LATER_KEYS):
-        value = select(cfg, key)
+    plain = not isinstance(cfg, DictConfig)
+    for key, path in _DEPARTING_PATHS:
+        value = _walk(cfg, path, None) if plain else select(cfg, key)
         if key == "model.name":
             value = model_identity(str(value))
         if defaults[key] != value:
@@ -648,7 +649,11 @@ def _method_file_defaults(method: str, protocol: str, folders: tuple[str, ...]) 
 def _top_defaults(protocol: str, seed, task: str, max_length: int | None = None) -> dict:
     """The values of FOLDER_KEYS and LATER_KEYS that a run of `protocol`, `seed` and `task` (of that `max_length`)
     has unless it says otherwise (protocols.run_defaults). Never change what it returns."""
-    return default_values(protocol, seed, task, (*FOLDER_KEYS, *LATER_KEYS), max_length)
+    return default_values(protocol, seed, task, _DEPARTING, max_length)
+
+
+_DEPARTING = (*FOLDER_KEYS, *LATER_KEYS)  # the top-level settings a run's folder names where they depart
+_DEPARTING_PATHS = tuple((key, tuple(key.split("."))) for key in _DEPARTING)
 
 
 def _folder_value(key: str, value) -> str:
