@@ -33,6 +33,7 @@ from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
 from .packaged import options, packaged_config, shadowing, use_searchpath
+from .plain import known, remember
 from .protocols import protocol_name, run_defaults, sweep_seeds
 from .missing import forget_compositions
 from .record import container
@@ -190,6 +191,15 @@ def _plan(loader, config: DictConfig, check) -> list:
     return list(checked_batches(loader, config, jobs, 0, size, each=check))
 
 
+def _spelt(node) -> str:
+    """A config node as JSON text with sorted keys: equal nodes, equal texts (once per node a sweep's runs share)."""
+    text = known(_spelt, node)
+    if text is None:
+        text = json.dumps(container(node), sort_keys=True)
+        remember(_spelt, node, text)
+    return text
+
+
 def sweep_overrides(config: DictConfig) -> tuple:
     """A composed config's overrides (hydra.overrides.task and .hydra, less the hydra.mode=MULTIRUN that Hydra's -m adds
     to the latter), as checked_sweep gives them."""
@@ -245,7 +255,7 @@ def preflight(arguments: list[str]) -> str | None:
                     protocols.add(protocol_name(job))
                     loggers.setdefault(repr(container(job.get("logger") or {})), job.get("logger"))
                     data_dir = None if job.data.dir is None else str(job.data.dir)
-                    task_key = (json.dumps(container(job.task), sort_keys=True), data_dir)
+                    task_key = (_spelt(job.task), data_dir)
                     node = job.get("protocol")
                     fit = (job.k, job.dev_size, node.get("dev", "train") if node is not None else "train")
                     data.setdefault(task_key, (job.task, set()))[1].add(fit)
