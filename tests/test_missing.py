@@ -337,3 +337,22 @@ def test_a_bad_value_is_refused_alike_in_plain_data(tmp_path):
                         check_config(composer(list(job), num))
                 errors.append(str(error.value))
             assert errors[0] == errors[1] and errors[0].startswith(line), errors
+
+
+def test_config_files_parsed_once_compose_what_hydra_composes(tmp_path):
+    """A sweep's sets of choices parse each config file once (_files_parsed_once): each composed config is the one Hydra
+    composes alone, hydra node and all, and none shares a node with another (a copy each time)."""
+    from peltbench.missing import _files_parsed_once
+
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        sweep_config = loader.load_configuration(config_name="config", overrides=["method=lora,adapter", "task=rte"],
+                                                 run_mode=RunMode.MULTIRUN)
+        choices = [["method=lora", "task=rte"], ["method=adapter", "task=cola", "protocol=lmbff"],
+                   ["method=unipelt_apl", "task=stsb"], ["method=lora", "task=cola", "protocol=lmbff"]]
+        alone = [OmegaConf.to_yaml(loader.load_sweep_config(sweep_config, list(c))) for c in choices]
+        with _files_parsed_once():
+            once = [loader.load_sweep_config(sweep_config, list(c)) for c in choices]
+            once[0].method.lr = 123.0  # a copy: the next composition of the file is not changed
+            again = loader.load_sweep_config(sweep_config, list(choices[0]))
+    assert [OmegaConf.to_yaml(cfg) for cfg in once[1:]] == alone[1:] and OmegaConf.to_yaml(again) == alone[0]

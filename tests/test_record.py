@@ -290,3 +290,15 @@ def test_a_groups_cpu_peak_counts_from_its_start_not_the_process_lifetime():
     held = resident(64 * 2 ** 20)  # this group's own memory counts
     assert peak_memory("cpu", 1, measures)["bytes"] >= peak["bytes"] + 60 * 2 ** 20
     held.close()
+
+
+def test_an_answer_is_kept_for_the_very_plain_node_only():
+    """plain.known answers for the node a check saw (a sweep's runs share it), never for an equal copy, a dict, or
+    after the node it was for is gone."""
+    from peltbench.plain import Plain, known, remember
+
+    node, twin, loose = Plain(lr=1e-3), Plain(lr=1e-3), {"lr": 1e-3}
+    remember("check", node, "fine")
+    remember("check", loose, "fine")
+    assert known("check", node) == "fine" and known("other", node) is None
+    assert known("check", twin) is None and known("check", loose) is None
