@@ -221,8 +221,8 @@ def omegaconf_strings(value) -> bool:
 def may_hold_omegaconf_strings(text: str | bytes) -> bool:
     """Whether JSON text (or its UTF-8 bytes, as a record file holds it) may hold a string OmegaConf reads as more than
     text (False: it holds none)."""
-    if isinstance(text, bytes):
-        return b"${" in text or b'"???"' in text
+    if isinstance(text, bytes):  # one byte looked for first (memchr: a tenth of the time of two bytes' search)
+        return (b"$" in text and b"${" in text) or (b"?" in text and b'"???"' in text)
     return "${" in text or '"???"' in text
 
 

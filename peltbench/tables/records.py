@@ -26,6 +26,7 @@ from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 from omegaconf import OmegaConf
 
@@ -363,18 +364,18 @@ def _shared_parts(config, memo):
     """`config` with each of its dicts and lists (`method`, `task`, `train`, ...) replaced by an equal one that earlier
     records of the pass gave (records of one sweep repeat them): a config's parsed parts take 12 KB, 1.2 GB for
     100,000 records. Rows share them: read them, never change them in place (load_records)."""
-    return {key: memo.setdefault(("config", key, repr(value)), value) if isinstance(value, (dict, list)) else value
+    return {key: _memo(memo, ("config", key), value, lambda value: value) if isinstance(value, (dict, list)) else value
             for key, value in config.items()}
 
 
 def _method_part(method, config_method, protocol, memo):
     """(method_settings, changed_settings) of a record's method settings, once per distinct method, protocol and
     settings in a pass."""
-    key = ("method", method, protocol, repr(config_method))
-    if key not in memo:
+    def parts(config_method):
         settings = method_settings(method, config_method, protocol)
-        memo[key] = settings, changed_settings(method, settings, protocol)
-    return memo[key]
+        return settings, changed_settings(method, settings, protocol)
+
+    return _memo(memo, ("method", method, protocol), config_method, parts)
 
 
 def _protocol_part(config, precision, memo):
@@ -384,10 +385,23 @@ def _protocol_part(config, precision, memo):
     reads = [config["train"], {key: config[key] for key in TOP_LEVEL_KEYS if key in config}, name, precision]
     if named:
         reads += [(config.get("task") or {}).get("name"), config.get("seed")]
-    key = ("protocol", repr(reads))
-    if key not in memo:
-        memo[key] = protocol_label(run_protocol(config, precision))
-    return memo[key]
+    return _memo(memo, ("protocol",), reads, lambda reads: protocol_label(run_protocol(config, precision)))
+
+
+def _memo(memo, kind, value, make):
+    """make(value), once per distinct plain `value` of its `kind` in a pass. Values are told apart by their JSON text
+    (orjson: a fifth of the time of repr; repr where orjson refuses one), and a value whose text an unequal one had
+    (NaN and null are both `null`) is made alone."""
+    try:
+        text = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):  # e.g. an integer past 64 bits
+        text = repr(value)
+    found = memo.get((*kind, text))
+    if found is None:
+        found = memo[(*kind, text)] = value, make(value)
+    elif found[0] is not value and found[0] != value:
+        return make(value)
+    return found[1]
 
 
 def _train_settings(config):
