@@ -813,7 +813,7 @@ def _packaged_protocols() -> frozenset[str]:
 
 def _leaves(node: DictConfig | Mapping, prefix: str = "", skip: tuple[str, ...] = ()) -> Iterator[str]:
     """Dotted keys of every value that is not itself a mapping, e.g. `train.epochs` (lists are values). `node`: a
-    config, or the same as plain data (record.Plain: peltbench.missing's runs of a sweep)."""
+    config, or the same as plain data (plain.Plain: peltbench.missing's runs of a sweep)."""
     plain = isinstance(node, dict)  # dict first: Mapping's check is slow (a sweep checks 100,000 runs)
     for key in node.keys():
         if key in skip or key == "defaults":
@@ -827,7 +827,7 @@ def _leaves(node: DictConfig | Mapping, prefix: str = "", skip: tuple[str, ...] 
 
 
 def _at(cfg: dict, path: tuple[str, ...]):
-    """The value at `path` of plain data (record.Plain), _ABSENT where there is none."""
+    """The value at `path` of plain data (plain.Plain), _ABSENT where there is none."""
     node = cfg
     for part in path:
         if not isinstance(node, dict):
@@ -842,7 +842,7 @@ def _at(cfg: dict, path: tuple[str, ...]):
 def _select(cfg: DictConfig | Mapping, key: str):
     if isinstance(cfg, DictConfig):
         return OmegaConf.select(cfg, key, default=_ABSENT)
-    node = cfg  # plain data (record.Plain), resolved: the same walk
+    node = cfg  # plain data (plain.Plain), resolved: the same walk
     for part in key.split("."):
         if not (isinstance(node, dict) or isinstance(node, Mapping)) or part not in node:  # dict first: Mapping is slow
             return _ABSENT

@@ -286,7 +286,7 @@ class _Composer:
     log folder) are kept. Each override line is parsed once (a sweep of 100,000 runs has a few hundred distinct ones).
 
     `plain` (the default): a job whose overrides each set one existing value (k=500, method.lr=1e-3: what a sweep's
-    grid is made of) gets its config as plain data (record.Plain, read like a DictConfig): the composed config
+    grid is made of) gets its config as plain data (plain.Plain, read like a DictConfig): the composed config
     resolved once per set of choices, the job's values put in place (copying only the dicts on their way, the rest
     shared between runs), and each plain link `${key}` of the composed config (model_seed: ${seed}) followed again;
     hydra.sweep.subdir is resolved. The same values OmegaConf gives (tests/test_missing.py holds the two together),

@@ -688,7 +688,7 @@ class NotARecord(ValueError):
 
 
 def parse_record(data: bytes) -> dict:
-    """The record a result.json's bytes hold; NotARecord says why they hold none. Its config is a record.Plain (read
+    """The record a result.json's bytes hold; NotARecord says why they hold none. Its config is a plain.Plain (read
     as plain data) unless the text holds a string OmegaConf reads as more than text (`${`, `???`).
 
     orjson parses it (the same objects as json.loads, in 0.6 of its time: 100,000 records are read by the tables, a

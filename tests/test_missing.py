@@ -294,7 +294,7 @@ PLAIN_GRIDS = [
 
 @pytest.mark.parametrize("grid", PLAIN_GRIDS, ids=lambda grid: grid[0] if "=" in grid[0] else "grid")
 def test_a_sweeps_runs_as_plain_data_are_what_hydra_composes(grid, tmp_path):
-    """missing._Composer gives a run made of values set on values as plain data (record.Plain): the same config, record
+    """missing._Composer gives a run made of values set on values as plain data (plain.Plain): the same config, record
     path, hash, log folder and check as Hydra's own function on a DictConfig gives it."""
     from peltbench.config import check_config
     from peltbench.missing import _Composer, _check_run, expand
