@@ -76,10 +76,11 @@ def varied_keys(runs):
     return sorted({key for changed in runs["changed"] for key in changed})
 
 
-def check_varied(runs, keys):
+def check_varied(runs, keys, candidates=None):
     """UserError (one line) for a selected key that takes one value only in every method × task × K: nothing to
-    choose on dev (a key nobody swept), so the selection would pass off a default as chosen."""
-    candidates = candidate_runs(runs, keys)
+    choose on dev (a key nobody swept), so the selection would pass off a default as chosen. `candidates`:
+    candidate_runs(runs, keys), where the caller has it."""
+    candidates = candidate_runs(runs, keys) if candidates is None else candidates
     for key in keys:
         values = candidates["settings"].map(lambda settings: canonical(settings[key]) if key in settings else None)
         present = candidates.assign(_value=values)[values.notna()]
@@ -92,10 +93,10 @@ def check_varied(runs, keys):
                             f"nothing is chosen on dev; settings these runs vary: {varied}")
 
 
-def left_out(runs, keys):
+def left_out(runs, keys, candidates=None):
     """Notes for the methods × tasks × K whose pooled runs are all outside the selection (each changes a setting
-    that is not selected): never dropped silently."""
-    candidates = candidate_runs(runs, keys)
+    that is not selected): never dropped silently. `candidates`: candidate_runs(runs, keys), where the caller has it."""
+    candidates = candidate_runs(runs, keys) if candidates is None else candidates
     inside = set(zip(candidates["method"], candidates["task"], candidates["k"]))
     notes = []
     for (method, task, k), cell in runs.groupby(["method", "task", "k"], sort=False):
@@ -108,9 +109,10 @@ def left_out(runs, keys):
 
 def select_settings(runs, keys, ddof=1):
     """The Chosen of `runs` (one model and protocol, one record per seed) over the method settings `keys`."""
-    check_varied(runs, keys)
-    notes = left_out(runs, keys)
-    runs = candidate_runs(runs, keys)
+    candidates = candidate_runs(runs, keys)  # once (100,000 rows: each a few pandas maps)
+    check_varied(runs, keys, candidates)
+    notes = left_out(runs, keys, candidates)
+    runs = candidates
     usable = runs[((runs["status"] == "ok") & runs["dev_main"].notna() & runs["main"].notna())
                   | ((runs["status"] == "pruned") & runs["dev_main"].notna())]
     rows = []
