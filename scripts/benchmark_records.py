@@ -25,7 +25,10 @@ a task whose files are not there a stand-in of 2,200 rows in its task file's lay
 the start reads and checks as it would the real ones: their reading is a small share of a start over 100,000 runs.
 
 --old BIN runs the same commands from another install's bin folder (e.g. an older peltbench's), on the same records,
-alternating with this one's, so the two are measured under the same load. Nothing here asserts a time: timings on a
+alternating with this one's, so the two are measured under the same load; with --together the two sides of each
+command start at once, one per core (swapped from one command to the next): a machine whose speed changes within the
+hour (this one's did by up to 2x) then runs both at the same speed, though each takes more than alone (they share
+memory and the page cache). Nothing here asserts a time: timings on a
 shared machine are noisy; compare the ratios of one run.
 """
 from __future__ import annotations
@@ -66,18 +69,30 @@ def grid(size: int, shape: str = "table1") -> list[str]:
     return arguments + ([f"method.lr={','.join(lrs)}"] if rates > 1 else [])
 
 
-def measured(command: list[str], env: dict) -> dict:
+def measured(command: list[str], env: dict, core: int | None = None) -> dict:
     """CPU s, wall s and peak RSS (MB) of `command`, run in a process of its own (a fresh wrapper: its children's
-    rusage is that command's alone)."""
-    probe = ("import json, resource, subprocess, sys, time\n"
-             "start = time.perf_counter()\n"
-             "done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)\n"
-             "wall = time.perf_counter() - start\n"
-             "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
-             "print(json.dumps({'rc': done.returncode, 'cpu': usage.ru_utime + usage.ru_stime, 'wall': wall,\n"
-             "                  'peak_mb': usage.ru_maxrss / 1024, 'stderr': done.stderr[-2000:]}))\n")
-    result = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, env=env)
-    return json.loads(result.stdout)
+    rusage is that command's alone); `core`: on that CPU alone."""
+    return _result(_measuring(command, env, core))
+
+
+PROBE = ("import json, os, resource, subprocess, sys, time\n"
+         "if sys.argv[1] != '-': os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+         "start = time.perf_counter()\n"
+         "done = subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)\n"
+         "wall = time.perf_counter() - start\n"
+         "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+         "print(json.dumps({'rc': done.returncode, 'cpu': usage.ru_utime + usage.ru_stime, 'wall': wall,\n"
+         "                  'peak_mb': usage.ru_maxrss / 1024, 'stderr': done.stderr[-2000:]}))\n")
+
+
+def _measuring(command: list[str], env: dict, core: int | None = None) -> subprocess.Popen:
+    """`command` started under the probe (`measured`), on CPU `core` alone where given."""
+    return subprocess.Popen([sys.executable, "-c", PROBE, "-" if core is None else str(core), *command],
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _result(process: subprocess.Popen) -> dict:
+    return json.loads(process.communicate()[0])
 
 
 def sweep_start(arguments: list[str]) -> None:
@@ -125,6 +140,9 @@ def main() -> None:
     parser.add_argument("--old", type=Path, help="another install's bin folder, measured alike (its own python)")
     parser.add_argument("--grids", default=",".join(GRIDS), help="which grids: table1 (its own), seeds (many seeds)")
     parser.add_argument("--skip", default="", help="what not to measure: tables,select,missing,start,rerun")
+    parser.add_argument("--together", action="store_true",
+                        help="with --old: start both sides of each command at once, one per core (their cores swapped "
+                             "from one command to the next), so the machine's speed is the same for both")
     parser.add_argument("--glue", type=Path, default=next((path for path in (REPO.parent / "shared" / "data" / "glue",
                                                                           REPO / "data" / "glue") if path.is_dir()), None),
                         help="a GLUE folder for the start's data (tasks it lacks get stand-ins)")
@@ -191,29 +209,40 @@ def measure(shape: str, size: int, options: argparse.Namespace, sides: list, ski
         print(f"generating {size} records under {runs} ...", flush=True)
         subprocess.run([sys.executable, str(REPO / "scripts" / "generate_records.py"), str(runs), str(TEMPLATES),
                         *arguments], check=True, env=env)
-    for name, bin_dir in sides:
-        out = options.dir / f"tables{shape}{size}-{name}"
-        commands = {
-            "tables": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", str(out)],
-            "select": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", f"{out}-select",
-                       "--select", "method.lr"],
-            "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
-            "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
-                      f"results_dir={runs}", f"data.dir={data}", f"hydra.sweep.dir={options.dir / 'sweep'}"],
-            "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}", f"data.dir={data}",
-                      f"hydra.sweep.dir={options.dir / 'sweep-rerun'}"],
-        }
-        for what, command in commands.items():
-            if what in skip:
-                continue
-            result = measured(command, env)
+    commands = {name: _commands(bin_dir, arguments, runs, data, options.dir / f"tables{shape}{size}-{name}",
+                                options.dir, name) for name, bin_dir in sides}
+    for number, what in enumerate(commands[sides[0][0]]):
+        if what in skip:
+            continue
+        if options.together and len(sides) > 1:
+            cores = [(index + number) % len(sides) for index in range(len(sides))]
+            running = [_measuring(commands[name][what], env, core) for (name, _), core in zip(sides, cores)]
+            results = [_result(process) for process in running]
+        else:
+            results = [measured(commands[name][what], env) for name, _ in sides]
+        for (name, _), result in zip(sides, results):
             line = (f"{shape:<6} N={size:>7,} {name:<3} {what:<7} rc {result['rc']}  CPU {result['cpu']:7.1f} s  "
                     f"wall {result['wall']:7.1f} s  peak {result['peak_mb']:6.0f} MB")
             print(line, flush=True)
             if result["rc"] not in (0,):
                 print("   " + result["stderr"].strip().replace("\n", "\n   "), flush=True)
-        shutil.rmtree(options.dir / "sweep-rerun", ignore_errors=True)
-    shutil.rmtree(options.dir / "sweep", ignore_errors=True)
+        for name, _ in sides:
+            shutil.rmtree(options.dir / f"sweep-rerun-{name}", ignore_errors=True)
+            shutil.rmtree(options.dir / f"sweep-{name}", ignore_errors=True)
+
+
+def _commands(bin_dir: Path, arguments: list[str], runs: Path, data: Path, out: Path, work: Path, name: str) -> dict:
+    """Each measured command of one side (`name`, its bin folder), in the order measured."""
+    return {
+        "tables": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", str(out)],
+        "select": [str(bin_dir / "peltbench-tables"), "--results-dir", str(runs), "--out", f"{out}-select",
+                   "--select", "method.lr"],
+        "missing": [str(bin_dir / "peltbench-missing"), *arguments, f"results_dir={runs}"],
+        "start": [str(bin_dir / "python"), str(Path(__file__).resolve()), "--sweep-start", *arguments,
+                  f"results_dir={runs}", f"data.dir={data}", f"hydra.sweep.dir={work / f'sweep-{name}'}"],
+        "rerun": [str(bin_dir / "peltbench"), "-m", *arguments, f"results_dir={runs}", f"data.dir={data}",
+                  f"hydra.sweep.dir={work / f'sweep-rerun-{name}'}"],
+    }
 
 
 if __name__ == "__main__":
