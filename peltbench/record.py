@@ -29,8 +29,8 @@ from .component import code_identity, is_builtin
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
 from .packaged import method_file, packaged_config, user_config_dirs
-from .plain import Plain, known, remember
 from .passes import once, one_pass  # noqa: F401  (one_pass: readers of records import it from here)
+from .plain import Plain, known, remember
 from .protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, identity as protocol_identity, lmbff_chain,
                         method_overrides, protocol_name)
 from .tasks import RESULT_KEYS
