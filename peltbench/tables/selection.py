@@ -76,11 +76,10 @@ def varied_keys(runs):
     return sorted({key for changed in runs["changed"] for key in changed})
 
 
-def check_varied(runs, keys, candidates=None):
+def check_varied(runs, keys, candidates):
     """UserError (one line) for a selected key that takes one value only in every method × task × K: nothing to
     choose on dev (a key nobody swept), so the selection would pass off a default as chosen. `candidates`:
-    candidate_runs(runs, keys), where the caller has it."""
-    candidates = candidate_runs(runs, keys) if candidates is None else candidates
+    candidate_runs(runs, keys)."""
     for key in keys:
         values = candidates["settings"].map(lambda settings: canonical(settings[key]) if key in settings else None)
         present = candidates.assign(_value=values)[values.notna()]
@@ -93,10 +92,9 @@ def check_varied(runs, keys, candidates=None):
                             f"nothing is chosen on dev; settings these runs vary: {varied}")
 
 
-def left_out(runs, keys, candidates=None):
+def left_out(runs, keys, candidates):
     """Notes for the methods × tasks × K whose pooled runs are all outside the selection (each changes a setting
-    that is not selected): never dropped silently. `candidates`: candidate_runs(runs, keys), where the caller has it."""
-    candidates = candidate_runs(runs, keys) if candidates is None else candidates
+    that is not selected): never dropped silently. `candidates`: candidate_runs(runs, keys)."""
     inside = set(zip(candidates["method"], candidates["task"], candidates["k"]))
     notes = []
     for (method, task, k), cell in runs.groupby(["method", "task", "k"], sort=False):
