@@ -167,3 +167,27 @@ def test_a_file_that_is_not_a_record_is_missing_for_a_sweep_and_unreadable_for_t
     why = "not valid JSON: Unterminated string starting at at line 1 column 18 (truncated?)"
     assert out[1] == f"  missing  lora/rte/k100/seed111: its result.json is not a record ({why}): a rerun replaces it"
     assert read_records(tmp_path / "results")[1] == [Skipped(str(path), "unreadable", why)]
+
+
+def test_a_damaged_record_is_damaged_after_a_good_one_of_its_shape(tmp_path):
+    """A record's fields are judged by their values' types together once such a tuple of types passed (100,000 records
+    of one sweep share it): a damaged record read after a good one of its shape is still damaged, for the same reason."""
+    from peltbench.record import FIELDS
+
+    good = json.loads(written(tmp_path / "good").read_text())
+    assert damage(good) is None and len(FIELDS.passed) >= 1
+    for index, (name, edit, why) in enumerate(CASES):
+        path = written(tmp_path / str(index), edit)
+        assert damage(json.loads(path.read_text())) == reason(path, why), name
+        assert damage(json.loads(json.dumps(good))) is None
+
+
+def test_a_field_left_out_and_a_field_set_to_null_are_told_apart_after_either_passed():
+    """config.model_seed may be left out (a record from before it) but not null: the shortcut by types keeps them apart."""
+    from peltbench.record import CONFIG_FIELDS
+
+    config = {"method": {"name": "lora"}, "task": {"name": "rte"}, "train": {}, "dev_size": 500}
+    assert CONFIG_FIELDS.damage(config, "config.") is None
+    assert CONFIG_FIELDS.damage({**config, "model_seed": None}, "config.") == \
+        "field 'config.model_seed' is null, expected an integer"
+    assert CONFIG_FIELDS.damage({**config, "model_seed": 3}, "config.") is None

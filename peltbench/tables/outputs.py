@@ -55,7 +55,8 @@ class Output:
 
     def figure(self, name, figure):
         fit_title(figure)
-        figure.savefig(self.path(name), dpi=150)
+        laid_out(figure, DPI)
+        figure.savefig(self.path(name), dpi=DPI)
 
     def prune(self):
         """Remove this tool's files that this render did not write; returns their names."""
@@ -64,6 +65,20 @@ class Output:
         for name in stale:
             (self.folder / name).unlink()
         return stale
+
+
+DPI = 150
+
+
+def laid_out(figure, dpi):
+    """Lay `figure` out at `dpi` with its engine (constrained) and drop the engine: savefig with an engine first draws
+    the whole figure once only to run it (a tenth of a 27-panel figure's time). The same pixels, byte for byte."""
+    engine = figure.get_layout_engine()
+    if engine is None or not figure.axes:
+        return
+    figure.set_dpi(dpi)
+    engine.execute(figure)
+    figure.set_layout_engine(None)
 
 
 def fit_title(figure, share=0.96):

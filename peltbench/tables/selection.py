@@ -155,9 +155,10 @@ def _cell(cell, ddof):
     shared = set.intersection(*seeds.values())
     every = set.union(*seeds.values())
     rows = []
+    in_shared = np.isin(seed_of, list(shared))  # once per cell, not per candidate
     for value in sorted(seeds, key=_value_order):
         at = np.asarray(where[value])
-        compared = dev[at[np.isin(seed_of[at], list(shared))]] if shared else dev[:0]
+        compared = dev[at[in_shared[at]]]
         test = main[at]
         test = test[~np.isnan(test)]
         pruned = pruned_at[at]
@@ -184,8 +185,14 @@ def _cell(cell, ddof):
 
 
 def _mean(values):
-    """A Series' mean as pandas takes it (NaN skipped): the dev mean a candidate is chosen by, as before."""
-    return pd.Series(values).mean()
+    """A float array's mean as pandas takes a Series' (nanops.nanmean: NaN as 0 in numpy's sum, over how many are not
+    NaN; pandas never uses bottleneck for it), bit for bit: the dev mean a candidate is chosen by, as before, without
+    a Series per candidate (20,000 candidates at 100,000 records)."""
+    missing = np.isnan(values)
+    count = len(values) - int(np.count_nonzero(missing))
+    if not count:
+        return np.nan
+    return (np.where(missing, 0.0, values) if count < len(values) else values).sum(dtype=np.float64) / np.float64(count)
 
 
 def _value_order(value):
