@@ -412,56 +412,13 @@ def _passing(check) -> frozenset:
             _is_dict: frozenset({dict, Plain})}.get(check, frozenset())
 
 
-_MISSING = object()
-_TYPE_CHECKS = (_is_str, _is_int, _is_number, _is_dict)  # checks whose answer a value's type alone decides
-
-
-def _by_type(check) -> bool:
-    """Whether a value's type alone decides `check` (not so `_optional(_scores)`: a dict's scores decide it)."""
-    return _by_type(check.check) if isinstance(check, _optional) else check in _TYPE_CHECKS
-
-
-class _Fields:
-    """Fields to check (field, check, what it must be, required, the types that pass), with a shortcut past checking
-    them one by one (a sweep checks 100,000 records): the fields whose values' types alone decide them (`_by_type`)
-    are judged by those types together, and a tuple of types that passed once passes again (at
-    most 4,096 kept); the others are checked each time."""
-
-    def __init__(self, fields: tuple) -> None:
-        self.fields = tuple((field, check, expected, required, _passing(check))
-                            for field, check, expected, required in fields)
-        self.typed = tuple(entry[0] for entry in self.fields if _by_type(entry[1]))
-        self.valued = tuple(entry for entry in self.fields if not _by_type(entry[1]))
-        self.absent = (_MISSING,) * len(self.typed)  # an absent field's type (object) is not null's
-        self.passed: set[tuple] = set()
-
-    def damage(self, record: dict, prefix: str) -> str | None:
-        types = tuple(map(type, map(record.get, self.typed, self.absent)))
-        if types not in self.passed:
-            why = self._one_by_one(record, self.fields, prefix)
-            if why is not None:
-                return why
-            if len(self.passed) >= 4096:
-                self.passed.clear()
-            self.passed.add(types)
-            return None
-        return self._one_by_one(record, self.valued, prefix)
-
-    @staticmethod
-    def _one_by_one(record: dict, fields: tuple, prefix: str) -> str | None:
-        for field, check, expected, required, passing in fields:
-            value = record.get(field, _MISSING)
-            if value is _MISSING:
-                if required:
-                    return f"field '{prefix}{field}' is missing"
-            elif type(value) not in passing and not check(value):
-                return f"field '{prefix}{field}' is {json.dumps(value)[:40]}, expected {expected}"
-        return None
+def _with_passing(fields: tuple) -> tuple:
+    return tuple((field, check, expected, required, _passing(check)) for field, check, expected, required in fields)
 
 
 # (field, check, what it must be, required, the types that pass): every field a reader of records reads (docs/record.md),
 # and its type.
-FIELDS = _Fields((
+FIELDS = _with_passing((
     ("method", _is_str, "a string", True),
     ("task", _is_str, "a string", True),
     ("k", lambda value: value == "all" or (_is_int(value) and value > 0), 'a positive integer or "all"', True),
@@ -488,7 +445,7 @@ FIELDS = _Fields((
     ("precision", _optional(_is_str), "a string", False),
     ("device", _optional(_is_str), "a string", False),
 ))
-CONFIG_FIELDS = _Fields((
+CONFIG_FIELDS = _with_passing((
     ("method", _is_dict, "an object", True),
     ("task", _is_dict, "an object", False),
     ("train", _is_dict, "an object", True),
@@ -525,7 +482,7 @@ def damage(record: dict) -> str | None:
 def examine(record: dict, meaning: bool = True) -> tuple[str | None, list[str]]:
     """(why `record` is damaged or None: `damage`; how its meaning changed: `changed_meaning`, [] where it is
     damaged or not `meaning`), its config read once for both."""
-    why = FIELDS.damage(record, "") or CONFIG_FIELDS.damage(record["config"], "config.")
+    why = _field_damage(record, FIELDS, "") or _field_damage(record["config"], CONFIG_FIELDS, "config.")
     if why:
         return why, []
     if record["status"] == "ok" and not isinstance(record.get("test"), dict):
@@ -557,6 +514,19 @@ def examine(record: dict, meaning: bool = True) -> tuple[str | None, list[str]]:
 def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
+
+_MISSING = object()
+
+
+def _field_damage(record: dict, fields: tuple, prefix: str) -> str | None:
+    for field, check, expected, required, passing in fields:
+        value = record.get(field, _MISSING)
+        if value is _MISSING:
+            if required:
+                return f"field '{prefix}{field}' is missing"
+        elif type(value) not in passing and not check(value):
+            return f"field '{prefix}{field}' is {json.dumps(value)[:40]}, expected {expected}"
+    return None
 
 
 def _identity_damage(record: dict, from_config: dict) -> str | None:
