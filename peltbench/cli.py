@@ -33,7 +33,7 @@ from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
 from .packaged import options, packaged_config, shadowing, use_searchpath
-from .plain import known, remember
+from .plain import once_per_node
 from .protocols import protocol_name, run_defaults, sweep_seeds
 from .missing import forget_compositions
 from .record import container
@@ -193,11 +193,7 @@ def _plan(loader, config: DictConfig, check) -> list:
 
 def _spelt(node) -> str:
     """A config node as JSON text with sorted keys: equal nodes, equal texts (once per node a sweep's runs share)."""
-    text = known(_spelt, node)
-    if text is None:
-        text = json.dumps(container(node), sort_keys=True)
-        remember(_spelt, node, text)
-    return text
+    return once_per_node(_spelt, node, lambda node: json.dumps(container(node), sort_keys=True))
 
 
 def sweep_overrides(config: DictConfig) -> tuple:

@@ -19,7 +19,7 @@ from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentErr
                         declaration, evaluate, is_builtin)
 from .packaged import options, packaged_config
 from .passes import once
-from .plain import known, remember
+from .plain import once_per_node
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
 from .tasks import DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
@@ -201,25 +201,9 @@ def check_config(cfg: DictConfig) -> None:
             raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
     check_known_keys(cfg)
     plain = isinstance(cfg, dict)
-    for top, settings in _SETTING_GROUPS:
-        node = cfg.get(top) if plain else None
-        if known("settings", node):  # a node of the composed config this run shares (train, save, ...): checked
-            continue
-        for key, path, (valid, must) in settings:
-            value = _at(cfg, path) if plain else _select(cfg, key)
-            if value is _ABSENT:
-                continue
-            try:  # a value found valid once is valid (a sweep checks 100,000 runs of a few hundred values)
-                seen = (key, type(value), value)
-                if seen in _VALID:
-                    continue
-            except TypeError:  # a list: checked each time
-                seen = None
-            if not valid(value):
-                raise UserError(f"{key}={_show(value)}: {must}")
-            if seen is not None and len(_VALID) < 65536:
-                _VALID.add(seen)
-        remember("settings", node, True)
+    for top, settings in _SETTING_GROUPS:  # a node of the composed config a sweep's runs share (train, save, ...): once
+        once_per_node(("settings", top), cfg.get(top) if plain else None,
+                      lambda _: _check_settings(cfg, settings, plain))
     _once(check_task, cfg.task, _VALID_TASKS)
     check_schedule(cfg.train)
     check_protocol(cfg)
@@ -230,6 +214,24 @@ def check_config(cfg: DictConfig) -> None:
     check_planned_steps(cfg)
     check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
     check_logger(cfg.get("logger"))
+
+
+def _check_settings(cfg: DictConfig, settings: list, plain: bool) -> None:
+    """The SETTINGS under one top-level key of `cfg`."""
+    for key, path, (valid, must) in settings:
+        value = _at(cfg, path) if plain else _select(cfg, key)
+        if value is _ABSENT:
+            continue
+        try:  # a value found valid once is valid (a sweep checks 100,000 runs of a few hundred values)
+            seen = (key, type(value), value)
+            if seen in _VALID:
+                continue
+        except TypeError:  # a list: checked each time
+            seen = None
+        if not valid(value):
+            raise UserError(f"{key}={_show(value)}: {must}")
+        if seen is not None and len(_VALID) < 65536:
+            _VALID.add(seen)
 
 
 _SETTING_PATHS = [(key, tuple(key.split(".")), rule) for key, rule in SETTINGS.items()]
@@ -245,14 +247,16 @@ def _once(check: Callable, node, valid: set) -> None:
     if not isinstance(node, dict):
         check(node)
         return
-    if known(check, node) is not None:
-        return
+    once_per_node(check, node, lambda node: _checked_by_text(check, node, valid))
+
+
+def _checked_by_text(check: Callable, node: dict, valid: set) -> None:
+    """check(node) unless a node of the same text passed it (its runs' own nodes: a method with its lr)."""
     text = repr(node)
     if text not in valid:
         check(node)
         if len(valid) < 4096:
             valid.add(text)
-    remember(check, node, True)
 
 
 def local_model_config(name: str) -> dict | None:
@@ -744,18 +748,23 @@ def check_known_keys(cfg: DictConfig) -> None:
         _check_leaves(cfg)
         if shape is not None and len(_KNOWN_SHAPES) < 1024:
             _KNOWN_SHAPES.add(shape)
-    if known("task keys", cfg.task) is None:
-        unknown = sorted(set(cfg.task.keys()) - set(TASK_KEYS))
-        if unknown:
-            raise UserError(f"task.{unknown[0]}: not a setting of task {cfg.task.name}; a task file has "
-                            f"{', '.join(TASK_KEYS)} (docs/tasks.md)")
-        remember("task keys", cfg.task, True)
-    if cfg.get("protocol") is not None and known("protocol keys", cfg.protocol) is None:
-        settings = _protocol_keys()
-        unknown = sorted(set(cfg.protocol.keys()) - settings)
-        if unknown:
-            raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(settings))}")
-        remember("protocol keys", cfg.protocol, True)
+    once_per_node(_check_task_keys, cfg.task, _check_task_keys)
+    if cfg.get("protocol") is not None:
+        once_per_node(_check_protocol_keys, cfg.protocol, _check_protocol_keys)
+
+
+def _check_task_keys(task) -> None:
+    unknown = sorted(set(task.keys()) - set(TASK_KEYS))
+    if unknown:
+        raise UserError(f"task.{unknown[0]}: not a setting of task {task.name}; a task file has "
+                        f"{', '.join(TASK_KEYS)} (docs/tasks.md)")
+
+
+def _check_protocol_keys(protocol) -> None:
+    settings = _protocol_keys()
+    unknown = sorted(set(protocol.keys()) - settings)
+    if unknown:
+        raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(settings))}")
 
 
 SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol")  # checked by their own functions, or Hydra's
@@ -766,14 +775,12 @@ def _shape(node: dict, skip: tuple[str, ...] = SKIPPED_NODES) -> tuple:
     """The key structure of plain data: its keys, and that of each dict in it (no values), outside `skip`."""
     if skip:
         node = {key: child for key, child in node.items() if key not in skip}
-    return tuple(node), tuple([(key, known("shape", child) or _child_shape(child)) for key, child in node.items()
+    return tuple(node), tuple([(key, once_per_node(_child_shape, child, _child_shape)) for key, child in node.items()
                                if isinstance(child, dict)])
 
 
 def _child_shape(node: dict) -> tuple:
-    shape = _shape(node, ())
-    remember("shape", node, shape)
-    return shape
+    return _shape(node, ())
 
 
 def _check_leaves(cfg: DictConfig | Mapping) -> None:

@@ -14,7 +14,7 @@ from functools import lru_cache
 from omegaconf import DictConfig, OmegaConf
 
 from .packaged import options, packaged_config
-from .plain import known, remember
+from .plain import once_per_node
 
 DEFAULT = "unipelt"       # today's protocol: records without a `protocol` field ran it
 GLUE_MAX_LENGTH = 128     # App. B; every GLUE task file's max_length, and every record's from before task files had one
@@ -122,12 +122,13 @@ def identity(cfg: DictConfig) -> dict | None:
     node = cfg.get("protocol")
     if node is None:
         return None
-    found = known(identity, node)  # a sweep's runs share their protocol node
-    if found is None:
-        values = {key: node.get(key) for key in RESULT_KEYS}
-        found = (None if values == _default_identity() else values,)
-        remember(identity, node, found)
-    return None if found[0] is None else dict(found[0])  # the caller's own dict
+    found = once_per_node(identity, node, _identity_of)  # a sweep's runs share their protocol node
+    return None if found is None else dict(found)  # the caller's own dict
+
+
+def _identity_of(node) -> dict | None:
+    values = {key: node.get(key) for key in RESULT_KEYS}
+    return None if values == _default_identity() else values
 
 
 @lru_cache(maxsize=None)

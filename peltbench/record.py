@@ -30,7 +30,7 @@ from .files import create, folder_lock, remove_leftovers, temporary_name, write_
 from .model import is_local
 from .packaged import method_file, packaged_config, user_config_dirs
 from .passes import once, one_pass  # noqa: F401  (one_pass: readers of records import it from here)
-from .plain import Plain, known, remember
+from .plain import Plain, once_per_node
 from .protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, identity as protocol_identity, lmbff_chain,
                         method_overrides, protocol_name)
 from .tasks import RESULT_KEYS
@@ -153,11 +153,7 @@ def task_identity(cfg: DictConfig | Mapping, rows: str | None = None) -> dict | 
 def is_packaged_task(task: DictConfig | Mapping) -> bool:
     """Whether a task node is a packaged task file's (conf/task/), as this version ships it or as records from before
     task files took their present form hold it (`hub` and `tsv`), in what decides results (tasks.RESULT_KEYS)."""
-    answer = known(is_packaged_task, task)  # a sweep's runs share their task node
-    if answer is None:
-        answer = _is_packaged_task(task)
-        remember(is_packaged_task, task, answer)
-    return answer
+    return once_per_node(is_packaged_task, task, _is_packaged_task)  # a sweep's runs share their task node
 
 
 def _is_packaged_task(task: DictConfig | Mapping) -> bool:

@@ -293,12 +293,24 @@ def test_a_groups_cpu_peak_counts_from_its_start_not_the_process_lifetime():
 
 
 def test_an_answer_is_kept_for_the_very_plain_node_only():
-    """plain.known answers for the node a check saw (a sweep's runs share it), never for an equal copy, a dict, or
-    after the node it was for is gone."""
-    from peltbench.plain import Plain, known, remember
+    """plain.once_per_node answers for the node a check saw (a sweep's runs share it), a None answer too, never for an
+    equal copy or a dict (asked each time), and asks again after a check raised."""
+    from peltbench.plain import Plain, once_per_node
 
-    node, twin, loose = Plain(lr=1e-3), Plain(lr=1e-3), {"lr": 1e-3}
-    remember("check", node, "fine")
-    remember("check", loose, "fine")
-    assert known("check", node) == "fine" and known("other", node) is None
-    assert known("check", twin) is None and known("check", loose) is None
+    asked = []
+
+    def check(node):
+        asked.append(node)
+        if node.get("lr", 0) < 0:
+            raise ValueError("negative")
+        return None if node.get("lr") == 0 else "fine"
+
+    node, twin, loose, zero, negative = Plain(lr=1e-3), Plain(lr=1e-3), {"lr": 1e-3}, Plain(lr=0), Plain(lr=-1)
+    assert [once_per_node(check, n, check) for n in (node, node, twin, loose, loose, zero, zero)] == \
+        ["fine", "fine", "fine", "fine", "fine", None, None]
+    assert [n is node for n in asked] == [True, False, False, False, False] and asked[1] is twin
+    assert asked[-1] is zero and once_per_node("another question", node, lambda node: 7) == 7
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            once_per_node(check, negative, check)
+    assert asked.count(negative) == 2
