@@ -271,3 +271,33 @@ def test_a_long_title_is_broken_to_the_figures_width(tmp_path):
     assert 0 <= extent.x0 and extent.x1 <= figure.bbox.width  # within the figure, both edges
     assert figure._suptitle.get_text().replace("\n", " ").split() == title.replace("\n", " ").split()  # no word lost
     assert figure._suptitle.get_text().count("\n") > title.count("\n")
+
+
+def test_a_figure_laid_out_before_saving_is_the_file_savefig_writes(tmp_path):
+    """Output.figure runs the figure's layout itself, then saves without the engine (savefig would draw the whole
+    figure once more only to run it): the same file, byte for byte, as savefig with the engine."""
+    from matplotlib.figure import Figure
+
+    from peltbench.tables.outputs import DPI, Output, fit_title
+
+    def drawn():
+        figure = Figure(figsize=(6.4, 3.5), layout="constrained")
+        for index, axes in enumerate(figure.subplots(1, 3)):
+            axes.errorbar([1e3, 1e5], [40 + index, 60], yerr=[[2, 3], [4, 5]], marker="o", label=f"m{index}")
+            axes.set_xscale("log")
+            axes.set_title(f"panel {index}\nsecond line")
+        figure.legend(loc="outside lower center", ncols=3)
+        figure.suptitle("a title over three panels")
+        return figure
+
+    figure = drawn()
+    Output(tmp_path).figure("ours.png", figure)
+    assert figure.get_layout_engine() is None
+    reference = drawn()
+    fit_title(reference)
+    reference.savefig(tmp_path / "savefig.png", dpi=DPI)
+    assert (tmp_path / "ours.png").read_bytes() == (tmp_path / "savefig.png").read_bytes()
+    unlaid = drawn()
+    unlaid.set_layout_engine(None)  # the check can tell: without the layout, another file
+    unlaid.savefig(tmp_path / "unlaid.png", dpi=DPI)
+    assert (tmp_path / "unlaid.png").read_bytes() != (tmp_path / "ours.png").read_bytes()
