@@ -453,6 +453,7 @@ class _PlainBase:
     def __init__(self, resolved: Plain, links: list[tuple[tuple[str, ...], tuple[str, ...]]], template: _Template) -> None:
         self.resolved, self.links, self.template = resolved, links, template
         self.follow: dict[tuple, list] = {}  # the paths a job's lines set -> the links to follow again (_followed)
+        self.written: dict[tuple, Plain] = {}  # a dict a job's values were put in, by those values (_share)
 
     @classmethod
     def of(cls, composed: DictConfig, template: _Template | None) -> _PlainBase | None:
@@ -484,7 +485,7 @@ class _PlainBase:
         value."""
         cfg = Plain(self.resolved)
         copied: set[tuple[str, ...]] = set()
-        changed = []
+        changed, writes = [], []
         for line in lines:
             if line.setting is None:
                 return None
@@ -494,15 +495,41 @@ class _PlainBase:
                 return None  # not there, or not a value: Hydra's own function says what it does
             parent[path[-1]] = value
             changed.append(path)
+            writes.append((path, value))
         for path, source in self._followed(tuple(changed)):  # a link whose source (or a dict above it) a line set
             value = _at(cfg, source)
             if _at(cfg, path) is not value:
                 _writable(cfg, path[:-1], copied)[path[-1]] = value
+                writes.append((path, value))
+        if copied:
+            self._share(cfg, copied, writes)
         subdir = self.template.fill(cfg, num)
         if subdir is None:
             return None
         cfg["hydra"] = Plain(job=Plain(num=num), sweep=Plain(dir=sweep_dir, subdir=subdir))
         return cfg
+
+
+    def _share(self, cfg: Plain, copied: set[tuple[str, ...]], writes: list[tuple[tuple[str, ...], Any]]) -> None:
+        """Put in place of each dict this job's values were written into (a copy of the composed one: `_writable`) the
+        one an earlier job of these choices got from the same values (each value's type and repr: 1, 1.0 and True, 0.0
+        and -0.0 apart), deepest first: a sweep's runs then share their method node per learning rate, their data node
+        where every job sets data.dir, and what is answered once per node (plain.once_per_node) serves them all. Its
+        content is the composed one's with these values in it, the same for every job that wrote them; a Plain is never
+        changed once made. A job that put a dict or a list somewhere keeps its own copies."""
+        if any(type(value) not in _SHARED_SCALARS for _, value in writes):
+            return
+        if len(self.written) >= 4096:  # a node written per run (a seed inside it) comes once each: kept a while only
+            self.written.clear()
+        for path in sorted(copied, key=len, reverse=True):
+            key = (path, *[(at, type(value), repr(value)) for at, value in writes if at[:len(path)] == path])
+            parent = _at(cfg, path[:-1])
+            node = self.written.setdefault(key, parent[path[-1]])
+            if node is not parent[path[-1]]:
+                parent[path[-1]] = node
+
+
+_SHARED_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _links(value: Any, path: tuple[str, ...], found: list) -> bool:

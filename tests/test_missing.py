@@ -318,6 +318,30 @@ def test_a_sweeps_runs_as_plain_data_are_what_hydra_composes(grid, tmp_path):
     assert kinds == ({Plain} if grid in PLAIN_GRIDS[:3] or "-${method.lr}_" in grid[-1] else {OmegaConf.create({}).__class__})
 
 
+def test_runs_that_put_the_same_values_in_a_dict_share_it(tmp_path):
+    """The runs of one set of choices that put the same values in a dict (their method's lr; data.dir, which every run
+    sets) share that dict, so what is answered once per node serves them all; values equal in Python but not in a
+    record (1, 1.0 and true; 0.0 and -0.0) are never shared: each run's value, type and hash are Hydra's."""
+    from peltbench.missing import _Composer, expand
+    from peltbench.record import config_hash
+
+    grid = ["method=lora", "task=rte", "seed=1,2", "method.lr=1,1.0,true,0.0,-0.0,1", f"data.dir={tmp_path / 'glue'}"]
+    with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        sweep_config = loader.load_configuration(config_name="config", overrides=grid, run_mode=RunMode.MULTIRUN)
+        jobs, _ = expand(loader, sweep_config)
+        plain, hydra = _Composer(loader, sweep_config), _Composer(loader, sweep_config, plain=False)
+        methods, data = {}, set()
+        for num, job in enumerate(jobs):
+            fast, slow = plain(list(job), num), hydra(list(job), num)
+            assert repr(fast.method.lr) == repr(slow.method.lr) and config_hash(fast) == config_hash(slow)
+            methods.setdefault(repr(fast.method.lr), set()).add(id(fast.method))
+            data.add(id(fast.data))
+    assert sorted(methods) == ["-0.0", "0.0", "1", "1.0", "True"] and len(jobs) == 12
+    assert all(len(nodes) == 1 for nodes in methods.values()) and len(set.union(*methods.values())) == 5
+    assert len(data) == 1
+
+
 def test_a_bad_value_is_refused_alike_in_plain_data(tmp_path):
     from peltbench import UserError
     from peltbench.config import check_config
