@@ -341,7 +341,7 @@ class _Composer:
             value = override.value()
             if isinstance(value, SIMPLE) and not (isinstance(value, str) and (value == "???" or "${" in value)):
                 setting = (tuple(override.key_or_group.split(".")), value)
-        line = self.lines[text] = _Line(text, override, group, setting)
+        line = self.lines[text] = _Line(text, override, group, setting, _mark(setting[1]) if setting else None)
         return line
 
 
@@ -400,6 +400,7 @@ class _Line:
     override: Any
     group: bool
     setting: tuple[tuple[str, ...], Any] | None  # (path, value) of a plain value it sets, else None
+    mark: tuple | None = None  # its value told apart as a record tells it (_mark), for _PlainBase._share
 
 
 LINK = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
@@ -495,12 +496,12 @@ class _PlainBase:
                 return None  # not there, or not a value: Hydra's own function says what it does
             parent[path[-1]] = value
             changed.append(path)
-            writes.append((path, value))
+            writes.append((path, line.mark))
         for path, source in self._followed(tuple(changed)):  # a link whose source (or a dict above it) a line set
             value = _at(cfg, source)
             if _at(cfg, path) is not value:
                 _writable(cfg, path[:-1], copied)[path[-1]] = value
-                writes.append((path, value))
+                writes.append((path, _mark(value)))
         if copied:
             self._share(cfg, copied, writes)
         subdir = self.template.fill(cfg, num)
@@ -510,26 +511,34 @@ class _PlainBase:
         return cfg
 
 
-    def _share(self, cfg: Plain, copied: set[tuple[str, ...]], writes: list[tuple[tuple[str, ...], Any]]) -> None:
+    def _share(self, cfg: Plain, copied: set[tuple[str, ...]], writes: list[tuple[tuple[str, ...], tuple | None]]) -> None:
         """Put in place of each dict this job's values were written into (a copy of the composed one: `_writable`) the
-        one an earlier job of these choices got from the same values (each value's type and repr: 1, 1.0 and True, 0.0
-        and -0.0 apart), deepest first: a sweep's runs then share their method node per learning rate, their data node
+        one an earlier job of these choices got from the same values (`writes`: where, and each value's `_mark`),
+        deepest first: a sweep's runs then share their method node per learning rate, their data node
         where every job sets data.dir, and what is answered once per node (plain.once_per_node) serves them all. Its
         content is the composed one's with these values in it, the same for every job that wrote them; a Plain is never
         changed once made. A job that put a dict or a list somewhere keeps its own copies."""
-        if any(type(value) not in _SHARED_SCALARS for _, value in writes):
+        if any(mark is None for _, mark in writes):
             return
         if len(self.written) >= 4096:  # a node written per run (a seed inside it) comes once each: kept a while only
             self.written.clear()
-        for path in sorted(copied, key=len, reverse=True):
-            key = (path, *[(at, type(value), repr(value)) for at, value in writes if at[:len(path)] == path])
-            parent = _at(cfg, path[:-1])
+        for path in sorted(copied, key=len, reverse=True) if len(copied) > 1 else copied:
+            depth = len(path)
+            key = (path, *[write for write in writes if write[0][:depth] == path])
+            parent = _at(cfg, path[:-1]) if depth > 1 else cfg
             node = self.written.setdefault(key, parent[path[-1]])
             if node is not parent[path[-1]]:
                 parent[path[-1]] = node
 
 
 _SHARED_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _mark(value: Any) -> tuple | None:
+    """A value told apart as a record tells it: its type and repr (1, 1.0 and True; 0.0 and -0.0 apart); None for a
+    dict or a list (a job that writes one keeps its own copies: _PlainBase._share)."""
+    kind = type(value)
+    return (kind, repr(value)) if kind in _SHARED_SCALARS else None
 
 
 def _links(value: Any, path: tuple[str, ...], found: list) -> bool:
