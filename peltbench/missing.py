@@ -406,6 +406,7 @@ class _Line:
 LINK = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
 TEMPLATE = re.compile(r"(?:[^$\\]|\$(?!\{)|" + LINK.pattern + r")*")  # text with plain links, nothing else OmegaConf reads
 SIMPLE = (str, int, float, bool, type(None))
+_SIMPLE_TYPES = frozenset(SIMPLE)  # exactly these (True is no int here)
 
 
 @dataclass(frozen=True)
@@ -510,7 +511,6 @@ class _PlainBase:
         cfg["hydra"] = Plain(job=Plain(num=num), sweep=Plain(dir=sweep_dir, subdir=subdir))
         return cfg
 
-
     def _share(self, cfg: Plain, copied: set[tuple[str, ...]], writes: list[tuple[tuple[str, ...], tuple | None]]) -> None:
         """Put in place of each dict this job's values were written into (a copy of the composed one: `_writable`) the
         one an earlier job of these choices got from the same values (`writes`: where, and each value's `_mark`),
@@ -531,14 +531,11 @@ class _PlainBase:
                 parent[path[-1]] = node
 
 
-_SHARED_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
 def _mark(value: Any) -> tuple | None:
     """A value told apart as a record tells it: its type and repr (1, 1.0 and True; 0.0 and -0.0 apart); None for a
     dict or a list (a job that writes one keeps its own copies: _PlainBase._share)."""
     kind = type(value)
-    return (kind, repr(value)) if kind in _SHARED_SCALARS else None
+    return (kind, repr(value)) if kind in _SIMPLE_TYPES else None
 
 
 def _links(value: Any, path: tuple[str, ...], found: list) -> bool:

@@ -7,8 +7,9 @@ comparison shows it). Three costs, one PNG each, one panel per task × K and one
   its lifetime peak where that could not be reset; labelled as recorded).
 
 The cost axis is logarithmic for parameters and time where a panel's costs span a decade or more (within less its
-ticks would crowd; minor ticks at 2 and 5 of each decade), else linear, and says which; a linear axis prints plain numbers (no offset text) and spans at
-least ±10% of its points' middle, so readings within a few percent of each other are not spread across the panel.
+ticks would crowd; minor ticks at 2 and 5 of each decade), else linear, and says which; a linear axis prints plain
+numbers (no offset text) and spans at least ±10% of its points' middle, so readings within a few percent of each
+other are not spread across the panel.
 A point is the protocol's statistic of the test score over the method's data seeds in that panel (the mean, with a
 bar of ± 1 std; under a median protocol such as full_median the median, with a bar from the 25th to the 75th
 percentile), its cost the mean over the same runs.
