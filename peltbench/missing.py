@@ -520,8 +520,8 @@ class _PlainBase:
         changed once made. A job that put a dict or a list somewhere keeps its own copies."""
         if any(mark is None for _, mark in writes):
             return
-        if len(self.written) >= 4096:  # a node written per run (a seed inside it) comes once each: kept a while only
-            self.written.clear()
+        if len(self.written) >= 256:  # nodes written with a value of each run's own come once each: kept a while only
+            self.written.clear()  # (80 sets of choices × 256 nodes of a few kB at most; Table 1's grid: 85 a set)
         for path in sorted(copied, key=len, reverse=True) if len(copied) > 1 else copied:
             depth = len(path)
             key = (path, *[write for write in writes if write[0][:depth] == path])
