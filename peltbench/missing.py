@@ -522,10 +522,9 @@ class _PlainBase:
             return
         if len(self.written) >= 256:  # nodes written with a value of each run's own come once each: kept a while only
             self.written.clear()  # (80 sets of choices × 256 nodes of a few kB at most; Table 1's grid: 85 a set)
-        for path in sorted(copied, key=len, reverse=True) if len(copied) > 1 else copied:
-            depth = len(path)
-            key = (path, *[write for write in writes if write[0][:depth] == path])
-            parent = _at(cfg, path[:-1]) if depth > 1 else cfg
+        for path in sorted(copied, key=len, reverse=True):
+            key = (path, *[write for write in writes if write[0][:len(path)] == path])
+            parent = _at(cfg, path[:-1])
             node = self.written.setdefault(key, parent[path[-1]])
             if node is not parent[path[-1]]:
                 parent[path[-1]] = node
