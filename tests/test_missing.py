@@ -363,20 +363,57 @@ def test_a_bad_value_is_refused_alike_in_plain_data(tmp_path):
             assert errors[0] == errors[1] and errors[0].startswith(line), errors
 
 
-def test_config_files_parsed_once_compose_what_hydra_composes(tmp_path):
-    """A sweep's sets of choices parse each config file once (_files_parsed_once): each composed config is the one Hydra
-    composes alone, hydra node and all, and none shares a node with another (a copy each time)."""
-    from peltbench.missing import _files_parsed_once
+def _nodes(cfg, path=""):
+    """Every container node of `cfg` with its flags and types: what to_yaml does not show."""
+    from omegaconf import DictConfig, ListConfig
 
+    found = [(path, sorted(cfg._metadata.flags.items()), cfg._metadata.object_type, cfg._metadata.ref_type)]
+    if isinstance(cfg, DictConfig) and not cfg._is_none() and not cfg._is_missing():
+        for key in cfg.keys():
+            node = cfg._get_node(key)
+            if isinstance(node, (DictConfig, ListConfig)):
+                found += _nodes(node, f"{path}.{key}")
+    return found
+
+
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=global"]])
+def test_a_sweeps_sets_of_choices_compose_what_hydra_composes_alone(launcher, monkeypatch, tmp_path):
+    """A sweep's sets of choices parse each config file once (_files_parsed_once) and merge Hydra's own part once
+    (_HydraPart): each composed config is the one Hydra composes alone, hydra node, flags and all, none shares a node
+    with another (a copy each time), and Hydra's own files are loaded once for all the sets."""
+    from hydra._internal.config_repository import ConfigRepository
+
+    from peltbench.launchers import register_launchers
+    from peltbench.missing import _files_parsed_once, _HydraPart
+
+    register_launchers()
+    (tmp_path / "hydra" / "launcher").mkdir(parents=True)  # a launcher file that sets a top-level key too: merged
+    (tmp_path / "hydra" / "launcher" / "global.yaml").write_text(  # after Hydra's part, a copy each time
+        "# @package _global_\nhydra:\n  launcher:\n    _target_: hydra._internal.core_plugins.basic_launcher.BasicLauncher\n"
+        "notes:\n  launcher: mine\n")
     with initialize_config_module(config_module="peltbench.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
-        sweep_config = loader.load_configuration(config_name="config", overrides=["method=lora,adapter", "task=rte"],
-                                                 run_mode=RunMode.MULTIRUN)
+        sweep_config = loader.load_configuration(config_name="config", run_mode=RunMode.MULTIRUN,
+                                                 overrides=["method=lora,adapter", "task=rte", *launcher,
+                                                            f"hydra.searchpath=[file://{tmp_path}]"])
         choices = [["method=lora", "task=rte"], ["method=adapter", "task=cola", "protocol=lmbff"],
-                   ["method=unipelt_apl", "task=stsb"], ["method=lora", "task=cola", "protocol=lmbff"]]
-        alone = [OmegaConf.to_yaml(loader.load_sweep_config(sweep_config, list(c))) for c in choices]
-        with _files_parsed_once():
+                   ["method=unipelt_apl", "task=stsb"], ["method=lora", "task=cola", "protocol=lmbff"],
+                   ["+experiment=glue/deberta_v3_base_lr/lora", "task=mrpc"],  # its own `hydra:`, after Hydra's part
+                   [*(["hydra/launcher=slurm"] if not launcher else []), "method=bitfit", "task=rte"]]  # another part
+        alone = [loader.load_sweep_config(sweep_config, list(c)) for c in choices]
+        loads = []
+        load_config = ConfigRepository.load_config
+        monkeypatch.setattr(ConfigRepository, "load_config",
+                            lambda repo, config_path: loads.append(config_path) or load_config(repo, config_path))
+        part = _HydraPart()
+        with _files_parsed_once(), part.active():
             once = [loader.load_sweep_config(sweep_config, list(c)) for c in choices]
             once[0].method.lr = 123.0  # a copy: the next composition of the file is not changed
+            once[0].hydra.job.name = "changed"
+            if "notes" in once[0]:
+                once[0].notes.launcher = "changed"
             again = loader.load_sweep_config(sweep_config, list(choices[0]))
-    assert [OmegaConf.to_yaml(cfg) for cfg in once[1:]] == alone[1:] and OmegaConf.to_yaml(again) == alone[0]
+    assert [OmegaConf.to_yaml(cfg) for cfg in [again, *once[1:]]] == [OmegaConf.to_yaml(cfg) for cfg in alone]
+    assert [_nodes(cfg) for cfg in [again, *once[1:]]] == [_nodes(cfg) for cfg in alone]
+    hydra_files = [path for path in loads if path.startswith("hydra/")]
+    assert "hydra/config" in hydra_files and len(hydra_files) == len(set(hydra_files))  # each once for all the sets
