@@ -3,6 +3,7 @@
 Each broken file below is one a results directory really gets: a kill mid-copy, a wrong encoding, a
 hand-edited value. The test checks the one line that names it and that the other records still render.
 """
+import gc
 import json
 import math
 
@@ -96,6 +97,17 @@ def test_only_unreadable_records_is_status_1(tmp_path, capsys):
     broken(tmp_path, "corrupt", b"\xff\xfe")
     assert main(["--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
     assert "(1 result.json found, none usable)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("renders", [True, False])
+def test_the_collector_is_as_it_was_after_the_tables(tmp_path, renders):
+    """Reading turns the garbage collector off and rendering freezes what was read (speed): a notebook or test process
+    gets it back as it was, whether the tables rendered or stopped."""
+    if renders:
+        write_record(tmp_path / "runs", *GOOD)
+    main(["--results-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--paper-dir", str(tmp_path)])
+    read_records(tmp_path / "runs")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
 def test_load_records_warns_once_per_unreadable_file(tmp_path):

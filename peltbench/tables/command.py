@@ -6,6 +6,7 @@ another. The paper's numbers stand beside ours only when that model is the paper
 (`Selection.compares_with_paper`). Every other record is accounted for in other_runs.md (ledger.py).
 """
 import argparse
+import gc
 import shlex
 import sys
 from pathlib import Path
@@ -100,6 +101,14 @@ def main(argv=None):
 def render_tables(args):
     """Read, select, write; returns the exit status."""
     records, unreadable = read_records(args.results_dir)
+    gc.freeze()  # the records, read, stay to the end: the collector's passes while rendering need not walk them again
+    try:
+        return _render(args, records, unreadable)
+    finally:
+        gc.unfreeze()
+
+
+def _render(args, records, unreadable):
     conflicts = architecture_conflicts(records)
     for line in conflicts:
         print(f"{PROG}: warning: {line}", file=sys.stderr)
