@@ -242,7 +242,7 @@ def user_methods(records):
 
     ours = known_names("method")
     found = set()
-    for method, config in zip(records["method"], records["config"]):
+    for method, config in zip(records["method"].tolist(), records["config"].tolist()):  # a str column: a list
         if method in ours or method in found:
             continue
         components = (config.get("method") or {}).get("components")
