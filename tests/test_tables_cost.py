@@ -127,6 +127,39 @@ def test_24_methods_each_have_a_style_of_their_own(tmp_path):
                 for h in legend.legend_handles}) == len(ALL)
 
 
+def test_each_point_has_its_bar_and_caps_and_one_seed_is_hollow(tmp_path):
+    """A point of several seeds: filled, a bar in its colour from score_low to score_high with a cap at each end (the
+    points of a panel drawn as one collection of bars and one of caps); of one seed: hollow, no bar."""
+    from matplotlib.colors import to_rgba
+
+    from peltbench.tables.cost import cost_figure, styles, with_fronts
+    from peltbench.tables.names import METHODS as ALL, order_of
+
+    write_costs(tmp_path)
+    write_record(tmp_path, "prefix", "rte", 100, 111, 58.0, trainable_params=200_000, train_seconds=20.0,
+                 train_steps=100)
+    points = with_fronts(cost_points(load_records(tmp_path)))
+    figure = cost_figure(points, "trainable_params", "title")
+    style = styles(sorted(set(points["method"]), key=lambda method: order_of(method, ALL)))  # as cost_figure's
+    rte = points[(points["task"] == "rte") & (points["k"] == "100")].set_index("method")
+    axes = next(axes for axes in figure.axes if axes.get_title().startswith("RTE"))
+    markers = {line.get_color(): line for line in axes.get_lines() if line.get_marker() not in ("None", "", None)}
+    from matplotlib.collections import LineCollection, PathCollection
+
+    [bars] = [c for c in axes.collections if isinstance(c, LineCollection)]
+    [caps] = [c for c in axes.collections if isinstance(c, PathCollection)]
+    ends = {tuple(to_rgba(colour)): segment for colour, segment in zip(bars.get_colors(), bars.get_segments())}
+    assert len(ends) == len(METHODS) and "prefix" not in ends
+    for method in METHODS:
+        colour = style[method][0]
+        assert markers[colour].get_markerfacecolor() == colour and markers[colour].get_marker() == style[method][1]
+        x, low, high = rte.at[method, "trainable_params"], rte.at[method, "score_low"], rte.at[method, "score_high"]
+        assert np.allclose(ends[to_rgba(colour)], [[x, low], [x, high]]) and low < rte.at[method, "score"] < high
+        assert sum(np.allclose(offset, [x, end]) for offset in caps.get_offsets() for end in (low, high)) == 2
+    prefix = markers[style["prefix"][0]]
+    assert prefix.get_markerfacecolor() == "none" and list(prefix.get_xdata()) == [200_000]
+
+
 def test_a_fused_groups_time_and_peak_are_one_measurement_each_in_no_pareto_decision(tmp_path):
     """Issue 32 item 3: each member's peak was its own reading (57 KB apart), the time its group's split by N, and the
     Pareto front chose among them. Now: the group's peak (the highest reading) and the group's seconds per step, the

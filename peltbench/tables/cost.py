@@ -307,15 +307,9 @@ def _panel(axes, panel, cost, style):
     if common.any():
         axes.margins(x=0.1)  # room for a bar's width at the panel's edge
     offsets = dodges(panel, cost)
-    for index, point in panel.iterrows():
-        method = point["method"]
-        bar = [[point["score"] - point["score_low"]], [point["score_high"] - point["score"]]] if point["n"] > 1 else None
-        place = offset_copy(axes.transData, fig=axes.figure, x=offsets[index], units="points") if offsets[index] else \
-            axes.transData  # a transform per point made every later one dearer (each a child of transData)
-        axes.errorbar(point[cost], point["score"], yerr=bar,  # one seed: no bar
-                      color=style[method][0], marker=style[method][1], linestyle="none", capsize=2,
-                      markerfacecolor=style[method][0] if point["n"] > 1 else "none",
-                      elinewidth=0.8, zorder=3, transform=place)
+    for offset, points in panel.groupby(offsets, sort=False):  # the points drawn at one sideways offset (0: their cost)
+        place = offset_copy(axes.transData, fig=axes.figure, x=offset, units="points") if offset else axes.transData
+        _points(axes, points, cost, style, place)
     on_front = panel[front(panel, cost)].sort_values(cost)
     axes.plot(on_front[cost], on_front["score"], color="0.4", linestyle="--", linewidth=1, zorder=2)
     if log and (panel[cost] > 0).all() and panel[cost].max() >= 10 * panel[cost].min():  # within a decade: linear,
@@ -327,6 +321,30 @@ def _panel(axes, panel, cost, style):
     axes.set_xlabel(label, fontsize="small")
     axes.set_ylabel("test score (×100)" + (", hollow: 1 seed" if single.any() else ""), fontsize="small")
     axes.grid(alpha=0.3)
+
+
+CAP = 2.0  # points: half an error bar's cap, as errorbar's capsize=2
+ERROR_WIDTH = 0.8  # an error bar's line width
+
+
+def _points(axes, points, cost, style, place):
+    """Each point's marker (hollow for one seed) and, for more seeds, its bar from score_low to score_high with caps,
+    drawn at the transform `place`: the bars and caps of all `points` as one collection each (an errorbar per point
+    made four artists, each laid out and drawn: a third of the cost view's time)."""
+    methods, x, score, n = (points[column].tolist() for column in ("method", cost, "score", "n"))
+    barred = [index for index, seeds in enumerate(n) if seeds > 1]
+    if barred:
+        colours = [style[methods[index]][0] for index in barred]
+        xs = [x[index] for index in barred]
+        low, high = points["score_low"].tolist(), points["score_high"].tolist()
+        lows, highs = [low[index] for index in barred], [high[index] for index in barred]
+        axes.vlines(xs, lows, highs, colors=colours, linewidth=ERROR_WIDTH, zorder=2.9, transform=place)
+        axes.scatter(xs + xs, lows + highs, s=(2 * CAP) ** 2, c=colours + colours, marker="_", linewidths=1.0,
+                     zorder=2.9, transform=place)
+    for method, value, centre, seeds in zip(methods, x, score, n):
+        colour, marker = style[method]
+        axes.plot([value], [centre], color=colour, marker=marker, linestyle="none", zorder=3, transform=place,
+                  markerfacecolor=colour if seeds > 1 else "none")
 
 
 def _plain_linear_axis(axes, values, cost):
