@@ -256,3 +256,16 @@ def test_a_candidates_dev_mean_is_pandas_mean_bit_for_bit():
         differing += values[~np.isnan(values)].mean() != expected  # the mean of the others alone
     assert differing  # the check can tell: summing the non-NaN values alone differs from pandas for some sizes
     assert np.isnan(_mean(np.full(3, np.nan))) and np.isnan(_mean(np.array([])))
+
+
+def test_a_candidates_test_median_is_numpys_bit_for_bit():
+    """A candidate's test median (full_median's statistic), taken without numpy's partition per candidate: equal to
+    np.median's to the last bit, odd and even counts, ties and signed zeros."""
+    from peltbench.tables.selection import _median
+
+    rng = np.random.default_rng(11)
+    for size in (*range(1, 40), 334, 1001):
+        for values in (rng.normal(60, 25, size) * rng.choice([1e-3, 1.0, 1e3], size),
+                       rng.choice([0.0, -0.0, 1.5, 1e300, -1e300, 2.0 ** -1074], size)):
+            expected = float(np.median(values))
+            assert _median(values) == expected and np.signbit(_median(values)) == np.signbit(expected), (size, values)
