@@ -14,7 +14,7 @@ class UserError(Exception):
 
 def load_run(run_dir, device=None, *, data_dir=None, model=None):
     """Rebuild a run saved with save.weights=true on its backbone; `.predict()` rescores its test set (runner.load_run).
-    `data_dir=` and `model=` say where the run's GLUE data and model are, where not where its record says."""
+    `data_dir=` and `model=` say where the run's data and model are, where not where its record says."""
     from .runner import load_run as load
 
     return load(run_dir, device, data_dir=data_dir, model=model)

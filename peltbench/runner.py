@@ -721,13 +721,13 @@ class LoadedRun:
         task = TaskSpec.from_config(self.cfg.task)
         data_dir = self.cfg.data.dir
         if data_dir is not None and not Path(data_dir).is_dir():
-            raise UserError(f"{self.run_dir}: its GLUE data {data_dir} is not there: pass load_run(run_dir, "
-                            f"data_dir=DIR) the GLUE directory the run used")
+            raise UserError(f"{self.run_dir}: its data {data_dir} is not there: pass load_run(run_dir, "
+                            f"data_dir=DIR) the data directory the run used")
         member, data = prepare_member(self.cfg, task, self.tokenizer, self.record.get("variant", ""))
         if self.record.get("test_examples") not in (None, data["test_examples"]):
             raise UserError(f"{data_dir or 'the Hub'}: {task.name}'s test split has {data['test_examples']} rows where "
                             f"the run's had {self.record['test_examples']}: not the data the run used (pass "
-                            f"load_run(run_dir, data_dir=DIR) the GLUE directory it used)")
+                            f"load_run(run_dir, data_dir=DIR) the data directory it used)")
         group = group_settings(self.cfg, self.model, self.tokenizer.pad_token_id, self.device, self.bf16)
         evaluation = EvaluationSet(member.test if split == "test" else member.dev, group)
         scores, _, outputs = evaluate(self.model, [evaluation], task, group, split, keep=True)

@@ -188,7 +188,7 @@ def test_a_moved_model_or_data_is_one_line_naming_the_override(relative_run, tmp
     with pytest.raises(UserError, match=r"its model .*/models/tiny is not there: pass load_run\(run_dir, model=DIR\)"):
         peltbench.load_run(run_dir)
     loaded = peltbench.load_run(run_dir, model=model)
-    with pytest.raises(UserError, match=r"its GLUE data .*/glue is not there: pass load_run\(run_dir, data_dir=DIR\)"):
+    with pytest.raises(UserError, match=r"its data .*/glue is not there: pass load_run\(run_dir, data_dir=DIR\)"):
         loaded.predict()
     assert peltbench.load_run(run_dir, model=model, data_dir=glue).predict()[0] == record["test"]
     with pytest.raises(UserError, match="model.name=.*nowhere: no such directory .*load_run\\(run_dir, model=...\\)"):

@@ -386,6 +386,7 @@ files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
     assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path / "none")]) == 0
     table = (out / "table1.md").read_text()
     assert "| SST-2 " in table and "| reviews " in table and "0 listed" not in table
+    assert "Table 1: results on GLUE and reviews with K" in table and "Results on GLUE and reviews with K" in table
     assert "reviews macro F1; reviews: the test set its task file names, no paper number" in table
     assert "LoRA" in table and "80.00" in table
     assert "reviews" not in (out / "other_runs.md").read_text()
@@ -424,6 +425,14 @@ def test_the_example_task_runs_end_to_end(tiny_checkpoint, tmp_path, in_process,
     capsys.readouterr()
     assert missing(args) == 0
     assert capsys.readouterr().out.startswith("2 runs: 2 done")
+
+
+def test_what_a_table_is_on_names_the_users_tasks():
+    from peltbench.tables.captions import benchmark_words
+
+    assert benchmark_words(["sst2", "rte", "avg"]) == "GLUE"
+    assert benchmark_words(["reviews", "avg"]) == "reviews"
+    assert benchmark_words(["sst2", "reviews", "tweets", "avg"]) == "GLUE, reviews and tweets"
 
 
 def test_a_task_node_of_an_earlier_version_reads_as_its_task_file():

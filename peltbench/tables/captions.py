@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT, protocol_file, protocol_settings, run_defaults, sweep_seeds
-from .names import TASK_LABELS, TASKS, order_of
+from .names import AVG, TASK_LABELS, TASKS, order_of
 from .comparability import PAPER_MODEL, label_protocol, parse_protocol
 
 # The experiment files that sweep few-shot K only (K = 100, 500, 1000): no full-data protocol runs them; and the one
@@ -191,3 +191,11 @@ def not_under(selection):
                 "(K < all) cannot be run under it; its runs are in Table 3")
     return (f"Protocol {named(selection)} samples K training examples per class: K = all cannot be run under it; its "
             "runs are in Table 1")
+
+
+def benchmark_words(tasks):
+    """What a table's results are on: "GLUE" for GLUE's tasks, a task of the user's own by its name (docs/tasks.md):
+    "GLUE and my_task", or "my_task" alone."""
+    own = [TASK_LABELS.get(task, task) for task in tasks if task not in TASKS and task != AVG]
+    named = ["GLUE"] * any(task in TASKS for task in tasks) + own
+    return " and ".join(named) if len(named) < 3 else ", ".join(named[:-1]) + " and " + named[-1]

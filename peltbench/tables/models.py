@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from .. import UserError
+from .captions import benchmark_words
 from .markdown import frame_markdown, score_cell
 from .names import AVG, TASKS, k_label, k_order, method_label, order_of, task_label
 from .comparability import describe_protocol, pooled, select
@@ -49,7 +50,8 @@ def models_markdown(cells, selections, expected):
     tasks = {label: sorted(set(cells.loc[(cells["model"] == label) & (cells["task"] != AVG), "task"]),
                            key=lambda task: order_of(task, TASKS)) + [AVG] for label in labels}
     header = ["Method", *(f"{label}: {task_label(task)}" for label in labels for task in tasks[label])]
-    parts = ["# Models side by side: results on GLUE with K training examples (test)", "", caption(selections), ""]
+    on = benchmark_words({task for listed in tasks.values() for task in listed})
+    parts = [f"# Models side by side: results on {on} with K training examples (test)", "", caption(selections), ""]
     for k in sorted(set(cells["k"]), key=k_order):
         block = cells[cells["k"] == k].set_index(["model", "method", "task"])
         methods = list(dict.fromkeys(cells.loc[cells["k"] == k, "method"]))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import latex, markdown
-from .captions import (k_words, main_metrics, metric_words, not_under, reported_rows, selection_rows,
+from .captions import (benchmark_words, k_words, main_metrics, metric_words, not_under, reported_rows, selection_rows,
                        statistic_words, sweep_command)
 from .captions import settings as protocol_node
 from .efficiency import efficiency_table, is_fused, machines, without_units
@@ -152,7 +152,8 @@ def write_table1(out, runs, render):
     flagged = {(row.k, row.method, row.task) for row in results.itertuples() if row.significant}
     caption = table1_caption(table, render, runs)
     out.text("table1.md", markdown.score_table_markdown(
-        table, f"Table 1: results on GLUE with K training examples {_per(render)} (test)", caption, render.expected,
+        table, f"Table 1: results on {benchmark_words(table.tasks)} with K training examples {_per(render)} (test)",
+        caption, render.expected,
         "Table 1", flagged)
         + below)
     out.text("table1.tex", latex.score_table_latex(
@@ -347,7 +348,7 @@ def table1_caption(table, render, runs):
     median = reported(render) == "median"
     metrics = main_metrics(runs, table.tasks)
     statistic = statistic_words(reported(render), _seeds(table), render.ddof, render.expected)
-    return (f"Results on GLUE with {k_words(ks, render.selection)}: test performance on "
+    return (f"Results on {benchmark_words(table.tasks)} with {k_words(ks, render.selection)}: test performance on "
             f"{reported_rows(render.selection, ks[0])}, main metric x100 ({metric_words(metrics)}). "
             f"Best epoch (or evaluation step) chosen on: {selection_rows(render.selection, ks[0])}. "
             + f"{statistic}. "
@@ -361,7 +362,8 @@ def table3_caption(table, runs, render):
     """Table 3's caption: the reported rows and the selection rows as the protocol has them (full_halves reports the
     part of GLUE dev it did not select on), each task's metric, the statistic."""
     metrics = main_metrics(runs, table.tasks)
-    return ("Results on GLUE when all training examples are used (K = all): best-epoch performance on "
+    return (f"Results on {benchmark_words(table.tasks)} when all training examples are used (K = all): best-epoch "
+            "performance on "
             f"{reported_rows(render.selection, 'all')}, main metric x100 ({metric_words(metrics)}). "
             f"Best epoch chosen on: {selection_rows(render.selection, 'all')}. "
             f"{'Median' if reported(render) == 'median' else 'Mean'} over {_seeds(table)} ({table3_seeds(render)} "
