@@ -72,9 +72,14 @@ def candidate_runs(runs, keys):
         raise UserError(f"--select: no pooled run has method setting {', '.join(unknown)}; settings: {', '.join(found)}")
     inside = runs["changed"].map(lambda changed: set(changed) <= set(keys))
     runs = runs[inside]
-    values = runs["settings"].map(lambda settings: ",".join(
-        canonical(settings[key]) if key in settings else NOT_A_SETTING for key in keys))
-    return runs.assign(value=values)
+    spelt = {}  # rows with equal settings share one dict (records.read_records): each spelt once, by its id
+
+    def value(settings):
+        if id(settings) not in spelt:
+            spelt[id(settings)] = ",".join(canonical(settings[key]) if key in settings else NOT_A_SETTING for key in keys)
+        return spelt[id(settings)]
+
+    return runs.assign(value=runs["settings"].map(value))
 
 
 def varied_keys(runs):
@@ -162,6 +167,7 @@ def _cell(cell, ddof):
     every = set.union(*seeds.values())
     rows = []
     in_shared = np.isin(seed_of, list(shared))  # once per cell, not per candidate
+    compared_seeds = _seed_list(shared)
     for value in sorted(seeds, key=_value_order):
         at = np.asarray(where[value])
         compared = dev[at[in_shared[at]]]
@@ -173,7 +179,7 @@ def _cell(cell, ddof):
             "value": value, "seeds": _seed_list(seeds[value]),
             "dev_mean": _mean(compared) if len(compared) else np.nan,
             "test_mean": test.mean() if len(test) else np.nan, "test_std": test.std(ddof=ddof) if len(test) > ddof else np.nan,
-            "test_median": _median(test) if len(test) else np.nan, "compared_seeds": _seed_list(shared),
+            "test_median": _median(test) if len(test) else np.nan, "compared_seeds": compared_seeds,
             "missing_seeds": _seed_list(every - seeds[value]),
             "pruned_at": int(pruned.max()) if len(pruned) else None, "chosen": False,
         })
