@@ -153,8 +153,7 @@ def write_table1(out, runs, render):
     caption = table1_caption(table, render, runs)
     out.text("table1.md", markdown.score_table_markdown(
         table, f"Table 1: results on {benchmark_words(table.tasks)} with K training examples {_per(render)} (test)",
-        caption, render.expected,
-        "Table 1", flagged)
+        caption, render.expected, "Table 1", flagged)
         + below)
     out.text("table1.tex", latex.score_table_latex(
         table, caption + (" *: differs from the best single method, paired t-test over data seeds p < 0.05." if flagged else ""),
