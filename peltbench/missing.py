@@ -686,7 +686,7 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str], logs: bool = T
     run = Run(num, values, label, path, "missing", log_dir=_log_dir(cfg) if logs else None)
     not_a_record: list[str] = []
     try:
-        record = read_record(path, not_a_record)
+        record = read_record(path, not_a_record, split=False)  # its state needs no row indices
     except UserError as error:  # e.g. a colleague's record we may not read
         run.state, run.error = "unreadable", str(error)
         return run

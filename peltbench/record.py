@@ -683,22 +683,67 @@ class NotARecord(ValueError):
     """Why a result.json is not a record at all (not UTF-8, not JSON, not a JSON object), in one line."""
 
 
-def parse_record(data: bytes) -> dict:
+def parse_record(data: bytes, split: bool = True) -> dict:
     """The record a result.json's bytes hold; NotARecord says why they hold none. Its config is a plain.Plain (read
     as plain data) unless the text holds a string OmegaConf reads as more than text (`${`, `???`).
 
     orjson parses it (the same objects as json.loads, in 0.6 of its time: 100,000 records are read by the tables, a
     sweep's start and peltbench-missing); what orjson refuses (NaN or Infinity, which json.dumps writes for a score
-    that is not a number; not UTF-8; not JSON) goes to json.loads, which reads it or says why it is not a record."""
-    try:
-        record = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        record = _parse_slowly(data)
-    if not isinstance(record, dict):
-        raise NotARecord("not a JSON object")
+    that is not a number; not UTF-8; not JSON) goes to json.loads, which reads it or says why it is not a record.
+
+    `split=False`, for readers of a record's state and scores (the tables, peltbench-missing, a sweep's plan): its
+    `split` (the indices of the rows it trained and selected on: two thirds of its bytes, which no such reader
+    reads) is checked as JSON but not read (`_without_split`), and the record has no `split`. Which files are
+    records, and every other field, are as with `split=True`."""
+    record = None if split else _without_split(data)
+    if record is None:
+        try:
+            record = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            record = _parse_slowly(data)
+        if not isinstance(record, dict):
+            raise NotARecord("not a JSON object")
+        if not split:
+            record.pop("split", None)
     if type(record.get("config")) is dict and not may_hold_omegaconf_strings(data):
         record["config"] = Plain(record["config"])
     return record
+
+
+def _without_split(data: bytes) -> dict | None:
+    """The record `data` holds, without its `split`, where the split is where and as the writer puts it (a top-level
+    object on a line of its own: `format_record`): its text is checked to be JSON apart from the rest (once per
+    distinct text, by its SHA-256: a sweep's runs of one task, K and seed share their split), and the rest is parsed
+    with a stand-in value in its place, which must come out as the record's top-level `split`. Together the two are
+    JSON exactly when the whole is (a JSON value can stand anywhere another can). None where any of this does not hold
+    (another layout, a split that is no JSON, no record at all): parse_record then parses the whole."""
+    at = data.find(_SPLIT_KEY)
+    start = at + len(_SPLIT_KEY)
+    if at < 0 or data[start:start + 1] != b"{":
+        return None
+    end = data.find(b"}", start) + 1  # the split holds no object: its first `}` closes it (else: not JSON, below)
+    if end == 0:
+        return None
+    text = data[start:end]
+    digest = hashlib.sha256(text).digest()
+    try:
+        if digest not in _JSON_SPLITS:
+            orjson.loads(text)
+            if len(_JSON_SPLITS) >= 65536:
+                _JSON_SPLITS.clear()
+            _JSON_SPLITS.add(digest)
+        record = orjson.loads(data[:start] + _STAND_IN + data[end:])
+    except orjson.JSONDecodeError:
+        return None
+    if type(record) is not dict or record.get("split") != _STAND_IN_VALUE:
+        return None
+    del record["split"]
+    return record
+
+
+_SPLIT_KEY = b'\n  "split": '  # a top-level field, as format_record writes it
+_STAND_IN, _STAND_IN_VALUE = b'"\\u0000split"', "\x00split"  # no record's split is this string
+_JSON_SPLITS: set[bytes] = set()  # SHA-256 digests of split texts orjson parsed
 
 
 def _parse_slowly(data: bytes):
@@ -729,9 +774,9 @@ def file_bytes(path: Path) -> bytes:
 READ_BYTES = 1 << 16  # a record in one read
 
 
-def read_record(path: Path, reasons: list[str] | None = None) -> dict | None:
+def read_record(path: Path, reasons: list[str] | None = None, split: bool = True) -> dict | None:
     """The record at `path`; None if there is none, or only a file that is not a record (parse_record: a rerun
-    replaces it; why is appended to `reasons`, where given).
+    replaces it; why is appended to `reasons`, where given). `split=False`: without its split (parse_record).
 
     A record that exists but cannot be read (another user's, without read permission) is a UserError: whether it
     is done cannot be known, and it is not ours to replace.
@@ -744,7 +789,7 @@ def read_record(path: Path, reasons: list[str] | None = None) -> dict | None:
         raise UserError(f"cannot read {path}: {error.strerror} (another user's record? its owner can "
                         f"`chmod a+r` it)") from None
     try:
-        return parse_record(data)
+        return parse_record(data, split)
     except NotARecord as error:  # e.g. a file cut off by a full disk under an older version
         if reasons is not None:
             reasons.append(str(error))

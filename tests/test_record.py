@@ -19,8 +19,8 @@ from peltbench import UserError
 from peltbench import record as record_module
 from peltbench import files as files_module
 from peltbench.files import folder_lock, write_file
-from peltbench.record import (RecordWriteError, check_existing, config_differences, config_hash, format_record,
-                              model_identity, probe_writable, read_record, record_path, write_record)
+from peltbench.record import (NotARecord, RecordWriteError, check_existing, config_differences, config_hash, format_record,
+                              model_identity, parse_record, probe_writable, read_record, record_path, write_record)
 
 
 def strict_json(text: str):
@@ -66,6 +66,62 @@ def test_a_readable_record_scores_first_compact_lists_no_float_noise():
     assert '    {"epoch": 1, "train_loss": 0.693147, "dev_main": 51.2346}' in lines
     assert f'    "train_indices": {list(range(40))},' in lines  # a list of numbers is one line
     assert '  "machine": {"hostname": "n1", "cpu": "EPYC", "gpu": null},' in lines
+
+
+SPLITS = [{"train_indices": [4676, 0, 7083, 10], "dev_indices": list(range(0, 3000, 7))},
+          {"train_indices": None, "dev_indices": None},  # k = all
+          {"train_indices": [5, 3], "dev_indices": [], "glue_dev_selection": [0], "glue_dev_test": [1, 2]}]  # full_halves
+
+
+def split_record(split) -> bytes:
+    record = {"status": "ok", "test": {"main": 1.0}, "history": [{"epoch": 1, "dev_main": 2.0}], "split": split,
+              "config": {"k": 100, "method": {"name": "lora"}}, "identity": {"k": 100}}
+    return format_record(record).encode()
+
+
+def test_a_record_read_without_its_split_is_the_record_less_its_split():
+    for split in SPLITS:
+        data = split_record(split)
+        full = parse_record(data)
+        assert full["split"] == split
+        assert record_module._without_split(data) is not None  # the writer's layout: its split is not read
+        assert parse_record(data, split=False) == {key: value for key, value in full.items() if key != "split"}
+        assert parse_record(data, split=False) == parse_record(data, split=False)  # its split's text known by now
+    for not_an_object in (b"[" + data + b"]", b"[1]"):
+        for split in (True, False):
+            with pytest.raises(NotARecord, match="not a JSON object"):
+                parse_record(not_an_object, split=split)
+    other_layout = json.dumps(json.loads(split_record(SPLITS[0]))).encode()  # all on one line: read whole
+    assert record_module._without_split(other_layout) is None
+    assert "split" not in parse_record(other_layout, split=False)
+
+
+@pytest.mark.parametrize("text, changed", [
+    ("[4676, 0, 7083, 10]", "[4676, 0, 7083 10]"), ("[4676, 0, 7083, 10]", "[4676, 00, 7083, 10]"),
+    ("[4676, 0, 7083, 10]", "[4676, , 7083, 10]"), ("[4676, 0, 7083, 10]", "[4676, 0, 7083, 10"),
+    ('"train_indices"', '"train_indices'), ('"dev_indices": [0, 7,', '"dev_indices": [0, 7,}'),
+    ("[4676, 0, 7083, 10]", "[4676, NaN, 7083, 10]"),  # json.loads reads NaN: a record, with its split
+    ('"train_indices"', '"train_indices", "train_indices"'), ('"test"', '"split": {}, "test"'),
+    ('"history"', '"split": 1, "history"'), ('"history"', '"split": "\\u0000split", "history"'),
+    ('"config"', '"split": {"dev_indices": [0]},\n  "config"'), ('"config"', '"split": "\\u0000split",\n  "config"'),
+    ('"test": {', '"test": {\n  "split": {"a": [1]}, '),  # a `split` of another object, in the writer's layout
+])
+def test_a_split_read_or_not_gives_the_same_verdict_and_fields(text, changed):
+    """Whether the split is read or only checked (split=False: the tables, peltbench-missing, a sweep's plan), the
+    same files are records, with the same fields: a split that is not JSON, another `split` before or after it, a
+    stand-in's own text."""
+    data = split_record(SPLITS[0])
+    parse_record(data, split=False)  # its split's text known as JSON: a damaged copy of it must still be found
+    assert text.encode() in data
+    damaged = data.replace(text.encode(), changed.encode(), 1)
+    try:
+        full = parse_record(damaged)
+    except NotARecord as error:
+        with pytest.raises(NotARecord) as without:
+            parse_record(damaged, split=False)
+        assert str(without.value) == str(error)
+    else:
+        assert parse_record(damaged, split=False) == {key: value for key, value in full.items() if key != "split"}
 
 
 def test_a_finished_record_is_never_replaced_by_a_failed_one(tmp_path):

@@ -304,7 +304,7 @@ def _read(path):
     except OSError as error:
         raise BadRecord("unreadable", error.strerror or type(error).__name__) from None
     try:
-        record = parse_record(data)
+        record = parse_record(data, split=False)  # no table reads the row indices
     except NotARecord as error:
         raise BadRecord("unreadable", str(error)) from None
     damaged, changed = examine(record)
