@@ -19,7 +19,7 @@ from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentErr
                         declaration, evaluate, is_builtin)
 from .packaged import options, packaged_config
 from .passes import once
-from .plain import once_per_node
+from .plain import Plain, once_per_node
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
 from .tasks import DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
@@ -201,11 +201,14 @@ def check_config(cfg: DictConfig) -> None:
             raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
     check_known_keys(cfg)
     plain = isinstance(cfg, dict)
-    for top, settings in _SETTING_GROUPS:  # a node of the composed config a sweep's runs share (train, save, ...): once
-        once_per_node(("settings", top), cfg.get(top) if plain else None,
-                      lambda _: _check_settings(cfg, settings, plain))
+    for top, settings in _SETTING_GROUPS:
+        node = cfg.get(top) if plain else None
+        if type(node) is Plain:  # a node of the composed config a sweep's runs share (train, save, ...): once
+            once_per_node(("settings", top), node, lambda _, settings=settings: _check_settings(cfg, settings, True))
+        elif not (plain and _valid_value(settings, node)):
+            _check_settings(cfg, settings, plain)
     _once(check_task, cfg.task, _VALID_TASKS)
-    check_schedule(cfg.train)
+    once_per_node(check_schedule, cfg.train, check_schedule)
     check_protocol(cfg)
     check_halving(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
@@ -213,7 +216,16 @@ def check_config(cfg: DictConfig) -> None:
     _once(check_method, cfg.method, _VALID_METHODS)
     check_planned_steps(cfg)
     check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
-    check_logger(cfg.get("logger"))
+    once_per_node(check_logger, cfg.get("logger"), check_logger)
+
+
+def _valid_value(settings: list, value) -> bool:
+    """Whether a top-level value of plain data (k=500, seed=3: `settings`, the one rule of its key) was found valid
+    before (_check_settings), without a call per key (a sweep checks 100,000 runs)."""
+    try:
+        return len(settings) == 1 and (settings[0][0], type(value), value) in _VALID
+    except TypeError:  # a list
+        return False
 
 
 def _check_settings(cfg: DictConfig, settings: list, plain: bool) -> None:
@@ -518,8 +530,7 @@ def check_planned_steps(cfg: DictConfig) -> None:
     leaves a budgeting phase; methods/adalora_budget.py plans the same rounding): refused before torch, naming the run,
     rather than when its group is planned."""
     method = cfg.method
-    components = [str(name) for name in method.get("components") or []]
-    declared = [(name, declaration(name)) for name in components if declaration(name).schedule]
+    declared = once_per_node(_scheduled, method, _scheduled)  # a sweep's runs share their method node per lr
     total = planned_steps(cfg) if declared else None
     if total is None:
         return
@@ -527,6 +538,12 @@ def check_planned_steps(cfg: DictConfig) -> None:
         refused = component.refusals(method, component.schedule, steps=total)
         if refused:
             raise UserError(f"method={method.name} task={cfg.task.name}: {name}: {refused[0]}")
+
+
+def _scheduled(method: DictConfig | Mapping) -> list:
+    """[(name, declaration)] of the method's components whose declaration needs the run's planned steps."""
+    return [(str(name), declaration(str(name))) for name in method.get("components") or []
+            if declaration(str(name)).schedule]
 
 
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a folder of the results (record_path)
@@ -688,20 +705,28 @@ def check_protocol(cfg: DictConfig) -> None:
     node = cfg.get("protocol")
     if node is None:  # a config from before protocols (a record's): unipelt
         return
+    once_per_node(_check_protocol_node, node, _check_protocol_node)  # a sweep's runs share it
+    name, k = node.get("name"), cfg.get("k")
+    if node.get("k") == "all" and k != "all":
+        raise UserError(f"k={k}: protocol={name} trains on the whole train split (k=all)")
+    if node.get("k") == "per_class" and k == "all":
+        raise UserError(f"k=all: protocol={name} samples K train rows per class; give k=NUMBER (its own: 16)")
+    task = cfg.get("task") or {}
+    if node.get("k") == "per_class" and task.get("num_labels") == 1 and task.get("lmbff_threshold") is None:
+        raise UserError(f"protocol={name} samples K train rows per class, and task {task.get('name')} is a regression "
+                        f"task: give task.lmbff_threshold, the score below which rows are one class (LM-BFF's STS-B: 2.5)")
+    if node.get("dev") != "train" and cfg.get("dev_size") is not None and cfg.dev_size != run_defaults(str(name)).dev_size:
+        raise UserError(f"dev_size={cfg.dev_size}: protocol={name} does not use it ({SELECTION[node.dev]}); drop it")
+
+
+def _check_protocol_node(node: DictConfig | Mapping) -> None:
+    """What check_protocol asks of the `protocol` node alone."""
     for key, allowed in (("k", K_COUNTS), ("dev", DEV_SOURCES), ("statistic", STATISTICS)):
         if node.get(key) not in allowed:
             raise UserError(f"protocol.{key}={_show(node.get(key))}: must be one of {', '.join(allowed)}")
-    name, k = node.get("name"), cfg.get("k")
-    if node.k == "all" and k != "all":
-        raise UserError(f"k={k}: protocol={name} trains on the whole train split (k=all)")
-    if node.k == "per_class" and k == "all":
-        raise UserError(f"k=all: protocol={name} samples K train rows per class; give k=NUMBER (its own: 16)")
+    name = node.get("name")
     if node.dev in ("glue_dev", "glue_dev_halves") and node.k != "all":
         raise UserError(f"protocol.dev={node.dev} selects on GLUE dev, which only full-data protocols (protocol.k=all) do")
-    task = cfg.get("task") or {}
-    if node.k == "per_class" and task.get("num_labels") == 1 and task.get("lmbff_threshold") is None:
-        raise UserError(f"protocol={name} samples K train rows per class, and task {task.get('name')} is a regression "
-                        f"task: give task.lmbff_threshold, the score below which rows are one class (LM-BFF's STS-B: 2.5)")
     if (node.dev == "per_class") != (node.k == "per_class"):
         raise UserError(f"protocol.dev={node.dev} with protocol.k={node.k}: a dev set of K rows per class goes with "
                         f"K train rows per class")
@@ -711,8 +736,6 @@ def check_protocol(cfg: DictConfig) -> None:
         if differ:
             raise UserError(f"protocol.name={name} with protocol.{differ[0]}={node.get(differ[0])}: protocol {name} has "
                             f"{differ[0]}={own[differ[0]]}; choose a protocol with protocol=NAME (not protocol.name=NAME)")
-    if node.dev != "train" and cfg.get("dev_size") is not None and cfg.dev_size != run_defaults(str(name)).dev_size:
-        raise UserError(f"dev_size={cfg.dev_size}: protocol={name} does not use it ({SELECTION[node.dev]}); drop it")
 
 
 def check_logger(logger: DictConfig | None) -> None:
@@ -773,10 +796,13 @@ _KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose
 
 def _shape(node: dict, skip: tuple[str, ...] = SKIPPED_NODES) -> tuple:
     """The key structure of plain data: its keys, and that of each dict in it (no values), outside `skip`."""
-    if skip:
-        node = {key: child for key, child in node.items() if key not in skip}
-    return tuple(node), tuple([(key, once_per_node(_child_shape, child, _child_shape)) for key, child in node.items()
-                               if isinstance(child, dict)])
+    keys, children = [], []
+    for key, child in node.items():
+        if key not in skip:
+            keys.append(key)
+            if isinstance(child, dict):
+                children.append((key, once_per_node(_child_shape, child, _child_shape)))
+    return tuple(keys), tuple(children)
 
 
 def _child_shape(node: dict) -> tuple:
