@@ -404,6 +404,9 @@ class _HydraPart:
       searchpath changes it alone): made once, each composition its own cache of the files it loads.
     - Hydra's own config files (`hydra/...`), loaded once: each composition reads their defaults lists and headers
       only; one merged is merged as a copy.
+    - The choices a defaults list's interpolations read (`${protocol}_${task}`: defaults_list._create_interpolation_map,
+      an OmegaConf config made for every config file of the tree, ~30 a set): made only for a file whose defaults
+      list has an interpolation, the only ones Hydra reads it for.
 
     Each composed config is the one Hydra composes alone, hydra node and all (tests/test_missing.py)."""
 
@@ -414,11 +417,12 @@ class _HydraPart:
 
     @contextlib.contextmanager
     def active(self):
-        from hydra._internal import config_loader_impl, config_repository
+        from hydra._internal import config_loader_impl, config_repository, defaults_list
 
         caching = config_loader_impl.CachingConfigRepository
         load_config = config_repository.ConfigRepository.load_config
         compose = config_loader_impl.ConfigLoaderImpl._compose_config_from_defaults_list
+        interpolation_map = defaults_list._create_interpolation_map
 
         def repository(delegate):
             if self.repository is None or self.repository[0] is not delegate:
@@ -434,16 +438,23 @@ class _HydraPart:
                 self.files[config_path] = load_config(repo, config_path)
             return self.files[config_path]
 
+        def choices(overrides, defaults, self_added):  # read by a default of `defaults` that interpolates, or by none
+            if any(default.is_interpolation() for default in defaults):
+                return interpolation_map(overrides, defaults, self_added)
+            return None
+
         config_loader_impl.CachingConfigRepository = repository
         config_repository.ConfigRepository.load_config = load
         config_loader_impl.ConfigLoaderImpl._compose_config_from_defaults_list = (
             lambda loader, defaults, repo: self._compose(loader, defaults, repo))
+        defaults_list._create_interpolation_map = choices
         try:
             yield
         finally:
             config_loader_impl.CachingConfigRepository = caching
             config_repository.ConfigRepository.load_config = load_config
             config_loader_impl.ConfigLoaderImpl._compose_config_from_defaults_list = compose
+            defaults_list._create_interpolation_map = interpolation_map
 
     def _compose(self, loader, defaults, repo) -> DictConfig:
         """ConfigLoaderImpl._compose_config_from_defaults_list, the leading hydra defaults merged once."""
