@@ -52,7 +52,7 @@ from .interrupts import stopped_by
 from .overrides import as_given, pin_group_settings
 from .packaged import use_searchpath
 from .progress import progress
-from .record import (Plain, config_differences, damage, omegaconf_strings, one_pass, read_record, record_folder, select,
+from .record import (Plain, against_run, omegaconf_strings, one_pass, read_record, record_folder, select,
                      unsaved)
 
 log = logging.getLogger("peltbench")
@@ -703,8 +703,7 @@ def _check_run(cfg: DictConfig, num: int, values: dict[str, str], logs: bool = T
         return run
     if not_a_record:
         run.error = f"its result.json is not a record ({not_a_record[0]}): a rerun replaces it"
-    damaged = None if record is None else damage(record)
-    differences = [] if record is None or damaged else config_differences(record, cfg)
+    damaged, differences = (None, []) if record is None else against_run(record, cfg)
     if damaged:
         run.state, run.error = "damaged", damaged
     elif differences:

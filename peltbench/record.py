@@ -475,9 +475,10 @@ def damage(record: dict) -> str | None:
     return examine(record, meaning=False)[0]
 
 
-def examine(record: dict, meaning: bool = True) -> tuple[str | None, list[str]]:
+def examine(record: dict, meaning: bool = True, from_config: dict | None = None) -> tuple[str | None, list[str]]:
     """(why `record` is damaged or None: `damage`; how its meaning changed: `changed_meaning`, [] where it is
-    damaged or not `meaning`), its config read once for both."""
+    damaged or not `meaning`), its config read once for both. `from_config`: semantic_config of its config, where the
+    caller has it (against_run)."""
     why = _field_damage(record, FIELDS, "") or _field_damage(record["config"], CONFIG_FIELDS, "config.")
     if why:
         return why, []
@@ -495,7 +496,8 @@ def examine(record: dict, meaning: bool = True) -> tuple[str | None, list[str]]:
     identity = record.get("identity")
     rows = identity.get("task.rows") if isinstance(identity, dict) else None
     try:  # a user task's rows as the record has them (its files are not read again)
-        from_config = semantic_config(record["config"], rows=rows or "unknown")
+        if from_config is None:
+            from_config = semantic_config(record["config"], rows=rows or "unknown")
     except Exception as error:  # a config no run could have had (a setting missing, a value OmegaConf refuses)
         if record.get("identity") is None and record.get("config_hash") is None:
             return None, []  # nothing to read it against (the tables read what they need of it)
@@ -565,12 +567,33 @@ def _contradictions(identity: dict, from_config: dict) -> list[str]:
             for key in sorted(stored.keys() | mine.keys()) if stored.get(key, _MISSING) != mine.get(key, _MISSING)]
 
 
-def config_differences(record: dict, cfg: DictConfig) -> list[str]:
+def against_run(record: dict, cfg: DictConfig | Mapping) -> tuple[str | None, list[str]]:
+    """(damage(record), config_differences(record, cfg) where it is not damaged): how the run of `cfg` reads the
+    record in its folder (the rerun's check_existing, a sweep's plan, peltbench-missing). Where the record's config is
+    the run's own, byte for byte as JSON less the run's `hydra` node, and names a packaged task, the identity its config
+    gives is the run's (the same function of the same data): worked out once, not once for each (a sweep reads
+    100,000 records)."""
+    mine = semantic_config(cfg)
+    config = record.get("config")
+    own = None
+    if type(config) in (dict, Plain) and isinstance(record.get("identity"), dict) and "task.rows" not in mine \
+            and type(cfg) is Plain:
+        try:
+            if orjson.dumps(config) == orjson.dumps({key: value for key, value in cfg.items() if key != "hydra"}):
+                own = mine
+        except TypeError:  # a value JSON cannot hold: read it as usual
+            pass
+    damaged = examine(record, meaning=False, from_config=own)[0]
+    return (damaged, []) if damaged else (None, config_differences(record, cfg, mine))
+
+
+def config_differences(record: dict, cfg: DictConfig, mine: dict | None = None) -> list[str]:
     """How the run that wrote `record` differs from `cfg` in what changes results, one `key (record X, this run Y)`
     per setting; [] when it is the same run. The record's identity is read as it stored it (`stored_identity`), and
     compared setting by setting, not only by hash, so that a record whose hash came from another spelling of the same
-    settings (model.name=DIR/ before paths were normalised) is this run."""
-    mine = semantic_config(cfg)
+    settings (model.name=DIR/ before paths were normalised) is this run. `mine`: semantic_config(cfg), where the caller
+    has it."""
+    mine = semantic_config(cfg) if mine is None else mine
     if record.get("identity") == mine or record.get("config_hash") == identity_hash(mine):
         return []  # the same identity (which damage() finds hashes to config_hash) needs no hash of its own
     try:
@@ -811,10 +834,9 @@ def check_existing(path: Path, cfg: DictConfig) -> dict | None:
     existing = read_record(path)
     if existing is None:
         return None
-    damaged = damage(existing)
+    damaged, differences = against_run(existing, cfg)
     if damaged:
         raise DamagedRecord(f"{path} holds a damaged record: {damaged}; move it away to rerun it")
-    differences = config_differences(existing, cfg)
     if differences:
         raise UserError(f"{path} holds a record of a different config ({'; '.join(differences)}); "
                         f"move it away or choose another results_dir")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import SHIPPED_GLUE, compose_config
 
+from peltbench import record as record_module
 from peltbench.missing import main as missing
 from peltbench.record import (DamagedRecord, check_existing, config_hash, damage, format_record, identity_hash, record_path,
                               semantic_config)
@@ -80,12 +81,17 @@ def reason(path: Path, template: str) -> str:
     return template
 
 
-def test_a_record_as_written_is_not_damaged(tmp_path, in_process, capsys):
+def test_a_record_as_written_is_not_damaged(tmp_path, in_process, capsys, monkeypatch):
     path = written(tmp_path / "results")
     record = json.loads(path.read_text())
     assert identity_hash(record["identity"]) == record["config_hash"] and damage(record) is None
     assert in_process(*RUN, "results_dir=results", cwd=tmp_path).returncode == 0  # done: skipped
+    examined = []  # a sweep's plan reads its run's own record against its config as data: its identity found once
+    examine = record_module.examine
+    monkeypatch.setattr(record_module, "examine", lambda record, meaning=True, from_config=None:
+                        examined.append(from_config) or examine(record, meaning, from_config))
     assert missing([*RUN, f"results_dir={tmp_path / 'results'}"]) == 0
+    assert examined == [record["identity"]]
     assert capsys.readouterr().out.splitlines()[0] == "1 runs: 1 done, 0 failed, 0 missing"
     records, skipped = read_records(tmp_path / "results")
     assert len(records) == 1 and skipped == []

@@ -146,7 +146,7 @@ def test_a_changed_file_is_another_run(sst2_jsonl, tiny_checkpoint, tmp_path):
     """The record holds the rows' digest: the same rows from another format are the same run; changed rows are not,
     and the old record never passes as done."""
     from peltbench.data import load_split
-    from peltbench.missing import record_states
+    from peltbench.missing import _load, record_states
     from peltbench.record import config_hash
 
     root, search = sst2_jsonl
@@ -159,6 +159,8 @@ def test_a_changed_file_is_another_run(sst2_jsonl, tiny_checkpoint, tmp_path):
     [record] = run(tmp_path, *overrides)
     cfg = compose_config(*overrides, f"results_dir={tmp_path / 'results'}")
     assert record_states([cfg]) == ["done"]
+    as_sweep = [*overrides, f"results_dir={tmp_path / 'results'}"]  # a sweep's plan reads it with the config as data
+    assert [run.state for run in _load(as_sweep).runs] == ["done"]
     lines = (copy / "dev.jsonl").read_text().splitlines()
     lines[3] = lines[3].replace('"label": 0', '"label": 1') if '"label": 0' in lines[3] else \
         lines[3].replace('"label": 1', '"label": 0')
@@ -166,6 +168,8 @@ def test_a_changed_file_is_another_run(sst2_jsonl, tiny_checkpoint, tmp_path):
     load_split.cache_clear()  # a new process reads the file as it is now
     assert config_hash(cfg) != record["config_hash"]
     assert record_states([cfg]) == ["foreign"]
+    [planned] = _load(as_sweep).runs  # the same config as data: the record's identity is not this run's
+    assert planned.state == "foreign" and planned.error.startswith("task.rows (record "), planned.error
     from peltbench.runner import run_group
 
     [outcome] = run_group([cfg])
