@@ -249,7 +249,8 @@ def preflight(arguments: list[str]) -> str | None:
                 def check(job: DictConfig) -> None:
                     check_config(job)
                     protocols.add(protocol_name(job))
-                    loggers.setdefault(repr(container(job.get("logger") or {})), job.get("logger"))
+                    logger = job.get("logger")
+                    loggers.setdefault(_spelt(logger) if logger is not None else "{}", logger)
                     data_dir = None if job.data.dir is None else str(job.data.dir)
                     task_key = (_spelt(job.task), data_dir)
                     node = job.get("protocol")
