@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -293,7 +294,8 @@ def test_the_wait_logs_runs_done_with_an_eta(monkeypatch, caplog):
     from hydra_plugins.peltbench_slurm import _launcher
 
     clock = iter([0.0, 120.0, 300.0])  # started; two tasks done at 2 min; the last at 5 min
-    monkeypatch.setattr(_launcher.time, "monotonic", lambda: next(clock))
+    # the launcher's clock alone (patching time.monotonic itself let another thread of the process take a tick)
+    monkeypatch.setattr(_launcher, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     progress = _launcher.ArrayProgress([8, 8, 4])  # runs per array task
     with caplog.at_level("INFO"):
         progress.update([True, True, False])
