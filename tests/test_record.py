@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from omegaconf import OmegaConf
 
@@ -296,6 +297,28 @@ def test_records_written_before_keep_their_hash():
     """Literals computed by the code before model paths were normalised: absolute real paths and Hub ids."""
     assert config_hash(compose_config("method=adapter", "task=rte", "model.name=/models/bert-base")) == "15b441a18c3c6577"
     assert config_hash(compose_config("method=adapter", "task=rte")) == "36f1b919c79800d9"
+
+
+def test_an_identitys_canonical_text_is_jsons_byte_for_byte():
+    """identity_hash hashes json.dumps(sort_keys=True, separators=(",", ":")): orjson's faster text is used only where
+    it is the same, whatever the values (floats of every size, NaN, text json escapes, integers past 64 bits)."""
+    import random
+    import struct
+
+    from peltbench.plain import Plain
+    from peltbench.record import canonical_text
+
+    rng = random.Random(0)
+    floats = [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(3000)]
+    floats += [m * 10.0 ** e for e in range(-12, 20) for m in (1, 1.5, 2, 2.5, 3, 5, 7.77)]
+    floats += [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-4, 9.999e-5, 1e16, 1e15]
+    values = [*floats, None, True, False, 0, -3, 2 ** 63 - 1, 2 ** 64, 10 ** 17, "é", "".join(map(chr, range(128))),
+              "3e", "a/b", "", [1, (2, 3.5)], {"b": 1, "a": {"d": 2e-05, "c": [None]}}, Plain(z=1, y=2)]
+    for value in values:
+        identity = {"method": {"name": "lora", "lr": value, "lora_rank": 8}, "task": "rte", "k": 100, "seed": 111}
+        assert canonical_text(identity) == json.dumps(identity, sort_keys=True, separators=(",", ":")).encode(), value
+    assert canonical_text({"method": {"lr": 5e-4}, "seed": 1}) == orjson.dumps({"method": {"lr": 5e-4}, "seed": 1},
+                                                                                 option=orjson.OPT_SORT_KEYS)
 
 
 def test_an_old_record_of_another_spelling_is_the_same_run(tmp_path, monkeypatch):
