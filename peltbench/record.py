@@ -594,8 +594,9 @@ def against_run(record: dict, cfg: DictConfig | Mapping) -> tuple[str | None, li
     own = None
     if type(config) in (dict, Plain) and isinstance(record.get("identity"), dict) and "task.rows" not in mine \
             and type(cfg) is Plain:
-        try:
-            if orjson.dumps(config) == orjson.dumps({key: value for key, value in cfg.items() if key != "hydra"}):
+        run = {key: value for key, value in cfg.items() if key != "hydra"}
+        try:  # equal (a quick look: most records of another version's config differ), then equal as JSON (1 is 1.0)
+            if config == run and orjson.dumps(config) == orjson.dumps(run):
                 own = mine
         except TypeError:  # a value JSON cannot hold: read it as usual
             pass
