@@ -604,7 +604,8 @@ class _PlainBase:
                 return None
             path, value = line.setting
             parent = _writable(cfg, path[:-1], copied) if len(path) > 1 else cfg
-            if parent is None or path[-1] not in parent or isinstance(parent[path[-1]], (dict, list, Mapping)):
+            if parent is None or path[-1] not in parent or (type(parent[path[-1]]) not in _SIMPLE_TYPES and
+                                                            isinstance(parent[path[-1]], (dict, list, Mapping))):
                 return None  # not there, or not a value: Hydra's own function says what it does
             parent[path[-1]] = value
             changed.append(path)
