@@ -589,18 +589,15 @@ def against_run(record: dict, cfg: DictConfig | Mapping) -> tuple[str | None, li
     the run's own, byte for byte as JSON less the run's `hydra` node, and names a packaged task, the identity its config
     gives is the run's (the same function of the same data): worked out once, not once for each (a sweep reads
     100,000 records)."""
-    mine = semantic_config(cfg)
-    config = record.get("config")
-    own = None
-    if type(config) in (dict, Plain) and isinstance(record.get("identity"), dict) and "task.rows" not in mine \
-            and type(cfg) is Plain:
+    config, mine = record.get("config"), None
+    if type(cfg) is Plain and type(config) in (dict, Plain) and isinstance(record.get("identity"), dict):
         run = {key: value for key, value in cfg.items() if key != "hydra"}
         try:  # equal (a quick look: most records of another version's config differ), then equal as JSON (1 is 1.0)
-            if config == run and orjson.dumps(config) == orjson.dumps(run):
-                own = mine
-        except TypeError:  # a value JSON cannot hold: read it as usual
-            pass
-    damaged = examine(record, meaning=False, from_config=own)[0]
+            if config == run and orjson.dumps(config) == orjson.dumps(run) and is_packaged_task(cfg["task"]):
+                mine = semantic_config(cfg)
+        except Exception:  # a value JSON cannot hold, a config no run could have: read as every reader reads it
+            mine = None
+    damaged = examine(record, meaning=False, from_config=mine)[0]
     return (damaged, []) if damaged else (None, config_differences(record, cfg, mine))
 
 
