@@ -586,19 +586,34 @@ def _contradictions(identity: dict, from_config: dict) -> list[str]:
 def against_run(record: dict, cfg: DictConfig | Mapping) -> tuple[str | None, list[str]]:
     """(damage(record), config_differences(record, cfg) where it is not damaged): how the run of `cfg` reads the
     record in its folder (the rerun's check_existing, a sweep's plan, peltbench-missing). Where the record's config is
-    the run's own, byte for byte as JSON less the run's `hydra` node, and names a packaged task, the identity its config
-    gives is the run's (the same function of the same data): worked out once, not once for each (a sweep reads
-    100,000 records)."""
+    the run's own in every node its identity is read from (IDENTITY_NODES: equal, and equal as JSON), and names a
+    packaged task, the identity its config gives is the run's (the same function of the same data): worked out once,
+    not once for each (a sweep reads 100,000 records; a rerun with another data.dir, results_dir, device or logger
+    still takes it)."""
     config, mine = record.get("config"), None
     if type(cfg) is Plain and type(config) in (dict, Plain) and isinstance(record.get("identity"), dict):
-        run = {key: value for key, value in cfg.items() if key != "hydra"}
-        try:  # equal (a quick look: most records of another version's config differ), then equal as JSON (1 is 1.0)
-            if config == run and orjson.dumps(config) == orjson.dumps(run) and is_packaged_task(cfg["task"]):
+        try:
+            if _same_identity_nodes(config, cfg) and is_packaged_task(cfg["task"]):
                 mine = semantic_config(cfg)
         except Exception:  # a value JSON cannot hold, a config no run could have: read as every reader reads it
             mine = None
     damaged = examine(record, meaning=False, from_config=mine)[0]
     return (damaged, []) if damaged else (None, config_differences(record, cfg, mine))
+
+
+# The top-level nodes of a config that semantic_config reads where the task is a packaged one (task_identity reads
+# data.dir only for a user's task): two such configs equal in these nodes have one identity
+# (tests/test_record.py: test_the_identity_of_a_packaged_tasks_run_reads_only_its_identity_nodes).
+IDENTITY_NODES = tuple(dict.fromkeys(("method", "task", "protocol",
+                                      *(key.split(".")[0] for key in (*SEMANTIC_KEYS, *LATER_KEYS)))))
+
+
+def _same_identity_nodes(config: Mapping, run: Mapping) -> bool:
+    """Whether `config` and `run` hold the same IDENTITY_NODES: equal (a quick look first: a record of another
+    version's config differs), then equal as JSON (1 is not 1.0, nor True 1)."""
+    mine = {key: run[key] for key in IDENTITY_NODES if key in run}
+    theirs = {key: config[key] for key in IDENTITY_NODES if key in config}
+    return theirs == mine and orjson.dumps(theirs) == orjson.dumps(mine)
 
 
 def config_differences(record: dict, cfg: DictConfig, mine: dict | None = None) -> list[str]:

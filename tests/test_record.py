@@ -20,6 +20,7 @@ from peltbench import UserError
 from peltbench import record as record_module
 from peltbench import files as files_module
 from peltbench.files import folder_lock, write_file
+from peltbench.plain import Plain
 from peltbench.record import (NotARecord, RecordWriteError, check_existing, config_differences, config_hash, format_record,
                               model_identity, parse_record, probe_writable, read_record, record_path, write_record)
 
@@ -319,6 +320,65 @@ def test_an_identitys_canonical_text_is_jsons_byte_for_byte():
         assert canonical_text(identity) == json.dumps(identity, sort_keys=True, separators=(",", ":")).encode(), value
     assert canonical_text({"method": {"lr": 5e-4}, "seed": 1}) == orjson.dumps({"method": {"lr": 5e-4}, "seed": 1},
                                                                                  option=orjson.OPT_SORT_KEYS)
+
+
+class _Reads(Plain):
+    """A run's config as plain data that notes which of its top-level keys are read."""
+
+    __slots__ = ()
+    read: set = set()
+
+    def __getitem__(self, key):
+        _Reads.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        _Reads.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        _Reads.read.add(key)
+        return super().__contains__(key)
+
+
+@pytest.mark.parametrize("protocol", ["unipelt", "lmbff", "full_median"])
+def test_the_identity_of_a_packaged_tasks_run_reads_only_its_identity_nodes(protocol):
+    """against_run takes a record's identity from its run's config where the two hold the same IDENTITY_NODES: so
+    semantic_config, for a packaged task, reads no other top-level key, and a config of those nodes alone gives the
+    identity the whole config gives (a rerun with another data.dir, results_dir or device is the same run)."""
+    from peltbench.record import IDENTITY_NODES, semantic_config
+
+    for method, task, more in [("lora", "rte", ()), ("unipelt_apl", "cola", ("seed=13",)), ("adapter", "stsb", ()),
+                               ("ft", "mrpc", ("train.max_steps=20", "train.eval_every=5"))]:
+        cfg = Plain(OmegaConf.to_container(compose_config(f"method={method}", f"task={task}", f"protocol={protocol}",
+                                                          "data.dir=/elsewhere", "results_dir=/other", *more),
+                                           resolve=True))
+        _Reads.read = set()
+        assert semantic_config(_Reads(cfg)) == semantic_config(cfg)
+        assert _Reads.read and _Reads.read <= set(IDENTITY_NODES), _Reads.read - set(IDENTITY_NODES)
+        alone = Plain({key: cfg[key] for key in IDENTITY_NODES if key in cfg})
+        assert semantic_config(alone) == semantic_config(cfg)
+
+
+def test_a_record_differing_from_its_run_only_where_no_identity_is_read_takes_the_runs_identity(monkeypatch):
+    """A record of the run with another data.dir (the same GLUE files elsewhere): its identity taken from the run's
+    config, and it is this run; with an edited learning rate (identity untouched) it is damaged as before."""
+    from peltbench.record import against_run, semantic_config
+
+    record = a_record("method=lora", "task=rte")  # written with the GLUE files from the Hub (data.dir null)
+    cfg = Plain(OmegaConf.to_container(compose_config("method=lora", "task=rte", "data.dir=/elsewhere"), resolve=True))
+    identity = semantic_config(cfg)
+    assert record["config"]["data"]["dir"] is None and record["identity"] == identity
+    given = []
+    examine = record_module.examine
+    monkeypatch.setattr(record_module, "examine", lambda record, meaning=True, from_config=None:
+                        given.append(from_config) or examine(record, meaning, from_config))
+    assert against_run(record, cfg) == (None, [])
+    assert given == [identity]
+    edited = {**record, "config": {**record["config"], "method": {**cfg["method"], "lr": 0.5}}}
+    given.clear()
+    damaged, _ = against_run(edited, cfg)
+    assert given == [None] and "method.lr 0.5 where its identity has" in damaged
 
 
 def test_an_old_record_of_another_spelling_is_the_same_run(tmp_path, monkeypatch):
