@@ -254,9 +254,12 @@ def _walk(cfg: Mapping, path: tuple[str, ...], default):
     """select on plain data, the key's path split already."""
     node = cfg
     for part in path:
-        if not isinstance(node, (dict, Mapping)) or part not in node:  # dict first: Mapping's check is slow
+        kind = type(node)  # a Plain or a dict by their type first: isinstance's check of Mapping, an ABC, is slow
+        if kind is not Plain and kind is not dict and not isinstance(node, Mapping):
             return default
-        node = node[part]
+        node = node.get(part, _MISSING)
+        if node is _MISSING:
+            return default
     return node
 
 
