@@ -26,11 +26,22 @@ FAMILIES = list(ENCODERS)
 # encoder is the slow sweep's (every built-in's fused, bf16 and reloaded runs are also tests/test_encoders.py's and
 # tests/test_devices.py's, and the broken components below run every check)
 QUICK = ("slot", "backbone", "count")
-FUSED_APART = {  # a strict expectation (docs/check-method.md): beside runs of other rows, padding widths round otherwise
+FUSED_APART = {  # docs/check-method.md: beside runs of other rows, padding widths round otherwise
     "fourierft": "fused beside runs of other data seeds: the backbone's sums at another padding width round otherwise "
                  "(others within 2.2e-7 of a loss), which FourierFT's update, not zero at the start, grows (BERT: epoch 2 train loss 0.8462061 "
                  "alone, 0.8457917 fused); beside members of the same rows, bit for bit (tests/test_fusion.py)",
 }
+# Whether that rounding exceeds the check's tolerance depends on the CPU's kernels: it fails on the AMD EPYC it was
+# found on and passes on an Intel Xeon (2026-11-29). A FAIL is taken only as that difference on each encoder it fails
+# on: a train loss within 1 % of its run alone's.
+KNOWN_DIFFERENCE = re.compile(r"its record differs from its run alone: epoch \d+ train loss (\S+) alone, (\S+) fused$")
+
+
+def known_difference(verdict) -> bool:
+    """Whether a FAIL of `fused` is the known rounding alone, on every encoder it fails on."""
+    found = [KNOWN_DIFFERENCE.search(failure) for failure in verdict.failures]
+    return verdict.status == "FAIL" and all(match is not None and abs(float(match[1]) - float(match[2])) <=
+                                            0.01 * abs(float(match[1])) for match in found)
 
 
 def request(method: str, encoders, **kwargs) -> Request:
@@ -59,6 +70,24 @@ def test_every_builtin_method_passes_the_quick_checks(method, bench_root):
                                             for v in verdicts], "\n".join(v.line() for v in verdicts)
 
 
+def test_a_fused_fail_is_taken_only_as_the_known_rounding_on_every_encoder_it_fails_on():
+    from peltbench.check_method import Verdict
+
+    def failed(*reasons):
+        return Verdict("fused", failures=[f"{encoder}: fused with fourierft (seed 222, model seed 43), lora, its record "
+                                          f"differs from its run alone: {reason}" for encoder, reason in
+                                          zip(FAMILIES, reasons)])
+
+    assert known_difference(failed("epoch 2 train loss 0.8462061 alone, 0.8457917 fused"))
+    assert known_difference(failed("epoch 2 train loss 0.8462061 alone, 0.8457917 fused",
+                                   "epoch 3 train loss 0.5 alone, 0.5001 fused"))
+    assert not known_difference(failed("epoch 2 train loss 0.8462061 alone, 0.8457917 fused",
+                                       "epoch 2 dev score 61.0 alone, 62.0 fused"))
+    assert not known_difference(failed("epoch 2 train loss 0.85 alone, 0.80 fused"))
+    assert not known_difference(failed("test {'main': 61.0} alone, {'main': 60.0} fused"))
+    assert not known_difference(Verdict("fused", passed=[("bert", "its record equals its run alone's", None)]))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_every_builtin_method_passes_every_check_on_every_encoder(method, bench_root):
@@ -66,8 +95,10 @@ def test_every_builtin_method_passes_every_check_on_every_encoder(method, bench_
     expected = {check: "PASS" for check in CHECKS}
     if method == "ft":  # it trains alone and trains the backbone
         expected.update(fused="SKIP", slot="SKIP", backbone="SKIP")
-    if method in FUSED_APART:
-        expected["fused"] = "FAIL"  # a strict expectation: once fixed, this test says so
+    if method in FUSED_APART:  # PASS, or FAIL by the known difference alone (KNOWN_DIFFERENCE)
+        fused = next(verdict for verdict in verdicts if verdict.check == "fused")
+        assert fused.status == "PASS" or known_difference(fused), fused.line()
+        expected["fused"] = fused.status
     assert statuses(verdicts) == expected, "\n".join(v.line() for v in verdicts)
 
 
