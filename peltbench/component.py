@@ -505,44 +505,126 @@ def install_order(names) -> list[str]:
 
 # ---------------------------------------------------------------- the identity of a user's code
 
+NOT_FOUND = "not found on this Python path"
+# How a record names the rule its code's hash was made by: `code` (what the code means: its syntax trees without
+# docstrings), or `source` (the files' bytes of the module and what it imports, not the packages above it: records
+# made before the code's meaning was hashed, read by that rule still: code_identity_as).
+CODE_RULE, SOURCE_RULE = "code", "source"
+_BY_SOURCE_RULE = re.compile(rf"(version \S+, )?{SOURCE_RULE} [0-9a-f]{{16}}")
+
+
 @lru_cache(maxsize=None)
 def code_identity(name: str) -> str:
     """Which code a user's component is (record.semantic_config puts it in the identity of the runs that use it):
-    its package's version where it has one, and a hash of its module's source with every module of its own top-level
-    package that it imports (found in the source, transitively). Read once per process. 'not found on this Python
-    path' where the module is not there."""
+    its package's version where it has one, and `code <hash>`: a hash of what every module that `import name` runs
+    means (the packages' __init__ on its path and every module of its own top-level package they and it import,
+    transitively, as their `import` statements name them), each as its syntax tree without docstrings (`_meaning`):
+    a comment, a docstring or a change of layout alone is the same code. Read once per process. NOT_FOUND where
+    the module is not there."""
+    return _identity(name, CODE_RULE)
+
+
+@lru_cache(maxsize=None)
+def source_identity(name: str) -> str:
+    """The identity of component `name`'s code by the rule records were made with before `code_identity` (`source
+    <hash>`): the bytes of its module and of the modules of its package it imports, the packages above it left out."""
+    return _identity(name, SOURCE_RULE)
+
+
+def code_identity_as(name: str, recorded) -> str:
+    """The identity of component `name`'s code as this process finds it, by the rule `recorded` (what a record
+    stored for it) was made by: a record made by the `source` rule is the run of today's code where that rule's hash
+    of today's code is the one it stored (docs/record.md, "The identity of a user's code")."""
+    if isinstance(recorded, str) and _BY_SOURCE_RULE.fullmatch(recorded):
+        return source_identity(name)
+    return code_identity(name)
+
+
+def _identity(name: str, rule: str) -> str:
     try:
         origin, _ = source_of(name)
     except ComponentError:
-        return "not found on this Python path"
-    top = name.split(".")[0]
+        return NOT_FOUND
+    by_meaning = rule == CODE_RULE
     digest = hashlib.sha256()
-    for module, path in sorted(_package_closure(name, origin).items()):
-        digest.update(module.encode() + b"\0" + Path(path).read_bytes() + b"\0")
-    version = _version(top)
-    return f"{f'version {version}, ' if version else ''}source {digest.hexdigest()[:16]}"
+    for module, path in sorted(_package_closure(name, origin, by_meaning).items()):
+        text = _meaning(path) if by_meaning else Path(path).read_bytes()
+        digest.update(module.encode() + b"\0" + text + b"\0")
+    version = _version(name.split(".")[0])
+    return f"{f'version {version}, ' if version else ''}{rule} {digest.hexdigest()[:16]}"
 
 
-def _package_closure(module: str, origin: str) -> dict[str, str]:
-    """{module: file} of `module` and the modules of its top-level package it imports, transitively."""
+def _package_closure(module: str, origin: str, packages: bool = True) -> dict[str, str]:
+    """{module: file} of `module` and the modules of its top-level package it imports, transitively; with `packages`,
+    also each package above every one of them (`import mylab.sub.loha` runs mylab/__init__.py and
+    mylab/sub/__init__.py first), and what those import."""
     top = module.split(".")[0]
     found, todo = {module: origin}, [(module, origin)]
+    for name in _packages_above(module) if packages else ():
+        _add(name, found, todo)
     while todo:
         current, path = todo.pop()
         try:
             tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, UnicodeDecodeError):
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
             continue
         package = current if path.endswith("__init__.py") else current.rpartition(".")[0]
         for node in ast.walk(tree):
             for imported in _imports(node, package):
-                if imported.split(".")[0] != top or imported in found:
-                    continue
-                spec = find_module(imported)
-                if spec is not None and spec.has_location and spec.origin and spec.origin.endswith(".py"):
-                    found[imported] = spec.origin
-                    todo.append((imported, spec.origin))
+                for name in (*_packages_above(imported), imported) if packages else (imported,):
+                    if name.split(".")[0] == top and name not in found:
+                        _add(name, found, todo)
     return found
+
+
+def _packages_above(module: str) -> list[str]:
+    """`a.b.c` -> [a, a.b]: the packages `import a.b.c` runs before it."""
+    parts = module.split(".")
+    return [".".join(parts[:depth]) for depth in range(1, len(parts))]
+
+
+def _add(module: str, found: dict[str, str], todo: list) -> None:
+    """Put `module`'s file in `found` and `todo`, where it is a Python file (not a namespace package, not compiled)."""
+    spec = find_module(module)
+    if spec is not None and spec.has_location and spec.origin and spec.origin.endswith(".py"):
+        found[module] = spec.origin
+        todo.append((module, spec.origin))
+
+
+def _meaning(path: str) -> bytes:
+    """What the module at `path` computes, as text: its syntax tree (ast) without positions, comments, layout
+    (spaces, line breaks, parentheses, quotes), docstrings and other bare string statements (they compute nothing),
+    fields Python leaves empty (so a Python that adds one reads the same text), nor `type_comment`, `kind`. A file
+    that does not parse (it cannot be imported either) as its bytes."""
+    source = Path(path).read_bytes()
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return b"unparsed\0" + source
+    return repr(_tree(tree)).encode()
+
+
+_NOT_MEANING = frozenset({"type_comment", "kind"})  # a comment's annotation; a string's `u` prefix
+
+
+def _tree(node):
+    """`node` as nested tuples of its type's name and its (field, value) pairs that carry meaning (`_meaning`)."""
+    if isinstance(node, ast.AST):
+        fields = [type(node).__name__]
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                value = [item for item in value if not _bare_string(item)]
+            if field not in _NOT_MEANING and value is not None and value != []:
+                fields.append((field, _tree(value)))
+        return tuple(fields)
+    if isinstance(node, list):
+        return tuple(_tree(item) for item in node)
+    return node
+
+
+def _bare_string(node) -> bool:
+    """A statement that is a string alone: a docstring, or a string used as a comment."""
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
 def _imports(node: ast.AST, package: str) -> list[str]:

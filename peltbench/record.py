@@ -25,7 +25,7 @@ import orjson
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import UserError, __version__
-from .component import code_identity, is_builtin
+from .component import code_identity, code_identity_as, is_builtin
 from .files import create, folder_lock, remove_leftovers, temporary_name, write_file
 from .model import is_local
 from .packaged import method_file, packaged_config, user_config_dirs
@@ -183,8 +183,9 @@ def _chained(task) -> bool:
 
 def user_code(components) -> dict[str, str]:
     """{component: its code} for each of a method's components that is a user's (named by its import path), as
-    component.code_identity says it: its package's version where it has one and a hash of its source. A change of
-    that code makes another run (docs/record.md, "The identity of a user's code")."""
+    component.code_identity says it: its package's version where it has one and a hash of what the modules that
+    importing it runs mean. A change of that code makes another run (docs/record.md, "The identity of a user's
+    code"); a record made by the rule before (`source ...`) is read by its rule (read_as_recorded)."""
     return {str(name): code_identity(str(name)) for name in components if not is_builtin(str(name))}
 
 
@@ -525,7 +526,8 @@ def examine(record: dict, meaning: bool = True, from_config: dict | None = None)
     if why or not meaning:
         return why, []
     stored = stored_identity(record, from_config)
-    return None, [] if stored == from_config else _differences(_flat(stored), _flat(from_config))
+    mine = read_as_recorded(stored, from_config)
+    return None, [] if stored == mine else _differences(_flat(stored), _flat(mine))
 
 
 def _first_line(error: Exception) -> str:
@@ -629,10 +631,22 @@ def config_differences(record: dict, cfg: DictConfig, mine: dict | None = None) 
     if record.get("identity") == mine or record.get("config_hash") == identity_hash(mine):
         return []  # the same identity (which damage() finds hashes to config_hash) needs no hash of its own
     try:
-        stored = _flat(stored_identity(record))
+        stored = stored_identity(record)
     except Exception:  # no config, or one this version cannot read: only the hashes can be compared
         return [f"config_hash (record {record.get('config_hash')}, this run {identity_hash(mine)})"]
-    return _differences(stored, _flat(mine))
+    return _differences(_flat(stored), _flat(read_as_recorded(stored, mine)))
+
+
+def read_as_recorded(stored: dict, mine: dict) -> dict:
+    """`mine` (a run's identity) with the code of each of its user components read by the rule the record whose
+    identity is `stored` was made by (component.code_identity_as): a record made before the code's meaning was hashed
+    holds `source <hash of the files>`, and is the run of today's code where that rule's hash of today's code is the
+    one it holds (docs/record.md, "The identity of a user's code")."""
+    theirs, code = stored.get("code"), mine.get("code")
+    if not code or not isinstance(theirs, Mapping):
+        return mine
+    read = {name: code_identity_as(name, theirs.get(name)) for name in code}
+    return mine if read == code else {**mine, "code": read}
 
 
 def changed_meaning(record: dict) -> list[str]:

@@ -38,6 +38,7 @@ def lokr(monkeypatch):
             del sys.modules[name]
         component.declaration.cache_clear()
         component.code_identity.cache_clear()
+        component.source_identity.cache_clear()
 
     forget()
     monkeypatch.syspath_prepend(str(EXAMPLE))
@@ -133,6 +134,6 @@ def test_lokr_fused_with_lora_writes_the_record_it_writes_alone(lokr, tiny_check
     together, lora = run_group([cfg("lokr", "fused"), cfg("lora", "fused")])
     assert alone.status == together.status == lora.status == "ok"
     assert together.record["fused"]["size"] == 2
-    assert together.record["identity"]["code"]["mylab.lokr"].startswith("source ")
+    assert together.record["identity"]["code"]["mylab.lokr"].startswith("code ")
     assert_trained_alike(alone.record, together.record, "lokr")
     assert together.record["history"][0]["train_loss"] != together.record["history"][-1]["train_loss"]

@@ -63,6 +63,7 @@ def user_path(monkeypatch):
                 del sys.modules[name]
         component.declaration.cache_clear()
         component.code_identity.cache_clear()
+        component.source_identity.cache_clear()
         component._distributions.cache_clear()
         packaged.use_searchpath(None)
         packaged._user_dirs = None  # as before any config was composed here
@@ -112,7 +113,7 @@ def test_a_copy_of_lora_fused_with_lora_trains_as_lora_and_is_saved_counted_and_
         assert ours["dev_main"] == pytest.approx(theirs["dev_main"], abs=1e-6)
     assert mine["trainable_params"] == lora["trainable_params"]
     # the code that made it is in its identity; a built-in's identity is as it always was
-    assert re.fullmatch(r"source [0-9a-f]{16}", mine["identity"]["code"]["mylab.lora_copy"])
+    assert re.fullmatch(r"code [0-9a-f]{16}", mine["identity"]["code"]["mylab.lora_copy"])
     assert "code" not in lora["identity"]
     # saved and reloaded in this process (the user's package on its path): the same predictions; its PEFT copy is
     # LoRA's (the copy declares peft=Peft("LORA"))
@@ -243,7 +244,7 @@ def test_a_change_of_a_users_code_is_another_run_named_in_one_line(tmp_path, tin
                          *tiny_run_overrides(tiny_checkpoint, glue_dir, tmp_path / "results"))
     cfg.method.name, cfg.method.components = "my_lora", ["mylab.lora_copy"]
     first = semantic_config(cfg)["code"]["mylab.lora_copy"]
-    assert re.fullmatch(r"version 0\.3, source [0-9a-f]{16}", first)
+    assert re.fullmatch(r"version 0\.3, code [0-9a-f]{16}", first)
     builtin = compose_config("method=lora", "task=rte")
     assert "code" not in semantic_config(builtin) and config_hash(builtin) == "3ac411bb92f60590"  # as before issue 45
     [outcome] = run_group([cfg])
@@ -255,7 +256,7 @@ def test_a_change_of_a_users_code_is_another_run_named_in_one_line(tmp_path, tin
     (module.parent / "common.py").write_text("SCALE = 2.0\n")  # a module it imports changes: another run
     user_path(tmp_path / "code")
     now = component.code_identity("mylab.lora_copy")
-    assert now != first and now.startswith("version 0.3, source ")
+    assert now != first and now.startswith("version 0.3, code ")
     changed = f"the code of mylab.lora_copy (record {first!r}, this run {now!r})"
     assert changed_meaning(record) == [changed]
     with pytest.raises(UserError, match=re.escape(f"holds a record of a different config ({changed}); move it away")):
@@ -268,3 +269,110 @@ def test_a_change_of_a_users_code_is_another_run_named_in_one_line(tmp_path, tin
                                "first)")]
     with pytest.raises(UserError, match=re.escape(f"made by other code than this Python's ({changed})")):
         load_run(path.parent)
+
+
+# A user's package, and what peltbench 87d2410 (before the code's meaning was hashed) stored for its component
+# mylab.sub.loha: its code_identity, the `source` rule (the bytes of the module and of the modules it imports).
+PACKAGE = {
+    "mylab/__init__.py": '"""My lab."""\nfrom .settings import SCALE  # every component scales by it\n',
+    "mylab/settings.py": "SCALE = 1.0\n",
+    "mylab/sub/__init__.py": "",
+    "mylab/sub/loha.py": '"""LoHa, as PEFT."""\nfrom mylab.common import helper\n\n\ndef delta(x):\n    """The delta."""\n'
+                         "    return helper(x)  # twice\n",
+    "mylab/common.py": "def helper(x):\n    return 2 * x\n",
+}
+BY_SOURCE_RULE = "source 1bf056dd660ad033"
+
+
+def write_package(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_users_code_is_every_module_importing_it_runs_read_for_what_it_computes(tmp_path, user_path):
+    """Issue 58, item 3: importing mylab.sub.loha runs mylab/__init__.py and mylab/sub/__init__.py first, and what they
+    import: a change there is another code. A comment, a docstring or a change of layout alone is the same code."""
+    from peltbench import component
+
+    write_package(tmp_path, PACKAGE)
+
+    def code_with(name: str, text: str) -> str:
+        (tmp_path / name).write_text(text)
+        user_path(tmp_path)
+        try:
+            return component.code_identity("mylab.sub.loha")
+        finally:
+            write_package(tmp_path, PACKAGE)
+
+    user_path(tmp_path)
+    first = component.code_identity("mylab.sub.loha")
+    assert re.fullmatch(r"code [0-9a-f]{16}", first)
+    # what importing it runs: the packages above it, and what they import
+    assert code_with("mylab/settings.py", "SCALE = 2.0\n") != first
+    assert code_with("mylab/__init__.py", "from .settings import SCALE\nSCALE = 2 * SCALE\n") != first
+    assert code_with("mylab/sub/__init__.py", "import mylab.common\nmylab.common.helper = abs\n") != first
+    assert code_with("mylab/common.py", "def helper(x):\n    return 3 * x\n") != first
+    # what it does not run: another module of its package
+    assert code_with("mylab/other.py", "SCALE = 3.0\n") == first
+    # what computes nothing: comments, docstrings, layout (line breaks, parentheses, quotes, trailing commas)
+    assert code_with("mylab/sub/loha.py", "'''LoHa.'''\n# PEFT's\nfrom mylab.common import (\n    helper,\n)\n"
+                                          "def delta(x):\n    '''Its delta.'''\n    return (helper(x))\n") == first
+    assert code_with("mylab/__init__.py", "from .settings import (SCALE)\n") == first
+    assert code_with("mylab/common.py", 'def helper(x):\n    "Twice x."\n    return 2*x  # twice\n') == first
+    # the rule before: the module's and its imports' bytes, the packages above it left out
+    assert component.source_identity("mylab.sub.loha") == BY_SOURCE_RULE
+    assert code_with("mylab/__init__.py", "SCALE = 2.0\n") != first
+    # importing a module of another subpackage runs that subpackage's __init__ first
+    write_package(tmp_path, {"mylab/sub/loha.py": "from mylab.util.tools import helper\n", "mylab/util/__init__.py": "",
+                             "mylab/util/tools.py": "def helper(x):\n    return x\n"})
+    user_path(tmp_path)
+    plain = component.code_identity("mylab.sub.loha")
+    assert code_with("mylab/util/__init__.py", "SCALE = 2.0\n") != plain
+
+
+def test_a_record_made_by_the_rule_before_is_done_while_that_rule_gives_todays_code_its_hash(tmp_path, user_path):
+    """Issue 58, item 3: records made since the code identity was introduced stored `source <hash>` (the files'
+    bytes). Such a record is the run of today's code where that rule's hash of today's code is the one it stored: done
+    for a rerun, peltbench-missing and the tables, never rerun nor left out for the rule's change alone. Once those
+    files change, it is another code's record, named by that rule on both sides; a record of today's rule is not
+    touched by a comment."""
+    from peltbench import component
+    from peltbench.missing import _check_run
+    from peltbench.record import (changed_meaning, check_existing, config_hash, identity_hash, record_path,
+                                  semantic_config)
+    from peltbench.runner import _identity
+    from peltbench.tables.records import read_records
+
+    write_package(tmp_path / "code", PACKAGE)
+    user_path(tmp_path / "code")
+    cfg = compose_config("method=lora", "task=rte", f"results_dir={tmp_path / 'results'}")
+    cfg.method.name, cfg.method.components = "my_loha", ["mylab.sub.loha"]
+    today = semantic_config(cfg)
+    assert today["code"] == {"mylab.sub.loha": component.code_identity("mylab.sub.loha")}
+    before = {**today, "code": {"mylab.sub.loha": BY_SOURCE_RULE}}  # as 87d2410 wrote it
+    record = {**_identity(cfg, config_hash(cfg)), "identity": before, "config_hash": identity_hash(before),
+              "status": "ok", "test": {"accuracy": 61.0, "main": 61.0}, "dev_best": {"accuracy": 60.0, "main": 60.0},
+              "best_epoch": 3, "epochs_run": 13}
+    path = record_path(cfg, tmp_path / "results")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    assert record["config_hash"] != config_hash(cfg)
+    assert check_existing(path, cfg) == record and changed_meaning(record) == []
+    assert _check_run(cfg, 0, {}).state == "done"
+    records, skipped = read_records(tmp_path / "results")
+    assert list(records["method"]) == ["my_loha"] and skipped == []
+
+    (tmp_path / "code" / "mylab" / "common.py").write_text("def helper(x):\n    return 2 * x  # twice\n")
+    user_path(tmp_path / "code")  # a comment in a file the rule before hashed: another code by that rule
+    assert semantic_config(cfg) == today
+    changed = (f"the code of mylab.sub.loha (record {BY_SOURCE_RULE!r}, "
+               f"this run {component.source_identity('mylab.sub.loha')!r})")
+    assert changed_meaning(record) == [changed]
+    with pytest.raises(UserError, match=re.escape(f"holds a record of a different config ({changed}); move it away")):
+        check_existing(path, cfg)
+    assert (_check_run(cfg, 0, {}).state, _check_run(cfg, 0, {}).error) == ("foreign", changed)
+
+    now = {**record, "identity": today, "config_hash": identity_hash(today)}  # a record of today's rule
+    path.write_text(json.dumps(now))
+    assert check_existing(path, cfg) == now and changed_meaning(now) == []
