@@ -376,3 +376,41 @@ def test_a_record_made_by_the_rule_before_is_done_while_that_rule_gives_todays_c
     now = {**record, "identity": today, "config_hash": identity_hash(today)}  # a record of today's rule
     path.write_text(json.dumps(now))
     assert check_existing(path, cfg) == now and changed_meaning(now) == []
+
+
+def test_the_tables_name_a_users_method_as_its_component_declares_it(tmp_path, user_path):
+    """Issue 58, item 4: a method of the user's named as its component (`loha`, of mylab.loha) is `LoHa` in the
+    tables, placed among the later methods by its paper (arXiv 2108.06098: before DoRA's 2402.09353), as a built-in
+    is named by its declaration; one named otherwise (`loha_big`) keeps its name, after them, and one whose label
+    another method has (a copy of lora.py declares LoRA's) keeps its name, placed by its paper (LoRA's)."""
+    from peltbench import packaged
+    from peltbench.record import config_hash, record_path
+    from peltbench.runner import _identity
+    from peltbench.tables.command import main
+
+    write_lora_copy(tmp_path / "code")
+    (tmp_path / "code" / "mylab" / "loha.py").write_text(
+        "from peltbench.component import POSITIVE_INT, Component, Setting\n\n"
+        'COMPONENT = Component(stage="projection", settings={"loha_rank": Setting(POSITIVE_INT, "LoHa: the rank")},\n'
+        '                      label="LoHa", arxiv="2108.06098")\n')
+    user_path(tmp_path / "code")
+    runs = tmp_path / "runs"
+    methods = {"lora": "lora", "dora": "dora", "loha": "mylab.loha", "loha_big": "mylab.loha",
+               "lora_copy": "mylab.lora_copy"}
+    for method, component in methods.items():
+        if method != component:
+            write_method(tmp_path / "conf", method, component)
+    packaged.use_searchpath([f"file://{tmp_path / 'conf'}"])  # as the sweep that wrote them had it
+    for score, method in enumerate(methods, start=70):
+        cfg = compose_config(f"method={method}", "task=rte", "seed=111", "model.name=bert-base-uncased",
+                             f"hydra.searchpath=[file://{tmp_path / 'conf'}]")
+        record = {**_identity(cfg, config_hash(cfg)), "status": "ok", "test": {"accuracy": score, "main": score},
+                  "dev_best": {"accuracy": score, "main": score}, "best_epoch": 3, "epochs_run": 13}
+        path = record_path(cfg, runs)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(record))
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path / "none")]) == 0
+    rows = [line.split("|")[1].strip() for line in (out / "table1.md").read_text().splitlines()
+            if line.startswith("| ") and "(n=1)" in line]
+    assert rows == ["LoRA", "lora_copy", "LoHa", "DoRA", "loha_big"]

@@ -41,7 +41,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, ScalarFormatter
 from matplotlib.transforms import offset_copy
 
 from .efficiency import is_fused
-from .names import AVG, METHODS, TASKS, k_label, k_order, method_label, order_of, task_label
+from .names import AVG, TASKS, k_label, k_order, method_label, method_order, order_of, task_label
 
 COSTS = {  # column -> (file, axis label, log scale where a panel's costs span a decade or more)
     "trainable_params": ("fig_cost_params.png", "trainable parameters (stored per task)", True),
@@ -238,8 +238,8 @@ def cost_figure(points, cost, title):
     columns = max(sum(1 for key in keys if key[0] == k) for k in ks)
     figure = Figure(figsize=(3.2 * columns, 2.9 * len(ks) + 0.6), layout="constrained")
     grid = figure.subplots(len(ks), columns, squeeze=False)
-    methods = sorted(set(drawn["method"]), key=lambda method: order_of(method, METHODS))
-    style = styles(sorted(set(points["method"]), key=lambda method: order_of(method, METHODS)))  # as in every figure
+    methods = sorted(set(drawn["method"]), key=method_order)
+    style = styles(sorted(set(points["method"]), key=method_order))  # as in every figure
     for row, k in enumerate(ks):
         in_row = [key for key in keys if key[0] == k]
         for column, axes in enumerate(grid[row]):
@@ -291,7 +291,7 @@ def dodges(panel, cost):
     offsets = pd.Series(0.0, index=panel.index)
     common = shared(panel, cost)
     for _, points in panel[common].groupby(cost):
-        order = sorted(points.index, key=lambda index: order_of(points.at[index, "method"], METHODS))
+        order = sorted(points.index, key=lambda index: method_order(points.at[index, "method"]))
         for position, index in enumerate(order):
             offsets[index] = (position - (len(order) - 1) / 2) * DODGE
     return offsets

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .markdown import frame_markdown
-from .names import METHODS, TASKS, k_order, method_label, order_of
+from .names import TASKS, k_order, method_label, method_order, order_of
 from .records import SKIPPED
 from .comparability import canonical, model_label, most_common, parse_protocol, render_options
 
@@ -60,7 +60,7 @@ def other_settings_groups(runs):
         "architecture": groups["architecture"].agg(most_common),
         "runs": groups.size(),
         "failed": groups["status"].agg(lambda status: int((status == "failed").sum())),
-        "methods": groups["method"].agg(lambda names: _listed(names, lambda name: order_of(name, METHODS))),
+        "methods": groups["method"].agg(lambda names: _listed(names, method_order)),
         "tasks": groups["task"].agg(lambda names: _listed(names, lambda name: order_of(name, TASKS))),
         "k": groups["k"].agg(lambda ks: _listed(ks, k_order)),
     }).reset_index()

@@ -1,5 +1,7 @@
 """The paper's names and orders: tasks, methods, K, and which methods UniPELT is made of (§4.1, Tables 1-4)."""
 
+from collections import Counter
+
 # Table 1's column order (not alphabetical, not GLUE's): SST-2, MRPC, CoLA, RTE, QNLI, STS-B, MNLI, QQP.
 TASKS = ("sst2", "mrpc", "cola", "rte", "qnli", "stsb", "mnli", "qqp")
 TASK_LABELS = {
@@ -35,9 +37,9 @@ METHOD_LABELS = {
 METHOD_ARXIV = {"ptuning_v2": "2110.07602", "lora_fa": "2308.03303"}
 
 
-def _component_names() -> tuple[tuple[str, ...], dict[str, str]]:
-    """(the later methods in their papers' order, every method's name in the tables) from METHOD_LABELS,
-    METHOD_ARXIV and the built-in components' declarations."""
+def _component_names() -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
+    """(the later methods in their papers' order, every method's name in the tables, every later method's paper) from
+    METHOD_LABELS, METHOD_ARXIV and the built-in components' declarations."""
     from ..component import builtin_names, declaration
 
     labels, papers = dict(METHOD_LABELS), dict(METHOD_ARXIV)
@@ -48,14 +50,53 @@ def _component_names() -> tuple[tuple[str, ...], dict[str, str]]:
         if component.arxiv:
             papers.setdefault(name, component.arxiv)
     later = sorted((name for name in papers if name not in PAPERS_METHODS), key=lambda name: (papers[name], name))
-    return tuple(later), labels
+    return tuple(later), labels, papers
 
 
-_LATER, _LABELS = _component_names()
+_LATER, _LABELS, _PAPERS = _component_names()
 # Row order of every table: the papers' methods, then the later methods (issue 19 on) in the order their papers first
 # appeared (arXiv); others (a user's method) after them, alphabetically.
 METHODS = (*PAPERS_METHODS, *_LATER)
 METHOD_LABELS = _LABELS
+# A user's methods named as the built-ins are (name_users_methods): {method: (label, arXiv id or None)}, as their
+# records' components declare them; filled as records are read (tables.records.read_records).
+USERS_METHODS: dict[str, tuple[str | None, str | None]] = {}
+
+
+def name_users_methods(components: dict[str, tuple[str, ...]]) -> None:
+    """Name a user's methods (`{method: its components}`, from its records) as the built-ins are named: a method named
+    as one of its components (`loha`, of `mylab.loha`) takes the `label` and `arxiv` that component declares
+    (peltbench.component.declaration: read, not run); its label only where no other method has it (a copy of lora.py
+    declares LoRA's). A method whose module is not on this Python's path, or named otherwise, keeps its name."""
+    from ..component import ComponentError, declaration, is_builtin
+
+    found = {}
+    for method, names in sorted(components.items()):
+        own = [name for name in names if not is_builtin(name) and name.rpartition(".")[2] == method]
+        if method in METHOD_LABELS or method in METHODS or len(own) != 1:
+            continue
+        try:
+            component = declaration(own[0])
+        except ComponentError:
+            continue
+        found[method] = component.label, component.arxiv
+    USERS_METHODS.update(found)
+    taken = Counter([*METHOD_LABELS.values(), *(label for label, _ in USERS_METHODS.values() if label)])
+    for method, (label, paper) in found.items():
+        if label and taken[label] > 1:
+            USERS_METHODS[method] = None, paper
+
+
+def method_order(method):
+    """Sort key of a method's row: the papers' methods in the papers' order, then the later methods, peltbench's and a
+    user's that names its paper (name_users_methods), in the order their papers first appeared (arXiv id), then the
+    others alphabetically."""
+    if method in PAPERS_METHODS:
+        return 0, PAPERS_METHODS.index(method), ""
+    paper = _PAPERS.get(method) or USERS_METHODS.get(method, (None, None))[1]
+    return (1, paper, str(method)) if paper else (2, "", str(method))
+
+
 # The rows each paper table has. Other methods are set apart below them and take no bold / underline,
 # so a method the paper did not run never displaces the paper's best (issue 8).
 TABLE1_METHODS = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipelt_ap", "unipelt_apl")
@@ -83,7 +124,7 @@ def k_order(k):
 
 
 def method_label(method):
-    return METHOD_LABELS.get(method, method)
+    return METHOD_LABELS.get(method) or USERS_METHODS.get(method, (None,))[0] or method
 
 
 def task_label(task):

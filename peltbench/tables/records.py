@@ -34,7 +34,7 @@ from ..packaged import options, packaged_config
 from ..protocols import DEFAULT as DEFAULT_PROTOCOL, method_overrides, protocol_name
 from ..progress import progress
 from ..record import EFFICIENCY_FIELDS, LATER_METHOD_KEYS, NotARecord, examine, file_bytes, one_pass, parse_record
-from .names import METHODS, TASKS
+from .names import METHODS, TASKS, name_users_methods
 from .comparability import (TOP_LEVEL_KEYS, architecture_name, canonical, config_defaults, normalize_model,
                             protocol_label, run_protocol)
 
@@ -95,7 +95,9 @@ def read_records(results_dir="results/runs"):
                     unreadable.append(Skipped(path, error.kind, str(error)))
                     continue
                 rows.append(_as_list(row, position))
-        return _frame_of_lists(rows, position), unreadable  # collector still off: 100,000 rows become a frame
+        records = _frame_of_lists(rows, position)  # collector still off: 100,000 rows become a frame
+        name_users_methods(users_components(records))  # a user's LoHa is `LoHa` in every table, as a built-in's LoRA
+        return records, unreadable
     finally:
         if collecting:
             gc.enable()
@@ -238,16 +240,22 @@ def own_task_file(config) -> bool:
 
 def user_methods(records):
     """The methods of `records` that peltbench does not ship, made of named components (a user's method file)."""
+    return set(users_components(records))
+
+
+def users_components(records):
+    """{method: its components} for each method of `records` that peltbench does not ship, made of named components
+    (a user's method file), as its first record names them."""
     from ..component import check_name
 
     ours = known_names("method")
-    found = set()
+    found = {}
     for method, config in zip(records["method"].tolist(), records["config"].tolist()):  # a str column: a list
         if method in ours or method in found:
             continue
         components = (config.get("method") or {}).get("components")
         if isinstance(components, list) and components and all(check_name(str(name)) is None for name in components):
-            found.add(method)
+            found[method] = tuple(map(str, components))
     return found
 
 

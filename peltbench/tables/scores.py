@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..protocols import statistic  # noqa: F401 (re-exported: what a table reports for a protocol, "mean" or "median")
 from .formatting import center, printed
-from .names import AVG, METHODS, TASKS, UNIPELT_SUBMODULES, k_order, order_of
+from .names import AVG, METHODS, TASKS, UNIPELT_SUBMODULES, k_order, method_order, order_of
 
 CELL_KEYS = ["k", "method", "task"]
 
@@ -102,7 +102,7 @@ def paper_order(frame, apart=False):
     the paper table's (`paper_row` False) after those that are, within each K."""
     keys = {
         "k": k_order,
-        "method": lambda method: order_of(method, METHODS),
+        "method": method_order,
         "task": lambda task: order_of(task, (*TASKS, AVG)),
     }
     if apart:
