@@ -92,7 +92,9 @@ SETTINGS: dict[str, Rule] = {
     "model_seed": (_non_negative_int, "must be a non-negative integer"),
     "dev_size": POSITIVE_INT,
     "model.name": (_text, "must be a Hub id or a local checkpoint directory"),
-    "data.dir": (lambda v: v is None or _text(v), "must be a local GLUE directory, or null for the Hub"),
+    "data.dir": (lambda v: v is None or _text(v),
+                 "must be a folder (a local GLUE copy, or the one a task file's relative files are under), or null for "
+                 "the Hub"),
     "train.epochs": (_optional_positive_int, "must be a positive integer, or null with train.max_steps set"),
     "train.max_steps": OPTIONAL_INT,
     "train.eval_every": OPTIONAL_INT,

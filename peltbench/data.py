@@ -71,7 +71,13 @@ def task_source(task: TaskSpec, data_dir: str | None) -> tuple[Path, Files] | No
         hint = f"; or leave data.dir unset: task {task.name} reads {_dataset_name(task)} with datasets (README: Offline use)"
     else:
         hint = ""
-    raise UserError(f"no {task.name} data under {root}: expected {expected}{hint}")
+    raise UserError(f"no {task.name} data under {root} ({_root_of(data_dir)}): expected {expected}{hint}")
+
+
+def _root_of(data_dir: str | None) -> str:
+    """What the folder a task's relative `files` are read under is (docs/tasks.md): data.dir where it is set, else
+    the directory peltbench started in."""
+    return "data.dir" if data_dir is not None else "the directory peltbench started in, as data.dir is not set"
 
 
 def _dataset_name(task: TaskSpec) -> str:
@@ -144,7 +150,8 @@ def load_split(task: TaskSpec, data_dir: str | None, split: str) -> Split:
     pattern = layout.train if split == "train" else layout.test
     files = _matches(root, pattern)
     if not files:
-        raise UserError(f"data file not found: {root / pattern}")
+        under = "" if Path(pattern).is_absolute() else f" (under {_root_of(data_dir)})"
+        raise UserError(f"data file not found: {root / pattern}{under}")
     parts = [read_file(Path(file), layout, task) for file in files]
     if len(parts) == 1:
         return parts[0]

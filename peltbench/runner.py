@@ -740,8 +740,8 @@ def load_run(run_dir: str | Path, device: str | None = None, *, data_dir: str | 
     the trained tensors from weights.safetensors. `LoadedRun.predict()` rescores its test set.
 
     The model and data are found where the record says they were, as absolute paths (a copied run folder loads
-    from anywhere); `model=` (a checkpoint directory or Hub id) and `data_dir=` (a GLUE directory) say where they
-    are instead.
+    from anywhere); `model=` (a checkpoint directory or Hub id) and `data_dir=` (the run's data.dir: a GLUE copy, or
+    the folder its task file's relative files are under) say where they are instead.
     """
     run_dir = Path(run_dir)
     record = _read_saved_record(run_dir)

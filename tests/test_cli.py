@@ -307,11 +307,11 @@ def test_missing_task_data_is_one_line_before_the_sweep_starts(tmp_path):
                             timeout=60)
     assert result.stdout == "2 []\n", result.stdout + result.stderr
     assert result.stderr == (
-        f"peltbench: error: task=mrpc: no mrpc data under {shipped}: expected {shipped}/MRPC/train.tsv or "
+        f"peltbench: error: task=mrpc: no mrpc data under {shipped} (data.dir): expected {shipped}/MRPC/train.tsv or "
         f"{shipped}/mrpc/train-*.parquet; or leave data.dir unset: task mrpc reads nyu-mll/glue/mrpc with datasets "
         f"(README: Offline use)\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["glue"]  # no log folder, no results: nothing started
     (shipped / "RTE" / "dev.tsv").unlink()
     result = peltbench("-m", "method=adapter", "task=rte,cola", "data.dir=glue", "k=16", "dev_size=20", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr == f"peltbench: error: task=rte: data file not found: {shipped}/RTE/dev.tsv\n"
+    assert result.stderr == f"peltbench: error: task=rte: data file not found: {shipped}/RTE/dev.tsv (under data.dir)\n"

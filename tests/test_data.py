@@ -134,7 +134,7 @@ def test_a_task_folder_spelt_in_another_case_is_named_with_the_expected_one(tmp_
     (tmp_path / "RTE").rename(tmp_path / "rte")  # the parquet layout's name, holding glue_data's TSV files
     (tmp_path / "SST-2").rename(tmp_path / "sst-2")
     load_split.cache_clear()
-    with pytest.raises(UserError, match=rf"^no rte data under {tmp_path}: expected {tmp_path}/RTE/train.tsv or "
+    with pytest.raises(UserError, match=rf"^no rte data under {tmp_path} \(data.dir\): expected {tmp_path}/RTE/train.tsv or "
                                         rf"{tmp_path}/rte/train-\*\.parquet; found rte/train.tsv: rename it \(file and "
                                         r"folder names are case-sensitive\)$"):
         load_split(spec("rte"), str(tmp_path), "train")
@@ -337,7 +337,7 @@ def test_check_task_data_reads_and_checks_both_splits_as_load_split_does(tmp_pat
     check_task_data(spec("mnli"), str(tmp_path))
     (tmp_path / "MNLI" / "dev_matched.tsv").unlink()  # MNLI's test split: matched
     load_split.cache_clear()
-    with pytest.raises(UserError, match=f"^task=mnli: data file not found: {tmp_path}/MNLI/dev_matched.tsv$"):
+    with pytest.raises(UserError, match=f"^task=mnli: data file not found: {tmp_path}/MNLI/dev_matched.tsv \\(under data.dir\\)$"):
         check_task_data(spec("mnli"), str(tmp_path))
     (tmp_path / "parquet" / "rte").mkdir(parents=True)
     (tmp_path / "parquet" / "rte" / "train-00000-of-00001.parquet").write_bytes(b"")

@@ -396,6 +396,102 @@ files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
     assert "reviews" not in (out / "other_runs.md").read_text()
 
 
+def test_tables_of_a_users_task_alone_name_its_own_test_set(small_jsonl, tmp_path):
+    """Issue 58, item 8: where every run is of a task of the user's own, no caption, heading or assumption says GLUE:
+    Table 1 reports on its task file's test set, Table 3 (K = all, selected on its test set) too, paired.md pairs on
+    it."""
+    from omegaconf import OmegaConf
+
+    from peltbench.record import identity_hash, record_path, semantic_config, variant_name
+    from peltbench.tables.command import main
+
+    search = write_task(tmp_path / "conf", "reviews", f"""text: [sentence]
+label: label
+num_labels: 2
+label_names: [negative, positive]
+metrics: [f1_macro, accuracy]
+main_metric: f1_macro
+max_length: 128
+files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
+""")
+    runs = tmp_path / "runs"
+    for k in (100, "all"):
+        for method, lr, score in (("lora", 5e-4, 80.0), ("lora", 1e-3, 82.0), ("adapter", 1e-4, 75.0)):
+            cfg = compose_config(f"method={method}", "task=reviews", "seed=111", f"k={k}", f"method.lr={lr}",
+                                 "model.name=bert-base-uncased", search)
+            config = OmegaConf.to_container(cfg, resolve=True)
+            config.pop("hydra", None)
+            identity = semantic_config(cfg)
+            path = record_path(cfg, runs)
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({
+                "schema": 1, "method": method, "variant": variant_name(cfg), "task": "reviews", "k": k, "seed": 111,
+                "model": "bert-base-uncased", "status": "ok", "protocol": "unipelt", "precision": "fp32",
+                "test": {"main": score, "f1_macro": score}, "dev_best": {"main": score}, "config": config,
+                "identity": identity, "config_hash": identity_hash(identity)}))
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path / "none"),
+                 "--baseline", "lora", "--select", "method.lr"]) == 0
+    table1, table3 = (out / "table1.md").read_text(), (out / "table3.md").read_text()
+    assert "Results on reviews with K = 100 training examples in total: test performance on the test set its task " \
+           "file names, main metric" in table1
+    assert "Table 3: results with all training examples (test set)" in table3
+    assert "best-epoch performance on the test set its task file names (the selection rows too)" in table3
+    assert "Best epoch chosen on: the test set its task file names, which is also the reported set" in table3
+    assert "Best Performance on the Test Set" in (out / "table3.tex").read_text()
+    assert "The test examples are the rows of the test set its task file names, the same in every seed" in \
+        (out / "paired.md").read_text()
+    assert "Chosen on (the setting, and each run's best epoch): 1000 train rows held out as dev (none of them trained " \
+           "on); the test set its task file names, which is also the reported set" in (out / "selection.md").read_text()
+    for name in ("table1.md", "table1.tex", "table3.md", "table3.tex", "paired.md", "selection.md"):
+        assert "GLUE" not in (out / name).read_text(), name
+
+
+def test_the_test_set_a_caption_names_is_each_tasks_own():
+    """GLUE's tasks report on GLUE's dev split, a user's task on its task file's test set; both, each named."""
+    from peltbench.tables.captions import reported_heading, reported_set
+
+    assert reported_set(["sst2", "rte", "avg"]) == reported_set() == "the official GLUE dev split"
+    assert reported_set(["reviews", "avg"], short=True) == "the test set its task file names"
+    assert reported_set(["sst2", "reviews", "tweets"], short=True, why=True) == (
+        "GLUE dev (GLUE's test labels are not public) for GLUE's tasks, the test set each task file names for reviews "
+        "and tweets")
+    assert reported_heading(["rte"]) == ("GLUE Dev", "dev")
+    assert reported_heading(["reviews"], halves=True) == ("the Held-out Part of the Test Set",
+                                                          "held-out part of test set")
+    assert reported_heading(["rte", "reviews"]) == ("GLUE Dev and the Test Sets", "dev and test sets")
+
+
+def test_a_task_files_relative_files_are_read_under_data_dir_else_where_peltbench_started(small_jsonl, tmp_path,
+                                                                                          in_process):
+    """Issue 58, item 8: the refusal of a task whose relative `files` are not there says where they were looked for,
+    and why there (docs/tasks.md)."""
+    import shutil
+
+    from peltbench.data import load_split
+
+    search = write_task(tmp_path / "conf", "reviews", "text: [sentence]\nlabel: label\nnum_labels: 2\n"
+                        "label_names: [negative, positive]\nmetrics: [accuracy]\nmain_metric: accuracy\nmax_length: 64\n"
+                        "files: {train: train.jsonl, test: dev.jsonl}\n")
+    started = tmp_path / "work"
+    started.mkdir()
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(small_jsonl / "train.jsonl", data)
+
+    def refusal(*overrides):
+        load_split.cache_clear()
+        result = in_process("method=lora", "task=reviews", search, "dev_size=8", "model.name=nowhere/", *overrides,
+                            cwd=started)
+        assert result.returncode == 2, result.stderr
+        return result.stderr.removeprefix("peltbench: error: ").rstrip("\n")
+
+    assert refusal() == (f"task=reviews: no reviews data under {started} (the directory peltbench started in, as "
+                         f"data.dir is not set): expected {started}/train.jsonl")
+    assert refusal(f"data.dir={data}") == f"task=reviews: data file not found: {data}/dev.jsonl (under data.dir)"
+    load_split.cache_clear()
+
+
 def test_the_example_task_runs_end_to_end(tiny_checkpoint, tmp_path, in_process, monkeypatch, capsys):
     """examples/own_task as README "Your own task" runs it (the command from main() on, in this process), under
     protocol=lmbff (K per class); then peltbench-missing finds the sweep done. The example's files are what its

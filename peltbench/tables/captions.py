@@ -25,15 +25,6 @@ FULL_DATA_SWEEPS = ("table3",)
 ONE_SEED_SWEEPS = ("table4",)
 METRIC_NAMES = {"accuracy": "accuracy", "f1": "F1", "f1_macro": "macro F1", "mcc": "Matthews corr.",
                 "spearman": "Spearman corr.", "pearson": "Pearson corr."}
-# What each dev source reports on (the test set of a run), for captions.
-REPORTED = {
-    "train": "the official GLUE dev split (GLUE's test labels are not public)",
-    "per_class": "the official GLUE dev split (GLUE's test labels are not public)",
-    "glue_dev": "GLUE dev (the selection rows too)",
-    "glue_dev_halves": "the part of GLUE dev not used for selection",
-}
-
-
 def named(selection):
     """The named protocol of a render (`unipelt` unless the label names another)."""
     return label_protocol(selection.protocol)
@@ -53,26 +44,73 @@ def k_words(ks, selection):
     return f"K = {shown} training examples {per}"
 
 
-def selection_rows(selection, k):
-    """The rows that choose the best epoch (or evaluation step) of a run of K `k`, and any setting chosen on dev."""
+def selection_rows(selection, k, tasks=()):
+    """The rows that choose the best epoch (or evaluation step) of a run of K `k`, and any setting chosen on dev, for
+    runs of `tasks` (GLUE's if none is named)."""
     source = settings(selection)["dev"]
     if source == "train" and k == "all":
-        return "the official GLUE dev split, which is also the reported set (selection on the reported set)"
+        return f"{reported_set(tasks)}, which is also the reported set (selection on the reported set)"
     if source == "train":
         size = parse_protocol(selection.protocol).get("dev_size", run_defaults(named(selection)).dev_size)
         return f"{size} train rows held out as dev (none of them trained on)"
+    short = reported_set(tasks, short=True)
     return {
         "per_class": "a dev set of K train rows per class (none of them trained on)",
-        "glue_dev": "GLUE dev, which is also the reported set (selection on the reported set)",
-        "glue_dev_halves": "one part of GLUE dev (never a reported row)",
+        "glue_dev": f"{short}, which is also the reported set (selection on the reported set)",
+        "glue_dev_halves": f"one part of {short} (never a reported row)",
     }[source]
 
 
-def reported_rows(selection, k):
+def reported_rows(selection, k, tasks=()):
+    """What a run of K `k` of `tasks` (GLUE's if none is named) reports on: its task's test set, as the protocol
+    splits it."""
     source = settings(selection)["dev"]
     if source == "train" and k == "all":
-        return REPORTED["glue_dev"]
-    return REPORTED[source]
+        source = "glue_dev"
+    short = reported_set(tasks, short=True)
+    return {
+        "train": reported_set(tasks, why=True),
+        "per_class": reported_set(tasks, why=True),
+        "glue_dev": f"{short} (the selection rows too)",
+        "glue_dev_halves": f"the part of {short} not used for selection",
+    }[source]
+
+
+def reported_set(tasks=(), short=False, why=False):
+    """The test set of runs of `tasks`, in a caption's words: a GLUE task's is the official GLUE dev split (`short`:
+    GLUE dev; `why`: GLUE's test labels are not public); a task of the user's own (docs/tasks.md) the test set its
+    task file names; both, each named."""
+    glue = ("GLUE dev" if short else "the official GLUE dev split") + (" (GLUE's test labels are not public)" * why)
+    own = _own(tasks)
+    if not own:
+        return glue
+    theirs = "the test set its task file names" if len(own) == 1 else "the test set each task file names"
+    return theirs if not _glue(tasks) else f"{glue} for GLUE's tasks, {theirs} for {_listed(own)}"
+
+
+def reported_heading(tasks=(), halves=False):
+    """(Table 3's LaTeX heading of what it reports on, the same for its markdown title): GLUE's `GLUE Dev` / `dev`, a
+    task of the user's own `the Test Set` / `test set`; `halves` (full_halves): the part not used for selection."""
+    own, glue = _own(tasks), _glue(tasks)
+    heading, title = (("GLUE Dev", "dev") if not own else ("the Test Set", "test set") if not glue
+                      else ("GLUE Dev and the Test Sets", "dev and test sets"))
+    if halves:
+        return f"the Held-out Part of {heading}", f"held-out part of {title}"
+    return heading, title
+
+
+def _own(tasks):
+    """The tasks of `tasks` that are the user's own, as the tables name them."""
+    return [TASK_LABELS.get(task, task) for task in tasks if task not in TASKS and task != AVG]
+
+
+def _glue(tasks):
+    """Whether `tasks` has one of GLUE's (or names none: a caption of GLUE's runs)."""
+    return not _own(tasks) or any(task in TASKS for task in tasks)
+
+
+def _listed(names):
+    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def statistic_words(reported, seeds_text, ddof, expected):
@@ -196,6 +234,4 @@ def not_under(selection):
 def benchmark_words(tasks):
     """What a table's results are on: "GLUE" for GLUE's tasks, a task of the user's own by its name (docs/tasks.md):
     "GLUE and my_task", or "my_task" alone."""
-    own = [TASK_LABELS.get(task, task) for task in tasks if task not in TASKS and task != AVG]
-    named = ["GLUE"] * any(task in TASKS for task in tasks) + own
-    return " and ".join(named) if len(named) < 3 else ", ".join(named[:-1]) + " and " + named[-1]
+    return _listed(["GLUE"] * any(task in TASKS for task in tasks) + _own(tasks))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import latex, markdown
-from .captions import (benchmark_words, k_words, main_metrics, metric_words, not_under, reported_rows, selection_rows,
-                       statistic_words, sweep_command)
+from .captions import (benchmark_words, k_words, main_metrics, metric_words, not_under, reported_heading, reported_rows,
+                       selection_rows, statistic_words, sweep_command)
 from .captions import settings as protocol_node
 from .efficiency import efficiency_table, is_fused, machines, without_units
 from .figures import bottleneck_figure, gate_figure, gate_runs, lora_scale_figure, most_runs_k
@@ -204,9 +204,9 @@ def write_table3(out, runs, render):
                              _missing_why("table3", render), below)
     table = score_table(runs, render.ddof, ranked_rows(TABLE3_METHODS, runs, render), reported(render))
     caption = table3_caption(table, runs, render)
-    heading = "GLUE Dev" if settings_dev(render) != "glue_dev_halves" else "the Held-out Part of GLUE Dev"
+    heading, title = reported_heading(table.tasks, halves=settings_dev(render) == "glue_dev_halves")
     out.text("table3.md", markdown.score_table_markdown(
-        table, f"Table 3: results with all training examples ({'dev' if heading == 'GLUE Dev' else 'held-out part of dev'})",
+        table, f"Table 3: results with all training examples ({title})",
         caption, table3_seeds(render), "Table 3") + below)
     out.text("table3.tex", latex.score_table_latex(
         table, caption, "tab:table3", lambda k: f"[$K = all$] Best Performance on {heading}", table3_seeds(render),
@@ -348,8 +348,8 @@ def table1_caption(table, render, runs):
     metrics = main_metrics(runs, table.tasks)
     statistic = statistic_words(reported(render), _seeds(table), render.ddof, render.expected)
     return (f"Results on {benchmark_words(table.tasks)} with {k_words(ks, render.selection)}: test performance on "
-            f"{reported_rows(render.selection, ks[0])}, main metric x100 ({metric_words(metrics)}). "
-            f"Best epoch (or evaluation step) chosen on: {selection_rows(render.selection, ks[0])}. "
+            f"{reported_rows(render.selection, ks[0], table.tasks)}, main metric x100 ({metric_words(metrics)}). "
+            f"Best epoch (or evaluation step) chosen on: {selection_rows(render.selection, ks[0], table.tasks)}. "
             + f"{statistic}. "
             + f"Avg.: per seed the average over the {_count(len(table.tasks), 'task')}, then "
             f"{'the median' if median else 'mean and std'} over the seeds that have "
@@ -363,8 +363,8 @@ def table3_caption(table, runs, render):
     metrics = main_metrics(runs, table.tasks)
     return (f"Results on {benchmark_words(table.tasks)} when all training examples are used (K = all): best-epoch "
             "performance on "
-            f"{reported_rows(render.selection, 'all')}, main metric x100 ({metric_words(metrics)}). "
-            f"Best epoch chosen on: {selection_rows(render.selection, 'all')}. "
+            f"{reported_rows(render.selection, 'all', table.tasks)}, main metric x100 ({metric_words(metrics)}). "
+            f"Best epoch chosen on: {selection_rows(render.selection, 'all', table.tasks)}. "
             f"{'Median' if reported(render) == 'median' else 'Mean'} over {_seeds(table)} ({table3_seeds(render)} "
             f"seed{'s' if table3_seeds(render) > 1 else ''} expected per cell); "
             f"Avg. over the {_count(len(table.tasks), 'task')}. "

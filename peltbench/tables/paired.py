@@ -125,12 +125,17 @@ MCNEMAR_TESTS = {"chi2": "χ²", "mid-p": "mid-p", "none": "no discordant pair"}
 METRIC_NAMES = {"accuracy": "Acc", "mcc": "MCC", "f1": "F1", "f1_macro": "Macro-F1", "spearman": "Spearman",
                 "pearson": "Pearson"}
 
+def pairing(tasks=()):
+    """paired.md's first assumption: what is paired with what, the test set named for `tasks` (reported_set)."""
+    from .captions import reported_set
+
+    return ("What is paired with what. A data seed fixes the K training examples and the dev examples sampled from the "
+            "train split (K = all: the seed only names the run); every method of a cell ran on the same seeds, so a "
+            "method's run pairs with the reference's run of the same seed. The test examples are the rows of "
+            f"{reported_set(tasks)}, the same in every seed.")
+
+
 ASSUMPTIONS = [
-    "What is paired with what. A data seed fixes the K training examples and the dev examples sampled from the train "
-    "split (K = all: the seed only names the run); every method of a cell ran on the same seeds, so a method's run "
-    "pairs with the reference's run of the same seed. The test examples are the official GLUE dev rows, the same in "
-    "every seed.",
-    "",
     f"- **Over seeds** (`t p`, `sign-flip p`): the unit is a seed, its datum the difference of the two runs' scores on "
     f"the task's metric. `t p`: the paired t-test (scipy.stats.ttest_rel, two-sided, `*` when < {ALPHA}); assumes "
     "independent seeds and roughly normal differences. `sign-flip p`: the exact permutation test over all 2^n sign "
@@ -172,8 +177,9 @@ def bootstrap_p(value, replicates):
     return f"{value:.3g}"
 
 
-def paired_markdown(results, baseline, caption):
-    """paired.md: what is compared with what, the seed-level tests, and the example-level ones where predictions exist."""
+def paired_markdown(results, baseline, caption, tasks=()):
+    """paired.md: what is compared with what (the test set named for `tasks`: the compared runs'), the seed-level
+    tests, and the example-level ones where predictions exist."""
     from .formatting import MISSING, is_missing, number, signed
     from .markdown import frame_markdown
     from .names import k_label, method_label, task_label
@@ -183,7 +189,7 @@ def paired_markdown(results, baseline, caption):
 
     reference = (f"every method against {method_label(baseline)} (--baseline)" if baseline else
                  "each UniPELT variant against the single method of highest mean in its cell (the paper's §4.3 comparison)")
-    parts = [f"# Paired comparisons: {reference}", "", caption, "", *ASSUMPTIONS, ""]
+    parts = [f"# Paired comparisons: {reference}", "", caption, "", pairing(tasks), "", *ASSUMPTIONS, ""]
     if results.empty:
         return "\n".join(parts + ["No cell has both methods of a comparison.", ""])
     has = (lambda column: column in results and results[column].notna().any())
@@ -216,7 +222,7 @@ def write_paired(out, runs, render, baseline=None):
     results = paired_table(runs, baseline)
     out.csv("paired.csv", results)
     caption = " ".join(filter(None, [render.selected, render.selection.caption()]))  # --select: chosen on dev, said
-    out.text("paired.md", paired_markdown(results, baseline, caption))
+    out.text("paired.md", paired_markdown(results, baseline, caption, sorted(set(runs["task"]))))
     chosen = f" (settings chosen on dev: --select {render.select_label})" if render.select_label else ""
     return [("paired.md / .csv", "paired comparisons per task and K with the reference method: over data seeds "
                                  "(paired t-test, exact sign-flip) and, where predictions were saved, over test examples"

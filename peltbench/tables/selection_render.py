@@ -29,7 +29,7 @@ def _dev_rows(chosen, render):
     """Which rows the setting was chosen on, as the protocol has them (captions.selection_rows): under full_median
     and full_mean GLUE dev, the reported set itself."""
     ks = sorted(set(chosen.rows["k"]), key=lambda k: (k == "all", k))
-    rows = {selection_rows(render.selection, k) for k in ks}
+    rows = {selection_rows(render.selection, k, _tasks(chosen.rows)) for k in ks}
     if not rows:
         return ""
     what = "; ".join(sorted(rows))
