@@ -59,7 +59,7 @@ _LATER, _LABELS, _PAPERS = _component_names()
 METHODS = (*PAPERS_METHODS, *_LATER)
 METHOD_LABELS = _LABELS
 # A user's methods named as the built-ins are (name_users_methods): {method: (label, arXiv id or None)}, as their
-# records' components declare them; filled as records are read (tables.records.read_records).
+# records' components declare them; those of the records read last (tables.records.read_records).
 USERS_METHODS: dict[str, tuple[str | None, str | None]] = {}
 
 
@@ -80,11 +80,10 @@ def name_users_methods(components: dict[str, tuple[str, ...]]) -> None:
         except ComponentError:
             continue
         found[method] = component.label, component.arxiv
-    USERS_METHODS.update(found)
-    taken = Counter([*METHOD_LABELS.values(), *(label for label, _ in USERS_METHODS.values() if label)])
-    for method, (label, paper) in found.items():
-        if label and taken[label] > 1:
-            USERS_METHODS[method] = None, paper
+    taken = Counter([*METHOD_LABELS.values(), *(label for label, _ in found.values() if label)])
+    USERS_METHODS.clear()
+    USERS_METHODS.update({method: (label if taken[label] == 1 else None, paper)
+                          for method, (label, paper) in found.items()})
 
 
 def method_order(method):
