@@ -6,7 +6,7 @@ settings taking turns within a round and the rounds alternating idle and loaded.
 (root) runs our processes, the busy loops included, ahead of theirs: then "idle" is as on an idle machine.
 
     python scripts/benchmark_threads.py                  # 2 rounds, 2 busy loops, 3 timed steps per process
-    sudo .venv/bin/python scripts/benchmark_threads.py --nice -20
+    python scripts/benchmark_threads.py --nice -20        # as root
 
 Prints each process's mean step seconds and, per setting and load, the median over rounds.
 """
