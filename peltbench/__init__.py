@@ -1,6 +1,13 @@
 """peltbench: few-shot GLUE sweeps of parameter-efficient language-model tuning (UniPELT, ACL 2022)."""
 
+import os
 from importlib.metadata import PackageNotFoundError, version
+
+# Before torch loads (every entry point imports this first): torch's OpenMP threads otherwise spin-wait between
+# parallel regions, and on a busy CPU a spinning thread holds the core the working one needs (README, "Try it": 30 s a
+# training step instead of 0.5 s). Waiting passively changes no number; a policy the user set stands. Child processes
+# (launchers' workers, SLURM jobs) inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     __version__ = version("peltbench")

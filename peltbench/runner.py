@@ -270,10 +270,12 @@ def _resumed_groups(ready: list[_Run], task: TaskSpec, tokenizer, model_config) 
             for run in mine:
                 checkpoints.remove(run.path.parent)
             continue
-        along = sum(run.replay for run in runs)
+        along = sum(run.replay and not resumed.stopped(position) for position, run in enumerate(runs))
+        stopped = sum(run.replay and resumed.stopped(position) for position, run in enumerate(runs))
         what = mine[0].label if len(runs) == 1 else f"a fused group of {len(runs)} runs ({len(mine)} of this job's)"
-        log.info("resume: %s from its checkpoint at %s%s", what, resumed.line(),
-                 f"; {along} of them (done since, or not this job's) train along again, writing nothing" if along else "")
+        log.info("resume: %s from its checkpoint at %s%s%s", what, resumed.line(),
+                 f"; {along} of them (done since, or not this job's) train along again, writing nothing" if along else "",
+                 f"; {stopped} had stopped training before it and stay stopped" if stopped else "")
         groups.append((runs, resumed))
     return groups
 

@@ -55,11 +55,10 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     """weights.safetensors (and peft/ for a run PEFT can load, see peft_refusal); the files written, relative to
     run_dir. `frozen`: what a copy needs beside the trained tensors (methods.member_frozen: LoRA-FA's A, VeRA's A, B)."""
     from omegaconf import OmegaConf
-    from safetensors.torch import save_file
 
     metadata = {"peltbench": __version__, "model": str(cfg.model.name), "task": cfg.task.name,
                 "method": json.dumps(OmegaConf.to_container(cfg.method, resolve=True)), "config_hash": config_hash(cfg)}
-    write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
+    write_with(run_dir / WEIGHTS, lambda path: save_safetensors(tensors, path, metadata), TEMPORARY)
     written = [WEIGHTS]
     kind, refusal = peft_kind(cfg.method, arch)
     if kind is not None:
@@ -105,13 +104,35 @@ def _modules_to_save(arch) -> list[str]:
     return list(dict.fromkeys(path.split(".")[0] for path in (arch.head.dense, arch.head.out) if path))
 
 
-def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, its metadata's keys then put in sorted order: safetensors writes them in the order of a
+    Rust hash map, which differs from one write to the next, and a saved run should compare byte for byte."""
     from safetensors.torch import save_file
 
+    save_file(tensors, str(path), metadata=metadata)
+    if not metadata:
+        return
+    with open(path, "r+b") as file:
+        size = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(size))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))  # keeps its place, first
+        ordered = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(ordered) > size:  # JSON written otherwise than safetensors' (a future version): not in place
+            data = file.read()
+            padded = ordered + b" " * (-len(ordered) % 8)
+            file.seek(0)
+            file.write(len(padded).to_bytes(8, "little") + padded + data)
+            file.truncate()
+            return
+        file.seek(8)
+        file.write(ordered.ljust(size))  # the same length: safetensors pads its header with spaces
+
+
+def _write_peft(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.contiguous() for name, tensor in tensors.items()}
     write_file(folder / "adapter_config.json", json.dumps(config, indent=2) + "\n", TEMPORARY)
-    write_with(folder / "adapter_model.safetensors", lambda path: save_file(tensors, str(path)), TEMPORARY)
+    write_with(folder / "adapter_model.safetensors", lambda path: save_safetensors(tensors, path), TEMPORARY)
     return [f"{PEFT_DIR}/adapter_config.json", f"{PEFT_DIR}/adapter_model.safetensors"]
 
 

@@ -8,6 +8,12 @@ mixed methods, with peltbench's own loop (train.Training, peltbench.checkpoint).
 Printed per case: the checkpoint's size, its write (median of `--writes`, wall and CPU seconds) and its read with the
 restore into the loop, a training step's seconds (median over `--steps` steps), and the write's share of training time
 when one is written every `--every` minutes (train.checkpoint_every's default): write seconds / (every × 60).
+
+    python scripts/benchmark_checkpoint.py --check               # what the CRC-32 check costs (docs/record.md)
+
+`--check`: a bert-base-sized full fine-tuning state (random weights of BertConfig()'s shape, two moments and the best
+state: 4 × 109.5M parameters), written with torch's CRC-32s and without (torch's setting off), read back through every
+tensor with the check and without it, and the check alone; `--writes` alternating rounds, medians.
 """
 
 from __future__ import annotations
@@ -76,6 +82,50 @@ def case(name: str, args, device, bf16, tokenizer, task) -> dict:
             "overhead": write / (args.every * 60)}
 
 
+def check_cost(args) -> None:
+    """`--check`: the CRC-32s' cost on a bert-base-sized full fine-tuning state, printed as medians (and each round)."""
+    import os
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from peltbench import __version__
+
+    weights = {name: tensor.detach() for name, tensor in BertForSequenceClassification(BertConfig()).state_dict().items()}
+    loop = {"parameters": weights, "optimizer": {copy: {name: tensor.clone() for name, tensor in weights.items()}
+                                                 for copy in ("exp_avg", "exp_avg_sq", "best")}}
+    payload = {"format": checkpoints.FORMAT, "peltbench": __version__, "training": checkpoints.training_code(),
+               "group": "0", "generation": 1, "steps": 1, "loop": loop, "runs": [{}],
+               "members": [{"label": "run", "config_hash": "0", "config": {},
+                            "progress": {"unit": "epoch", "done": 1, "of": 2, "training": True}}]}
+    times = {"write, CRC-32s": [], "write, none": [], "read, checked": [], "read, unchecked": [], "the check alone": []}
+    with tempfile.TemporaryDirectory(dir=args.folder) as folder:
+        path = Path(folder) / checkpoints.NAME
+        for _ in range(args.writes):
+            for crc in (False, True):  # the last one written has them, to be read
+                torch.serialization.set_crc32_options(crc)
+                started = time.perf_counter()
+                with open(path, "wb") as out:  # as checkpoint._write writes it
+                    torch.save(payload, out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                times["write, CRC-32s" if crc else "write, none"].append(time.perf_counter() - started)
+            for whole in (True, False):
+                started = time.perf_counter()
+                read = checkpoints.read(Path(folder), whole=whole)["loop"]
+                for tensor in [*read["parameters"].values(), *(t for c in read["optimizer"].values() for t in c.values())]:
+                    tensor.sum()  # every byte read, as restoring the loop copies them
+                times["read, checked" if whole else "read, unchecked"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            assert checkpoints._damage(path, whole=True) is None
+            times["the check alone"].append(time.perf_counter() - started)
+        size = path.stat().st_size
+    count = sum(tensor.numel() for tensor in weights.values())
+    print(f"bert-base-sized state: {count:,} parameters × 4, {size / 2**30:.2f} GiB; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; medians of {args.writes} alternating rounds")
+    for name, seconds in times.items():
+        print(f"  {name:<16} {statistics.median(seconds):6.2f} s  ({', '.join(f'{s:.2f}' for s in seconds)})")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=_minilm())
@@ -89,7 +139,10 @@ def main(argv=None) -> None:
     parser.add_argument("--every", type=float, default=10.0, help="minutes between checkpoints (train.checkpoint_every)")
     parser.add_argument("--cases", default="ft,group")
     parser.add_argument("--folder", default=None, help="where the checkpoints are written (default: the temp dir)")
+    parser.add_argument("--check", action="store_true", help="the CRC-32 check's cost on a bert-base-sized state")
     args = parser.parse_args(argv)
+    if args.check:
+        return check_cost(args)
     import logging
 
     logging.getLogger("peltbench").setLevel(logging.WARNING)

@@ -228,7 +228,7 @@ def test_a_stop_during_a_dev_pass_writes_the_checkpoint_just_after_it(whole_smal
 
 @pytest.mark.parametrize("where", ["test pass", "after a record", "checkpoint write"])
 def test_a_group_killed_resumes_from_its_last_checkpoint(where, whole_small_group, tiny_checkpoint, glue_dir, tmp_path,
-                                                         monkeypatch):
+                                                         monkeypatch, caplog):
     """Killed where no checkpoint can be written at the stop (kill -9, a node failure), with checkpoints on the timer
     (here at every step): in epoch 2's test pass, just after the first record of epoch 2 (its run is done when the
     group resumes, from a checkpoint that has it training: it trains along again, its record kept), or while a
@@ -266,9 +266,15 @@ def test_a_group_killed_resumes_from_its_last_checkpoint(where, whole_small_grou
         assert list(tmp_path.rglob(f"{checkpoints.TEMPORARY}*")) and written[-1] == 5
     monkeypatch.undo()
     trained = run_again(monkeypatch)
-    outcomes = run_group(configs)
+    with caplog.at_level("INFO", logger="peltbench"):
+        outcomes = run_group(configs)
     # on from the last checkpoint: the end of epoch 2's steps (before its dev pass), or epoch 1's after its dev pass
     assert trained[0] == (4 if where == "checkpoint write" else 8)
+    [resume] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("resume: ")]
+    if where == "after a record":  # the 2 members of 1 epoch had stopped at the checkpoint; 1 of 2 epochs done since
+        assert resume == ("resume: a fused group of 4 runs (1 of this job's) from its checkpoint at epoch 1 of 3 (+4 "
+                          "steps); 1 of them (done since, or not this job's) train along again, writing nothing; 2 "
+                          "had stopped training before it and stay stopped")
     assert records(tmp_path) == whole_small_group
     assert not list(tmp_path.rglob(f"{checkpoints.TEMPORARY}*")) and folders_with_checkpoints(tmp_path) == []
     assert sum(not outcome.skipped for outcome in outcomes) >= 1
@@ -302,7 +308,19 @@ def test_a_halving_group_of_prompt_runs_stopped_after_a_rung_resumes_to_its_reco
     assert ledger(tmp_path / "stopped") == ledger(tmp_path / "whole")
 
 
-@pytest.mark.parametrize("why", ["damaged", "another config", "another training code", "a state that does not fit"])
+def flip_exponent_bits(path: Path, tensor: torch.Tensor, values: int = 8) -> None:
+    """In the file, flip one exponent bit (2^1: a value times 4 or a quarter) of `values` values of `tensor` (float32),
+    found by its bytes: the file's structure stays intact."""
+    data = bytearray(path.read_bytes())
+    at = data.find(tensor.numpy().tobytes())
+    assert at > 0 and data.find(tensor.numpy().tobytes(), at + 1) < 0
+    for value in range(values):
+        data[at + 4 * value + 2] ^= 0x80  # little-endian: byte 2's top bit is the exponent's lowest
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("why", ["cut short", "a flipped bit", "another config", "another torch",
+                                 "a state that does not fit"])
 def test_a_checkpoint_that_no_longer_matches_its_run_is_refused_in_one_line_and_the_run_starts_over(
         why, tiny_checkpoint, glue_dir, tmp_path, monkeypatch, caplog):
     def config(where: str):
@@ -314,18 +332,27 @@ def test_a_checkpoint_that_no_longer_matches_its_run_is_refused_in_one_line_and_
         run_group([config("stopped")])
     [folder] = folders_with_checkpoints(tmp_path / "stopped")
     path = folder / checkpoints.NAME
-    if why == "damaged":
+    if why == "cut short":
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-        expected = rf"^{path} is damaged \(.*\): lora\S* starts over$"
+        expected = (rf"^{path} is damaged \(cut short, or its zip directory is: File is not a zip file\): "
+                    rf"lora\S* starts over$")
+    elif why == "a flipped bit":  # as a bad disk or copy would: torch loads it without a word
+        moment = torch.load(path, weights_only=True)["loop"]["optimizer"]["banks"][0]["exp_avg"]
+        flip_exponent_bits(path, moment)
+        assert not torch.equal(torch.load(path, weights_only=True)["loop"]["optimizer"]["banks"][0]["exp_avg"], moment)
+        expected = (rf"^{path} is damaged \(its record data/\d+ is not what was written: its CRC-32 differs\): lora\S* "
+                    rf"starts over$")
     elif why == "another config":
         payload = torch.load(path, weights_only=True)
         payload["members"][0]["config_hash"] = "0" * 12
         torch.save(payload, path)
         expected = rf"^{path} is of another config \(config hash 000000000000, this run's \w+\): lora\S* starts over$"
-    elif why == "another training code":
-        monkeypatch.setattr(checkpoints, "training_code", lambda: "another")
-        expected = (rf"^{path} was written by peltbench \S+ whose training code differs from this one's \(digest \w+, "
-                    rf"now another\): lora\S* starts over$")
+    elif why == "another torch":
+        payload = torch.load(path, weights_only=True)
+        payload["training"]["torch"] = "2.4.1"
+        torch.save(payload, path)
+        expected = (rf"^{path} was written by peltbench \S+ with torch 2\.4\.1, and this is torch "
+                    rf"{re.escape(str(torch.__version__))}, which may train otherwise: lora\S* starts over$")
     else:  # what no version writes: a state that its group cannot take (a bug), found before any step
         real = peltbench.train.Training.restore
 
@@ -343,6 +370,84 @@ def test_a_checkpoint_that_no_longer_matches_its_run_is_refused_in_one_line_and_
     assert re.match(expected, line), line
     assert trained == list(range(8)) and outcome.status == "ok"  # from the start
     assert records(tmp_path / "stopped") == records(tmp_path / "whole")
+
+
+PROGRESS = {"steps": 5, "members": [{"unit": "epoch", "done": 1, "of": 2, "steps_into_next": 1, "training": True}]}
+
+
+def written_checkpoint(folder: Path) -> Path:
+    """A checkpoint as a run of one writes it (its loop's state: a few tensors and plain values)."""
+    checkpoint = checkpoints.Checkpointer([{"label": "run", "config_hash": "abc", "config": {}}], [folder], None,
+                                          lambda: [{"started_at": "then"}])
+    generator = torch.Generator().manual_seed(0)
+    checkpoint.save(lambda: {"optimizer": {"exp_avg": torch.randn(64, generator=generator)}, "evaluation": 1},
+                    PROGRESS)
+    return folder / checkpoints.NAME
+
+
+def refusal(folder: Path) -> str:
+    with pytest.raises(checkpoints.Refused) as refused:
+        checkpoints.read(folder)
+    return str(refused.value)
+
+
+def test_a_file_that_is_no_peltbench_checkpoint_is_said_to_be_none(tmp_path):
+    path = written_checkpoint(tmp_path)
+    path.write_bytes(b"\x00" * 4096)  # zeros where a crash left them, or garbage
+    assert refusal(tmp_path) == ("is not a peltbench checkpoint (not the zip archive torch.save writes): damaged, or "
+                                 "another file")
+    torch.save(torch.nn.Linear(2, 2), path)  # a whole model pickled
+    assert refusal(tmp_path) == ("is not a peltbench checkpoint (a torch file holding objects, not tensors and plain "
+                                 "values)")
+    torch.save({"model": torch.zeros(3), "members": [], "loop": {}}, path)  # another program's torch file
+    assert refusal(tmp_path) == "is not a peltbench checkpoint (a file torch.save wrote, without peltbench's header)"
+    assert checkpoints.progress_of(tmp_path, "run") == ("its checkpoint is not a peltbench checkpoint (a file "
+                                                        "torch.save wrote, without peltbench's header): it starts over")
+
+
+def test_a_checkpoint_of_an_earlier_peltbench_is_refused_naming_its_format(tmp_path):
+    """The previous version's header (format 1: one digest of the code and versions, no CRC-32 check promised): its
+    training code is not this one's (checkpoint.py, component.py changed), so its run starts over, saying so."""
+    path = written_checkpoint(tmp_path)
+    payload = torch.load(path, weights_only=True)
+    payload.update(format=1, training="3f2a9c0d1e5b7a66", peltbench="0.9.0")
+    torch.save(payload, path)
+    assert refusal(tmp_path) == "was written by peltbench 0.9.0 in checkpoint format 1; this peltbench reads format 2"
+
+
+def test_a_checkpoint_of_other_training_code_names_the_files_and_versions_that_differ(tmp_path, monkeypatch):
+    written_checkpoint(tmp_path)
+    now = checkpoints.training_code()
+    assert {"component.py", "train.py", "checkpoint.py", "methods/lora.py"} <= set(now["code"])
+    assert checkpoints.read(tmp_path)["training"] == now
+
+    def this_one(**changed):
+        code = {**now["code"], **changed.pop("code", {})}
+        monkeypatch.setattr(checkpoints, "training_code", lambda: {**now, **changed, "code": code})
+    this_one(code={"component.py": "0" * 16})
+    assert refusal(tmp_path).endswith("whose training code differs from this one's in component.py, which may train "
+                                      "otherwise")
+    this_one(code={"train.py": "1", "methods/lora.py": "2", "methods/new.py": "3", "data.py": "4"})
+    assert refusal(tmp_path).endswith("differs from this one's in data.py, methods/lora.py, methods/new.py and 1 more, "
+                                      "which may train otherwise")
+    this_one(transformers="5.99.0", code={"train.py": "1"})  # a library's version is said first
+    assert refusal(tmp_path) == (f"was written by peltbench {checkpoints.__version__} with transformers "
+                                 f"{now['transformers']}, and this is transformers 5.99.0, which may train otherwise")
+
+
+def test_crc32s_are_written_whatever_torchs_setting_and_a_flipped_bit_is_found(tmp_path, monkeypatch):
+    torch.serialization.set_crc32_options(False)  # a user's setting: torch.save then writes none
+    try:
+        path = written_checkpoint(tmp_path)
+        assert torch.serialization.get_crc32_options() is False  # left as the user set it
+    finally:
+        torch.serialization.set_crc32_options(True)
+    payload = checkpoints.read(tmp_path)
+    flip_exponent_bits(path, payload["loop"]["optimizer"]["exp_avg"].clone())
+    assert re.fullmatch(r"is damaged \(its record data/\d+ is not what was written: its CRC-32 differs\)",
+                        refusal(tmp_path))
+    # peltbench-missing reads the header only (it may list many): the tensors are checked when the run resumes
+    assert checkpoints.progress_of(tmp_path, "run") == "resumable, epoch 1 of 2 (+1 step)"
 
 
 def test_checkpoints_come_every_checkpoint_every_minutes_and_not_at_all_with_null(monkeypatch):

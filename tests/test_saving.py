@@ -282,3 +282,37 @@ def test_no_peft_copy_where_peft_has_no_such_method_on_the_encoder():
     assert kind is None and "Wqkv" in why and "\n" not in why
     gated = OmegaConf.merge(packaged_config("method/vera.yaml"), {"gated": True})
     assert peft_kind(gated, bert) == (None, None)
+
+
+def test_two_identical_runs_write_byte_equal_files(tiny_checkpoint, glue_dir, tmp_path):
+    """safetensors writes its metadata in a hash map's order, different at every write: saving sorts it."""
+    for results in ("a", "b"):
+        run_group(configs(tiny_checkpoint, glue_dir, tmp_path / results, ["lora"]))
+    first, second = (next((tmp_path / results).rglob("lora,*/rte/k16/seed111")) for results in ("a", "b"))
+    for name in ("weights.safetensors", "peft/adapter_model.safetensors", "predictions.csv"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("ascii_only", [False, True])  # True: a JSON longer than safetensors' (the header is rewritten)
+def test_safetensors_metadata_is_written_in_one_order(tmp_path, monkeypatch, ascii_only):
+    from safetensors import safe_open
+
+    from peltbench import saving
+
+    if ascii_only:
+        monkeypatch.setattr(saving.json, "dumps", lambda value, **kw: json.JSONEncoder(
+            separators=(",", ":"), ensure_ascii=True).encode(value))
+    metadata = {key: value for key, value in zip("qwertyuiop", ('a "quoted" \\ path', "modèle ✓", "line\nbreak\t",
+                                                               "\x01", "{}", "", "x" * 40, "z", "y", "w"))}
+    tensors = {"b": torch.arange(3.0), "a": torch.ones(2, 5, dtype=torch.float16), "c": torch.tensor([7])}
+    written = set()
+    for attempt in range(6):
+        saving.save_safetensors(tensors, tmp_path / "w.safetensors", metadata)
+        written.add((tmp_path / "w.safetensors").read_bytes())
+        with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
+            assert handle.metadata() == metadata
+            assert {name: handle.get_tensor(name).tolist() for name in handle.keys()} == {
+                name: tensor.tolist() for name, tensor in tensors.items()}
+    assert len(written) == 1
+    size = int.from_bytes(next(iter(written))[:8], "little")
+    assert (8 + size) % 8 == 0  # the tensors' data stays aligned

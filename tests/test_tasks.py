@@ -513,7 +513,8 @@ def test_the_example_task_runs_end_to_end(tiny_checkpoint, tmp_path, in_process,
         assert len((example / "data" / name).read_text().splitlines()) == rows
     args = ["-m", "protocol=lmbff", "method=lora,bitfit", "task=movie_reviews",
             "hydra.searchpath=[file://examples/own_task/conf]", "data.dir=examples/own_task/data",
-            f"model.name={tiny_checkpoint}", "train.max_steps=4", "train.eval_every=2", "seed=13", "device=cpu"]
+            f"model.name={tiny_checkpoint}", "train.max_steps=4", "train.eval_every=2", "seed=13", "fuse=true",
+            "device=cpu"]  # README's first try (fused, one seed), shortened
     result = in_process(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     records = sorted((tmp_path / "results" / "runs").rglob("result.json"))
