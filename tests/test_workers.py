@@ -242,3 +242,15 @@ def test_sigterm_stops_every_worker_at_a_checkpoint_and_the_same_command_resumes
     assert output.endswith("peltbench: interrupted: 0 of 2 runs done, 2 not done; rerun the same command to run them "
                            "(done runs are skipped; 2 of them go on from a checkpoint)\n"), output
     assert _claims(workdir) == []
+
+
+def test_preflight_refuses_a_bad_device_list_or_a_run_that_names_its_gpu(workdir, in_process):
+    grid = ["-m", "method=lora", "task=rte", "k=16", "seed=111,222", *TINY]
+    result = in_process(*grid, "hydra.launcher.devices=[cpu,gpu1]", cwd=workdir)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == ("peltbench: error: hydra.launcher.devices=[cpu,gpu1]: gpu1 is not a device: give cpu or "
+                             "cuda:N for each worker (or `all`, every visible GPU)\n")
+    result = in_process(*grid, "device=cuda:1", TWO_CPUS, cwd=workdir)
+    assert result.returncode == 2 and result.stderr.startswith("peltbench: error: device=cuda:1 with "
+                                                               "hydra.launcher.devices=[cpu,cpu]: each worker trains")
+    assert not (workdir / "results").exists()
