@@ -282,9 +282,15 @@ class DevicePool:
 
     @staticmethod
     def _end(worker: Worker) -> None:
-        """The worker is told there is no more and waited for (one still training here is being stopped)."""
+        """The worker is told there is no more and waited for; one still training here (this process failed) is told
+        to stop at its step's end first, so that it leaves a checkpoint and no claim."""
+        if worker.pack is not None and worker.process.is_alive():
+            try:
+                os.kill(worker.process.pid, RELAY)
+            except ProcessLookupError:
+                pass
         DevicePool._send(worker, None)
-        worker.process.join(timeout=60)
+        worker.process.join(timeout=120)
         if worker.process.is_alive():
             worker.process.kill()
             worker.process.join()
