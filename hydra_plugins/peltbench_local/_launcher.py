@@ -35,9 +35,9 @@ from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from peltbench.fusion import fused_packs
 from peltbench.interrupts import interrupted, interruption
-from peltbench.workers import sweep_devices
 from peltbench.missing import (NO_JOB_STATES, checked_batches, compose_jobs, expand, interrupted_line,
                                note_no_job)
+from peltbench.workers import sweep_devices
 
 from ._progress import SKIPPED_STATES, SweepProgress, plan_line, status
 
