@@ -38,6 +38,7 @@ from .protocols import protocol_name, run_defaults, sweep_seeds
 from .missing import forget_compositions
 from .record import container
 from .tasks import TaskSpec
+from .workers import check_run_device, sweep_devices
 
 log = logging.getLogger("peltbench")
 
@@ -45,6 +46,7 @@ USAGE = """\
 usage: peltbench method=METHOD task=TASK [KEY=VALUE ...]        one run
        peltbench -m KEY=A,B,... [KEY=VALUE ...]                 a sweep: every combination, one after another
        peltbench -m ... hydra/launcher=slurm                    the sweep as a SLURM job array
+       peltbench -m ... hydra.launcher.devices=all              the sweep on every GPU (or [cpu,cpu]), a worker each
        peltbench -m +experiment=NAME                            a paper sweep (conf/experiment/)
        peltbench ... --cfg job                                  print the composed config, run nothing
        peltbench --help | --version | --info [all|config|defaults|plugins|searchpath] | --hydra-help
@@ -243,11 +245,15 @@ def preflight(arguments: list[str]) -> str | None:
                 raise UserError(f"{shadowed[0]}: peltbench ships a method of that name, which Hydra finds first, so "
                                 f"this file would never run: give your method (file and `name:`) a name of its own")
             shown, planned = [], None
+            devices = sweep_devices(OmegaConf.select(config, "hydra.launcher.devices", default=None)) \
+                if mode == RunMode.MULTIRUN and _launched_here(config) else None
             if args.cfg != "hydra":  # `--cfg hydra` shows Hydra's settings, which need no method or task
                 loggers, data, protocols = {}, {}, set()
 
                 def check(job: DictConfig) -> None:
                     check_config(job)
+                    if devices is not None:
+                        check_run_device(job.device, devices)
                     protocols.add(protocol_name(job))
                     logger = job.get("logger")
                     loggers.setdefault(_spelt(logger) if logger is not None else "{}", logger)

@@ -510,6 +510,22 @@ def planned_steps(cfg: DictConfig) -> int | None:
     return int(cfg.train.epochs) * math.ceil(rows / int(cfg.train.batch_size))
 
 
+def planned_work(cfg: DictConfig) -> float | None:
+    """What a run costs, roughly, from its config alone: the token positions it puts through the encoder, a training
+    row's counted three times (forward and backward) and each dev evaluation's row once, at max_length. A sweep on
+    several devices hands out its longest groups first by it (peltbench.workers). An upper bound where early stopping
+    ends a run sooner; None where the train rows are not known before the data is read (k=all)."""
+    steps = planned_steps(cfg)
+    if steps is None:
+        return None
+    train = cfg.train
+    node = cfg.get("protocol")
+    classes = max(int(cfg.task.get("num_labels", 1)), 2)
+    dev_rows = cfg.k * classes if node is not None and node.get("dev") == "per_class" else int(cfg.dev_size)
+    evaluations = steps // int(train.eval_every) if train.get("eval_every") else int(train.epochs or 1)
+    return float(train.max_length) * (3 * steps * int(train.batch_size) + evaluations * dev_rows)
+
+
 def check_halving(cfg: DictConfig) -> None:
     """Successive halving (peltbench.halving) compares a fused group's runs, at a rung before the run's end."""
     eta, first = cfg.get("halving"), cfg.get("halving_first", 1)

@@ -41,6 +41,13 @@ def catch_ctrl_c() -> None:
         signal.signal(signal.SIGTERM, _handler)
 
 
+def stop_on(*signums: int) -> None:
+    """These signals stop the process as Ctrl-C does (at the end of the training step, after a checkpoint): a worker of
+    a sweep on several devices, told to stop by its sweep's process (hydra_plugins/peltbench_local/_worker.py)."""
+    for signum in signums:
+        signal.signal(signum, _handler)
+
+
 def interrupted() -> bool:
     """Whether Ctrl-C (or SIGTERM) came: an exception raised since is the interruption, not a failure."""
     return _received

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from . import UserError
 from .checkpoint import progress_of
 from .claim import describe, live_claim
-from .config import check_config
+from .config import check_config, planned_work
 from .interrupts import stopped_by
 from .overrides import as_given, pin_group_settings
 from .packaged import use_searchpath
@@ -201,13 +201,15 @@ def record_runs(cfgs: Sequence[DictConfig | Plain], first_num: int = 0) -> list[
 class CheckedBatch:
     """One of Hydra's batches of a sweep (hydra.sweeper.max_batch_size runs), checked: its first job number, its jobs,
     each run's record (Run), and its runs grouped as they will train (fusion.fused_packs: indices into `jobs`, and
-    for each group whether it is fine-tuning that trains alone although fuse=true)."""
+    for each group whether it is fine-tuning that trains alone although fuse=true), and each run's planned work
+    (config.planned_work: which group a sweep on several devices hands out first)."""
 
     start: int
     jobs: list[tuple[str, ...]]
     runs: list[Run]
     groups: list[list[int]]
     alone: list[bool]
+    work: list[float | None] = field(default_factory=list)
 
 
 def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence[Sequence[str]], first_num: int = 0,
@@ -234,7 +236,8 @@ def checked_batches(config_loader: Any, sweep_config: DictConfig, jobs: Sequence
                     runs.append(_check_run(cfg, num, {}, logs=False))  # a plan: the launcher makes the job folders
                     bar.update()
                 groups, alone = fused_packs(cfgs)
-                yield CheckedBatch(first_num + start, [tuple(job) for job in batch], runs, groups, alone)
+                yield CheckedBatch(first_num + start, [tuple(job) for job in batch], runs, groups, alone,
+                                   [planned_work(cfg) for cfg in cfgs])
     finally:
         bar.close()
 

@@ -186,3 +186,16 @@ def test_k_all_is_accepted():
     cfg = compose_config("method=adapter", "task=rte", "k=all")
     check_config(cfg)
     assert record_path(cfg, Path("r")).parent.name == "seed111" and record_path(cfg, Path("r")).parts[-3] == "kall"
+
+
+def test_a_runs_planned_work_counts_its_training_and_dev_rows_at_max_length():
+    """config.planned_work: which group a sweep on several devices hands out first (peltbench.workers)."""
+    from peltbench.config import planned_work
+
+    # UniPELT's protocol, K = 100: 7 steps of 16 rows for 50 epochs, each row 3 times (forward and backward), and
+    # 50 dev evaluations of 1,000 rows, all at 128 tokens
+    assert planned_work(compose_config("method=lora", "task=rte", "k=100")) == 128 * (3 * 350 * 16 + 50 * 1000)
+    # LM-BFF's: 1,000 steps of 8 rows, dev (16 rows per class) every 100 steps
+    lmbff = compose_config("method=lora", "task=rte", "protocol=lmbff")
+    assert planned_work(lmbff) == lmbff.train.max_length * (3 * 1000 * 8 + 10 * 32)
+    assert planned_work(compose_config("method=lora", "task=rte", "k=all")) is None  # its rows come with its data

@@ -329,3 +329,17 @@ def test_max_num_timeout_counts_the_requeues_without_progress_only(monkeypatch):
     checkpoint.mark_progress()
     _count_progress(handler.checkpoint_and_try_requeue, 3)
     assert handler._delayed._timeout_countdown == 4  # submitit lowers it to 3: the requeued job starts afresh
+
+
+def test_an_array_task_given_several_gpus_gets_a_group_per_gpu():
+    """gpus_per_node=G > 1: a task trains G pieces at once, one per GPU (peltbench_local's workers): G fused groups,
+    or G × runs_per_job runs of their own; one GPU per task packs as before."""
+    from hydra_plugins.peltbench_slurm._launcher import task_packs
+
+    def run(num: int) -> tuple:
+        return ([f"seed={num}"], num)
+    pieces = [[run(0)], [run(1), run(2)], [run(3)], [run(4), run(5)], [run(6), run(7)], [run(8)], [run(9)]]
+    nums = lambda packs: [[[num for _, num in piece] for piece in pack] for pack in packs]  # noqa: E731
+    assert nums(task_packs(pieces, 2)) == [[[1, 2]], [[4, 5]], [[6, 7]], [[0], [3]], [[8], [9]]]
+    assert nums(task_packs(pieces, 2, gpus=2)) == [[[1, 2], [4, 5]], [[6, 7]], [[0], [3], [8], [9]]]
+    assert nums(task_packs(pieces, 1, gpus=4)) == [[[1, 2], [4, 5], [6, 7]], [[0], [3], [8], [9]]]

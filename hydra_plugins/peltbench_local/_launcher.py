@@ -15,6 +15,9 @@ where it is not submitted), nor does one whose folder holds a damaged record: no
 (peltbench.missing.note_no_job). So rerunning a finished sweep of 100,000 runs costs its start and its summary, not a
 job per run (~0.16 s of CPU each: hours) nor a folder per run. A run being trained elsewhere when the sweep starts
 still gets its job: by the time the sweep reaches it, it may be done, or its holder dead (peltbench.runner decides).
+
+With `hydra.launcher.devices` (a list of devices, or `all`) the same plan's packs go to one worker process per device
+instead (_pool.py, _worker.py), each trained there by `run_pack` as here.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from peltbench.fusion import fused_packs
 from peltbench.interrupts import interrupted, interruption
 from peltbench.missing import (NO_JOB_STATES, checked_batches, compose_jobs, expand, interrupted_line,
                                note_no_job)
+from peltbench.workers import sweep_devices
 
 from ._progress import SKIPPED_STATES, SweepProgress, plan_line, status
 
@@ -45,6 +49,9 @@ Run = Tuple[List[str], int]  # one run of the sweep: its overrides and its job n
 @dataclass
 class PeltbenchLocalConf:
     _target_: str = "hydra_plugins.peltbench_local._launcher.PeltbenchLocalLauncher"
+    # null: the sweep trains in this process, on each run's `device`; [cuda:0,cuda:1,...], `all` (every visible GPU)
+    # or [cpu,cpu] (the cores split between them): one worker process per entry, the plan's groups handed out (_pool.py)
+    devices: Any = None
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="peltbench_local", node=PeltbenchLocalConf,
@@ -52,9 +59,10 @@ ConfigStore.instance().store(group="hydra/launcher", name="peltbench_local", nod
 
 
 class PeltbenchLocalLauncher(Launcher):
-    def __init__(self) -> None:
+    def __init__(self, devices: Any = None) -> None:
         self.config = self.task_function = self.hydra_context = None
         self.plan: SweepPlan | None = None
+        self.devices = devices  # hydra.launcher.devices, as given (peltbench.workers.sweep_devices reads it)
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -76,8 +84,12 @@ class PeltbenchLocalLauncher(Launcher):
         by_num = {num: (overrides, num) for overrides, num in runs}
         packs = [[by_num[num] for num in pack] for pack in batch.packs]
         alone = [pack for pack in packs if tuple(num for _, num in pack) in batch.alone]
+        devices = sweep_devices(self.devices)
         with interruption(lambda: self._interrupted()):  # Ctrl-C: one line (peltbench.cli), how far the sweep got
-            returns.update(self._run_packs(packs, alone, plan))
+            if devices is None:
+                returns.update(self._run_packs(packs, alone, plan))
+            elif packs:
+                returns.update(self._run_on_devices(packs, alone, plan, devices))
         return [returns[num] for _, num in runs]
 
     def _interrupted(self) -> str:
@@ -85,6 +97,21 @@ class PeltbenchLocalLauncher(Launcher):
         assert self.plan is not None and self.hydra_context is not None
         cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in self.plan.given])
         return interrupted_line(cfgs, done_before=self.plan.done_before, total=self.plan.total)
+
+    def _run_on_devices(self, packs: List[List[Run]], alone: List[List[Run]], plan: SweepPlan,
+                        devices: List[str]) -> dict:
+        """Train the packs on one worker process per device (hydra.launcher.devices: _pool.py), longest first."""
+        from ._pool import DevicePool
+
+        for pack in packs:
+            plan.given.extend(pack)
+        work = [plan.pack_work(pack) for pack in packs]
+        lone = [index for index, pack in enumerate(packs) if pack in alone]
+        pool = DevicePool(self, devices)
+        returns = pool.run(packs, work, plan.progress, lone)
+        if pool.stopping:  # a stop whose follow-up went on (Ctrl-C's and SIGTERM's never do): the runs left stay so
+            raise KeyboardInterrupt
+        return returns
 
     def _run_packs(self, packs: List[List[Run]], alone: List[List[Run]], plan: SweepPlan) -> dict:
         """Train the packs, numbered among the sweep's runs (plan.progress counts those finished)."""
@@ -134,6 +161,13 @@ class SweepPlan:
     progress: SweepProgress
     done_before: int
     given: List[Run] = field(default_factory=list)
+    work: dict = field(default_factory=dict)  # job number -> config.planned_work (None: not known before its data)
+
+    def pack_work(self, pack: List[Run]) -> float | None:
+        """A pack's planned work: its runs' (a fused group's members' batches and dev rows add up), None if one's is
+        not known."""
+        works = [self.work.get(num) for _, num in pack]
+        return None if any(work is None for work in works) else sum(works)
 
     def batch(self, runs: List[Run]) -> PlannedBatch | None:
         """The planned batch that `runs` are (the same jobs, numbered alike), or None."""
@@ -164,9 +198,11 @@ def plan_sweep(config_loader: Any, sweep_config: DictConfig, runs: List[Run], wh
         checked = checked_batches(config_loader, sweep_config, jobs, first, size)
     sweep_dir = str(sweep_config.hydra.sweep.dir)
     states: dict = {}
+    work: dict = {}
     batches = {}
     listing = log.isEnabledFor(logging.DEBUG)  # hydra.verbose=hydra_plugins lists the runs done
     for batch in checked:
+        work.update((run.num, planned) for run, planned in zip(batch.runs, batch.work))
         for run in batch.runs:
             states[run.num] = run.state
             if run.state in NO_JOB_STATES:
@@ -188,7 +224,7 @@ def plan_sweep(config_loader: Any, sweep_config: DictConfig, runs: List[Run], wh
     if skipped:
         progress.add(skipped, 0.0)
         log.info("%s", progress.line(1, len(skipped)))
-    return SweepPlan(len(states), states, batches, progress, sum(state == "done" for state in states.values()))
+    return SweepPlan(len(states), states, batches, progress, sum(state == "done" for state in states.values()), work=work)
 
 
 def skipped_return(overrides: Sequence[str], state: str) -> JobReturn:

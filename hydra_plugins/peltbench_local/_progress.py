@@ -50,7 +50,8 @@ def status(ret: JobReturn) -> str:
 
 
 class SweepProgress:
-    """Counts a sweep's finished runs and estimates the time left from the ones that trained."""
+    """Counts a sweep's finished runs and estimates the time left from the ones that trained (on several devices, the
+    device time per run so far times the runs left, shared between the devices training)."""
 
     def __init__(self, total: int, to_train: int) -> None:
         self.total, self.to_train = total, to_train  # to_train: runs not done when the sweep started
@@ -58,7 +59,8 @@ class SweepProgress:
         self.finished = 0
         self.counts: dict[str, int] = {}
         self.trained = 0
-        self.trained_seconds = 0.0
+        self.trained_seconds = 0.0  # on several devices: the devices' seconds, added up
+        self.parallel = 1  # devices training at once (hydra.launcher.devices): the time left is shared between them
 
     def add(self, statuses: Iterable[str], seconds: float) -> None:
         """A run or a fused group finished after `seconds`, its runs' statuses as their jobs returned them."""
@@ -82,5 +84,6 @@ class SweepProgress:
         text = f"{runs} of {self.total} done" + (f" ({', '.join(notes)})" if notes else "")
         text += f" · {duration(time.monotonic() - self.started)} elapsed"
         if self.finished < self.total and self.trained and self.to_train:
-            text += f" · ETA {duration(self.trained_seconds / self.trained * self.to_train, coarse=True)}"
+            left = self.trained_seconds / self.trained * self.to_train / max(1, self.parallel)
+            text += f" · ETA {duration(left, coarse=True)}"
         return text

@@ -4,6 +4,8 @@ A few-shot run (K = 100) leaves a GPU idle most of the time, so `runs_per_job: N
 after another in one array task: one process, one model load (peltbench.model caches it), one CUDA context.
 `runs_per_job: 1` (the default) is one run per array task, like `submitit_slurm`. With `fuse=true` each fused
 group of compatible runs (peltbench.fusion, at most `fuse_members`) is one array task that trains them together.
+`gpus_per_node: G` > 1 gives each task G GPUs and G times the pieces (G fused groups, or G × runs_per_job runs, taken
+longest first), trained one per GPU at once by the local launcher's workers (peltbench_local's _pool.py).
 
 Before submitting, the request (cpus_per_task, mem_gb, gpus_per_node, timeout_min) is checked against the partition;
 while waiting, the jobs' pending reasons are logged, and a reason that can never clear stops the sweep (_request.py).
@@ -80,7 +82,25 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         setup_globals()
         environment = submitit.JobEnvironment()
         checkpoint_on_signals(environment._usr_sig(), int(self.params["max_num_timeout"]))
+        if int(self.params.get("gpus_per_node") or 0) > 1:
+            return self._on_gpus(pack, environment.job_id)
         return [ret for piece in pack for ret in run_pack(self, piece, environment.job_id)]
+
+    def _on_gpus(self, pack: List[List[Run]], job_id: Any) -> List[JobReturn]:
+        """An array task given several GPUs (gpus_per_node > 1): its pieces on one worker per GPU it sees, as a local
+        sweep's `hydra.launcher.devices=all` (peltbench_local's _pool.py), in the order packed (longest first). Its
+        signals wait for the workers' checkpoints (checkpoint_on_signals, then the pool's relay): USR2 then requeues the
+        job, SIGTERM leaves it to SLURM to end."""
+        from hydra_plugins.peltbench_local._pool import DevicePool
+        from hydra_plugins.peltbench_local._progress import SweepProgress
+        from peltbench.workers import sweep_devices
+
+        runs = [run for piece in pack for run in piece]
+        pool = DevicePool(self, sweep_devices("all"), job_id)
+        returns = pool.run(pack, [None] * len(pack), SweepProgress(len(runs), len(runs)))
+        while pool.stopping:  # SIGTERM: the workers' checkpoints are written; SLURM ends the job (as one-GPU jobs wait)
+            time.sleep(60)
+        return [returns[num] for _, num in runs]
 
     # checkpoint() is SlurmLauncher's: a DelayedSubmission of this object with the same pack, which submitit
     # pickles and requeues on the pre-timeout / preemption signal (max_num_timeout: checkpoint_on_signals).
@@ -109,9 +129,13 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         running = sum(states[num].state == "running" for _, num in runs)
         damaged = sum(states[num].state == "damaged" for _, num in runs)
         fused = sum(len(piece) for pack in packs for piece in pack if len(piece) > 1)
+        gpus = max(1, int(self.params.get("gpus_per_node") or 1))
+        grouped = "one group per task" if gpus == 1 else f"{gpus} groups per task, one per GPU"
+        each = f"up to {self.runs_per_job} runs each" if gpus == 1 else \
+            f"up to {self.runs_per_job * gpus} runs each, {gpus} at once (one per GPU)"
         log.info("%d runs: %d already done (not submitted), %d to run in %d array tasks (%s)", len(runs),
                  len(returns) - running - damaged, len(todo), len(packs),
-                 f"{fused} of them in fused groups, one group per task" if fused else f"up to {self.runs_per_job} runs each")
+                 f"{fused} of them in fused groups, {grouped}" if fused else each)
         if running:
             log.info("%d runs are being trained by other processes (claimed; not submitted)", running)
         if damaged:
@@ -140,15 +164,25 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
         Groups are planned on all of the sweep's runs, then the `skipped` ones (done, or another process's) leave
         them: a sweep run again forms the groups it formed before (as the local launcher does), so that their
         checkpoints resume them. A fused group is one array task (its size is capped by fuse_members); other runs
-        are packed `runs_per_job` to a task."""
-        from hydra_plugins.peltbench_local._launcher import plan_packs
+        are packed `runs_per_job` to a task. A task given G GPUs (gpus_per_node=G > 1) trains G pieces at once, one per
+        GPU: it gets G fused groups, or G × runs_per_job runs, taken longest first over the sweep (config.planned_work),
+        so that a task's pieces are alike in length."""
+        from hydra_plugins.peltbench_local._launcher import group_packs
+        from peltbench.config import planned_work
+        from peltbench.missing import compose_jobs
+        from peltbench.workers import hand_out_order
 
         assert self.hydra_context is not None and self.config is not None
-        planned, _ = plan_packs(self.hydra_context.config_loader, self.config, runs)
+        cfgs = compose_jobs(self.hydra_context.config_loader, self.config, [overrides for overrides, _ in runs])
+        planned, _ = group_packs(runs, cfgs)
         pieces = [left for piece in planned if (left := [run for run in piece if run[1] not in skipped])]
-        single = [piece for piece in pieces if len(piece) == 1]
-        packs = [[piece] for piece in pieces if len(piece) > 1]
-        return packs + [single[i:i + self.runs_per_job] for i in range(0, len(single), self.runs_per_job)]
+        gpus = max(1, int(self.params.get("gpus_per_node") or 1))
+        if gpus > 1:
+            work = {num: planned_work(cfg) for (_, num), cfg in zip(runs, cfgs)}
+            lengths = [None if any(work[num] is None for _, num in piece) else sum(work[num] for _, num in piece)
+                       for piece in pieces]
+            pieces = [pieces[index] for index in hand_out_order(lengths)]
+        return task_packs(pieces, self.runs_per_job, gpus)
 
     def _states(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Dict[int, Any]:
         """Each job number's run and the state of its record (peltbench.missing composes and checks them)."""
@@ -201,6 +235,16 @@ class PeltbenchSlurmLauncher(SlurmLauncher):
             ret.return_value = "lost"  # not FAILED: the sweep goes on; its summary reports the run as missing
             lost.append(ret)
         return lost
+
+
+def task_packs(pieces: List[List[Run]], runs_per_job: int, gpus: int = 1) -> List[List[List[Run]]]:
+    """The array tasks' pieces: `gpus` fused groups per task (one per GPU), then the runs of their own,
+    `runs_per_job` × `gpus` per task, each list in the order given."""
+    fused = [piece for piece in pieces if len(piece) > 1]
+    single = [piece for piece in pieces if len(piece) == 1]
+    per_task = runs_per_job * gpus
+    return [fused[i:i + gpus] for i in range(0, len(fused), gpus)] + \
+        [single[i:i + per_task] for i in range(0, len(single), per_task)]
 
 
 def checkpoint_on_signals(usr_signal: int, max_num_timeout: int) -> None:
