@@ -1,0 +1,218 @@
+"""Demonstrations: LM-BFF's `prompt-demo` (Gao, Fisch, Chen, ACL 2021, §5), as its released code builds them
+(princeton-nlp/LM-BFF at c282f521001f9c299d29eec7b459266f2b14fbaf: `run.py` for the template, `src/dataset.py`
+`FewShotDataset` for the sampling and the filter). docs/protocol.md, "Demonstrations".
+
+One training row of each class is appended to every input, in the task's class order, each written with the
+template's own words and its class's label word where the query has the mask. For SST-2:
+
+    *cls**sent_0*_It_was*mask*.*sep+*                                                     (the prompt)
+    *cls**sent_0*_It_was*mask*.*sep+**sent_1*_It_was*label_0*.*sep+**sent_2*_It_was*label_1*.*sep+*   (with demonstrations)
+
+sentence 1 being the class-0 demonstration and sentence 2 the class-1 one (a sentence-pair task: sentences 2-3, 4-5, ...).
+
+How a demonstration is chosen (`select`, LM-BFF's `select_context`): the candidate rows in a random order, and the
+first row of each class in it. The candidates are the run's training rows, without the row itself when training
+(LM-BFF excludes the query's index in train mode); with the filter (`filtered`, LM-BFF's `--demo_filter`) only the
+`rate` share most similar to the query of each class, by the cosine of sentence embeddings.
+
+Where the random order comes from:
+- evaluation: LM-BFF builds its dev and test inputs right after `set_seed(seed)` (numpy's global stream), dev first,
+  then test, each as `num_sample` passes over its rows, one `np.random.permutation(len(candidates))` per input.
+  `evaluation_sets` draws exactly that stream from `np.random.RandomState(seed)`: for the same seed, rows and
+  candidates, the same demonstrations (tests/test_demonstrations.py: fixtures computed by running LM-BFF's code).
+  A prediction is the mean of its `num_sample` inputs' logits (LM-BFF's `compute_metrics_fn`).
+- training: LM-BFF draws from the same global stream each time its sampler hands it a row, in its own data order,
+  which peltbench's does not reproduce (each member's own generator: train.py). Here each training input's order is
+  drawn from a generator keyed by the run's model seed, its data seed, the step and the row (`training_order`), as
+  its dropout masks are (methods/randomness.py): a different set of demonstrations each time a row is seen, the same
+  in any fused group, after any resume, on any device.
+
+A regression task (STS-B) is classed as LM-BFF does for this: `score <= median` (LM-BFF's `median_mapping`, 2.5) is
+class 0, above it class 1; both are sampled, but LM-BFF's template conversion loops over `num_labels`, which is 1 for
+STS-B, so its template appends only the class-0 demonstration (`*sent_2*` ... `*label_0*`): so does this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import UserError
+
+# LM-BFF's class order (its processors' get_labels), where it differs from the task's class ids: the order of the
+# demonstrations in the input and the i of `*label_i*` there. The other GLUE tasks' lists equal their ids' order
+# (cola, sst2, mrpc, qqp: '0', '1'; qnli, rte: entailment, not_entailment).
+LMBFF_CLASS_ORDER = {"mnli": ("contradiction", "entailment", "neutral")}
+TRAINING_SALT = 0x44454D4F  # "DEMO": keeps these draws apart from any other generator keyed by the same seeds
+
+
+# ---------------------------------------------------------------- the template
+
+def demonstration_template(template: str, classes: Sequence[int], sentences: int) -> str:
+    """The template with one demonstration part per class appended (run.py, "Automatically convert the template to
+    using demonstrations"): the template without `*cls*`, its sentences renumbered to the demonstration's
+    (`sentences` per row: sentence s of the i-th demonstration is `sentences * (i + 1) + s`), its `*mask*` replaced by
+    that class's label word (`*label_c*`, c the class id of `classes[i]`).
+
+    LM-BFF renumbers with a textual `replace("_{s}", ...)` over the whole part; here only the sentence variables are
+    renumbered. The two agree on every template whose text holds no `_0` or `_1` and with fewer than 5 classes of
+    sentence pairs (LM-BFF's replace would then renumber the `_10` it just wrote again): the 8 GLUE templates
+    (tests/test_demonstrations.py)."""
+    body = template.replace("*cls*", "").split("*")
+    pieces = [template]
+    for position, label in enumerate(classes):
+        renamed = [_renumber(part, sentences * (position + 1)) for part in body]
+        pieces.append("*".join(f"label_{label}" if part == "mask" else part for part in renamed))
+    return "".join(pieces)
+
+
+def _renumber(part: str, offset: int) -> str:
+    """A sentence variable (`sent_0`, `+sentl_1`, ...: LM-BFF's own test, `part[:4] == 'sent' or part[1:5] ==
+    'sent'`) moved by `offset`; any other part as it is."""
+    if part[:4] == "sent" or part[1:5] == "sent":
+        head, _, index = part.partition("_")
+        return f"{head}_{int(index) + offset}"
+    return part
+
+
+# ---------------------------------------------------------------- classes
+
+def class_order(task) -> tuple[int, ...]:
+    """The classes in the order their demonstrations follow each other (LM-BFF's label list, as class ids); a
+    regression task: its two classes, low then high (`demonstration_classes`)."""
+    if task.is_regression:
+        return (0, 1)
+    names = LMBFF_CLASS_ORDER.get(task.name)
+    if names is None or tuple(sorted(names)) != tuple(sorted(task.label_names or ())):
+        return tuple(range(task.num_labels))
+    return tuple(task.label_names.index(name) for name in names)
+
+
+def template_classes(task) -> tuple[int, ...]:
+    """The classes whose demonstrations the template shows: all of them; a regression task only class 0, as LM-BFF's
+    template conversion (its `num_labels` is 1 for STS-B: module docstring)."""
+    return (0,) if task.is_regression else class_order(task)
+
+
+def median(task) -> float:
+    """The score that splits a regression task's rows into two demonstration classes (LM-BFF's `median_mapping`,
+    STS-B 2.5): the task's `lmbff_threshold`, else the middle of its `label_range`."""
+    if task.lmbff_threshold is not None:
+        return float(task.lmbff_threshold)
+    if task.label_range is not None:
+        return (task.label_range[0] + task.label_range[1]) / 2
+    raise UserError(f"task={task.name}: demonstrations of a regression task class its rows as low or high; the task "
+                    f"names neither lmbff_threshold nor label_range to split them at")
+
+
+def demonstration_classes(labels: np.ndarray, task) -> np.ndarray:
+    """Each row's class for sampling: its label, or a regression score's `0 if score <= median else 1` (LM-BFF's
+    `select_context`; note `<=`, where its split script classes at `< 2.5`)."""
+    if task.is_regression:
+        return (np.asarray(labels, dtype=np.float64) > median(task)).astype(np.int64)
+    return np.asarray(labels, dtype=np.int64)
+
+
+def check_support(classes: np.ndarray, order: Sequence[int], task_name: str) -> None:
+    """Every class needs two training rows: one to be the query and one to be its demonstration (training leaves
+    the query out of its own candidates)."""
+    counts = {label: int((classes == label).sum()) for label in order}
+    short = [label for label, count in counts.items() if count < 2]
+    if short:
+        raise UserError(f"task={task_name}: demonstrations need at least 2 training rows of each class (a row is "
+                        f"never its own demonstration), and class {short[0]} has {counts[short[0]]}")
+
+
+# ---------------------------------------------------------------- candidates and the filter
+
+def candidates(size: int, query: int | None) -> list[int]:
+    """The training rows that may be a demonstration: all `size` of them, without `query` (a training row's own
+    index; None at evaluation)."""
+    return [row for row in range(size) if row != query]
+
+
+def filtered(similarity: np.ndarray, classes: np.ndarray, order: Sequence[int], rate: float,
+             query: int | None) -> list[int]:
+    """LM-BFF's demonstration filter: the candidates by decreasing similarity to the query (a stable sort, as its
+    `sim_score.sort(reverse=True)`), keeping of each class the first `int(n // classes * rate)`, n the number of
+    candidates. `similarity[row]`: the query's cosine with each training row."""
+    rows = candidates(len(classes), query)
+    ranked = sorted(rows, key=lambda row: similarity[row], reverse=True)
+    limit = int(len(rows) // len(order) * rate)
+    kept, counts = [], dict.fromkeys(order, 0)
+    for row in ranked:
+        label = int(classes[row])
+        if counts[label] < limit:
+            counts[label] += 1
+            kept.append(row)
+    return kept
+
+
+def check_rate(rate: float, size: int, order: Sequence[int]) -> None:
+    """A filter that keeps no candidate of a class is refused (LM-BFF would stop at `assert len(selection) > 0` or
+    build an input without that class)."""
+    if int((size - 1) // len(order) * rate) < 1:
+        raise UserError(f"objective.demo_filter_rate={rate}: with {size} training rows in {len(order)} classes it "
+                        f"keeps no candidate of a class (LM-BFF keeps int(n // classes * rate) of each); raise it")
+
+
+def cosine(queries: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """(queries, support) cosine similarities, as sentence-transformers' `cos_sim` computes them (float32 rows
+    normalised to unit length, then their products)."""
+    import torch
+    import torch.nn.functional as F
+
+    a = F.normalize(torch.as_tensor(np.asarray(queries, dtype=np.float32)), p=2, dim=1)
+    b = F.normalize(torch.as_tensor(np.asarray(support, dtype=np.float32)), p=2, dim=1)
+    return (a @ b.T).numpy()
+
+
+# ---------------------------------------------------------------- choosing
+
+def select(order: np.ndarray, pool: Sequence[int], classes: np.ndarray, wanted: Sequence[int]) -> list[int]:
+    """LM-BFF's `select_context` with one demonstration per class: go through `pool` in the random `order` (a
+    permutation of its positions) and take the first row of each class; the rows in the order of `wanted`."""
+    chosen: dict[int, int] = {}
+    for position in order:
+        row = pool[int(position)]
+        label = int(classes[row])
+        if label not in chosen:
+            chosen[label] = row
+            if len(chosen) == len(wanted):
+                break
+    missing = [label for label in wanted if label not in chosen]
+    if missing:  # check_support and check_rate refuse this before any run starts
+        raise UserError(f"no demonstration of class {missing[0]} among {len(pool)} candidates")
+    return [chosen[label] for label in wanted]
+
+
+def evaluation_sets(seed: int, pools: Sequence[Sequence[Sequence[int]]], classes: np.ndarray,
+                    wanted: Sequence[int], num_sample: int) -> list[np.ndarray]:
+    """The demonstrations of each evaluation split (dev, then test): for split s an array (num_sample, its rows,
+    classes) of training-row indices, `pools[s][q]` being query q's candidates. Drawn as LM-BFF builds its dev and then
+    its test set right after `set_seed(seed)`: one `permutation(len(pool))` of numpy's legacy stream per input, the
+    inputs sample after sample (module docstring)."""
+    stream = np.random.RandomState(seed)
+    sets = []
+    for split in pools:
+        chosen = np.empty((num_sample, len(split), len(wanted)), dtype=np.int64)
+        for sample in range(num_sample):
+            for query, pool in enumerate(split):
+                chosen[sample, query] = select(stream.permutation(len(pool)), pool, classes, wanted)
+        sets.append(chosen)
+    return sets
+
+
+def training_order(model_seed: int, data_seed: int, step: int, row: int, size: int) -> np.ndarray:
+    """The random order of a training input's `size` candidates: a generator keyed by the run's seeds, the step and
+    the row (module docstring), so the same wherever and whenever the step runs."""
+    key = [TRAINING_SALT, model_seed & 0xFFFFFFFF, data_seed & 0xFFFFFFFF, step, row]
+    return np.random.default_rng(key).permutation(size)
+
+
+def training_demonstrations(model_seed: int, data_seed: int, step: int, rows: Sequence[int],
+                            pools: Sequence[Sequence[int]], classes: np.ndarray, wanted: Sequence[int]) -> list[list[int]]:
+    """The demonstrations of a step's training rows (indices into the training rows; `pools[row]` its candidates)."""
+    return [select(training_order(model_seed, data_seed, step, row, len(pools[row])), pools[row], classes, wanted)
+            for row in rows]

@@ -1,0 +1,157 @@
+"""Demonstrations (peltbench/demonstrations.py) against what LM-BFF's released code builds.
+
+tests/data/lmbff_demonstrations/fixtures.json was computed by running LM-BFF's own `src/dataset.py` (`FewShotDataset`,
+train, dev and test mode, use_demo=True, after `set_seed(seed)` as its run.py) and run.py's template conversion
+(princeton-nlp/LM-BFF c282f521001f9c299d29eec7b459266f2b14fbaf) on the synthetic rows it stores (README.md there).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from peltbench import UserError
+from peltbench import demonstrations as demos
+from peltbench.packaged import packaged_config
+from peltbench.tasks import TaskSpec
+
+FIXTURES = json.loads((Path(__file__).parent / "data" / "lmbff_demonstrations" / "fixtures.json").read_text())
+CASES = {(case["task"], case["demo_filter"]): case for case in FIXTURES["cases"]}
+# LM-BFF's task names -> peltbench's
+TASKS = {"cola": "cola", "sst-2": "sst2", "mrpc": "mrpc", "qqp": "qqp", "sts-b": "stsb", "mnli": "mnli", "qnli": "qnli",
+         "rte": "rte"}
+# LM-BFF's processors' label lists (src/processors.py get_labels)
+LMBFF_LABELS = {"sst-2": ["0", "1"], "mnli": ["contradiction", "entailment", "neutral"], "rte": ["entailment", "not_entailment"]}
+
+
+def task(lmbff_name: str) -> TaskSpec:
+    return TaskSpec.from_config(packaged_config(f"task/{TASKS[lmbff_name]}.yaml"))
+
+
+def lmbff_classes(case, split="train") -> np.ndarray:
+    """The class of each row as LM-BFF's select_context reads it, as an index into its label list (regression: its
+    '0' / '1')."""
+    labels = case[split]["label"]
+    if case["task"] == "sts-b":
+        return np.array([0 if float(label) <= 2.5 else 1 for label in labels])
+    return np.array([LMBFF_LABELS[case["task"]].index(label) for label in labels])
+
+
+def sentences(lmbff_name: str) -> int:
+    return len(task(lmbff_name).text)
+
+
+# ---------------------------------------------------------------- the template
+
+@pytest.mark.parametrize("name", sorted(FIXTURES["templates"]))
+def test_the_demonstration_template_is_lmbffs_for_each_glue_template(name):
+    fixture = FIXTURES["templates"][name]
+    built = demos.demonstration_template(fixture["template"], range(fixture["num_labels"]), sentences(name))
+    assert built == fixture["demo_template"]
+
+
+def test_mnli_demonstrations_follow_lmbffs_class_order_in_peltbench_class_ids():
+    """LM-BFF's label list is contradiction, entailment, neutral; peltbench's ids entailment 0, neutral 1,
+    contradiction 2: the demonstrations come in LM-BFF's order, each naming its class by peltbench's id."""
+    mnli = task("mnli")
+    assert demos.class_order(mnli) == (2, 0, 1)
+    built = demos.demonstration_template(FIXTURES["templates"]["mnli"]["template"], demos.template_classes(mnli), 2)
+    lmbff = FIXTURES["templates"]["mnli"]["demo_template"]
+    assert built == lmbff.replace("*label_0*", "*label_A*").replace("*label_1*", "*label_0*").replace(
+        "*label_2*", "*label_1*").replace("*label_A*", "*label_2*")
+
+
+def test_the_other_glue_tasks_keep_their_class_ids_order_and_stsb_shows_only_its_low_class():
+    for name in ("cola", "sst-2", "mrpc", "qqp", "qnli", "rte"):
+        assert demos.class_order(task(name)) == (0, 1)
+    assert demos.class_order(task("sts-b")) == (0, 1)
+    assert demos.template_classes(task("sts-b")) == (0,)
+
+
+def test_sentence_variables_alone_are_renumbered_where_lmbffs_text_replace_would_renumber_twice():
+    """Five classes of sentence pairs: LM-BFF's `replace('_1', ...)` after writing `_10` gives `_110`."""
+    built = demos.demonstration_template("*cls**sent_0**mask*,*+sentl_1*_x_1*sep+*", range(5), 2)
+    assert "*sent_10**label_4*,*+sentl_11*_x_1*sep+*" in built
+    assert built.count("_x_1") == 6  # a `_1` in the text stays as it is
+
+
+# ---------------------------------------------------------------- classes
+
+def test_a_regression_score_at_the_median_is_the_low_class_as_lmbffs_select_context():
+    stsb = task("sts-b")
+    assert demos.demonstration_classes(np.array([0.0, 2.49, 2.5, 2.51, 5.0]), stsb).tolist() == [0, 0, 0, 1, 1]
+
+
+def test_too_few_rows_of_a_class_is_one_line():
+    with pytest.raises(UserError, match="class 1 has 1"):
+        demos.check_support(np.array([0, 0, 1]), (0, 1), "rte")
+    demos.check_support(np.array([0, 0, 1, 1]), (0, 1), "rte")
+
+
+def test_a_filter_rate_that_keeps_nothing_is_one_line():
+    with pytest.raises(UserError, match="demo_filter_rate=0.05"):
+        demos.check_rate(0.05, 32, (0, 1))
+    demos.check_rate(0.1, 32, (0, 1))  # int(31 // 2 * 0.1) = 1
+
+
+# ---------------------------------------------------------------- sampling, against LM-BFF's code
+
+def pools(case, split):
+    """Each query's candidates: LM-BFF's (the fixture's) where it filters, else every training row."""
+    n = len(case["train"]["label"])
+    if case["demo_filter"]:
+        return case[f"{split}_candidates"]
+    return [list(range(n))] * len(case[split]["label"])
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_evaluation_demonstrations_are_lmbffs_for_the_same_seed(key):
+    case = CASES[key]
+    classes = lmbff_classes(case)
+    wanted = range(classes.max() + 1)
+    dev_pools = pools(case, "dev") if not case["demo_filter"] else None
+    if case["demo_filter"]:  # the fixture stores the first sample's pools; every sample has the same ones
+        dev_pools, test_pools = case["dev_candidates"], case["test_candidates"]
+    else:
+        test_pools = pools(case, "test")
+    dev, test = demos.evaluation_sets(case["seed"], [dev_pools, test_pools], classes, wanted, case["num_sample"])
+    assert dev.reshape(-1).tolist() == case["dev_demonstrations"]
+    assert test.reshape(-1).tolist() == case["test_demonstrations"]
+
+
+@pytest.mark.parametrize("key", [key for key in sorted(CASES) if key[1]])
+def test_the_filter_keeps_lmbffs_candidates(key):
+    case = CASES[key]
+    classes = lmbff_classes(case)
+    wanted = range(classes.max() + 1)
+    embeddings = {name: np.array(values, dtype=np.float32) for name, values in case["embeddings"].items()}
+    for split, query_is_train in (("train", True), ("dev", False), ("test", False)):
+        similarity = demos.cosine(embeddings[split], embeddings["train"])
+        built = [demos.filtered(similarity[q], classes, wanted, 0.5, q if query_is_train else None)
+                 for q in range(len(case[f"{split}_candidates"]))]
+        assert built == case[f"{split}_candidates"], split
+
+
+def test_training_draws_are_a_function_of_the_run_seeds_step_and_row():
+    classes = np.array([0] * 16 + [1] * 16)
+    pool = {row: demos.candidates(32, row) for row in range(32)}
+    first = demos.training_demonstrations(13, 13, 5, [3, 20], pool, classes, (0, 1))
+    assert first == demos.training_demonstrations(13, 13, 5, [3, 20], pool, classes, (0, 1))
+    assert all(row not in chosen for row, chosen in zip([3, 20], first))  # never its own demonstration
+    assert [classes[r] for chosen in first for r in chosen] == [0, 1, 0, 1]
+    others = [demos.training_demonstrations(*seeds, [3, 20], pool, classes, (0, 1))
+              for seeds in ((13, 13, 6), (13, 21, 5), (21, 13, 5))]
+    assert all(other != first for other in others)
+    # the row's draw does not depend on the other rows of its step (a fused group, a batch cut otherwise)
+    assert demos.training_demonstrations(13, 13, 5, [20], pool, classes, (0, 1)) == first[1:]
+
+
+def test_the_filter_ranks_equal_similarities_in_row_order_and_keeps_int_of_n_over_classes_times_rate():
+    """LM-BFF: `sim_score.sort(key=score, reverse=True)` (stable: equal scores keep the rows' order) and
+    `limit_each_label = int(len(sim_score) // num_labels * rate)`."""
+    classes = np.array([0, 1, 0, 1, 0, 1, 0, 1, 0])
+    similarity = np.array([0.5, 0.9, 0.5, 0.9, 0.5, 0.1, 0.5, 0.2, 0.3], dtype=np.float32)
+    # 9 candidates, 2 classes, rate 0.7: int(9 // 2 * 0.7) = 2 of each (int(9 * 0.7 // 2) would be 3)
+    assert demos.filtered(similarity, classes, (0, 1), 0.7, None) == [1, 3, 0, 2]
+    assert demos.filtered(similarity, classes, (0, 1), 0.7, 1) == [3, 0, 2, 7]
