@@ -21,7 +21,7 @@ from .packaged import options, packaged_config
 from .passes import once
 from .plain import Plain, once_per_node
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
-from .tasks import DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
+from .tasks import CLOZE_KEYS, DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -781,6 +781,13 @@ def _check_task_keys(task) -> None:
     if unknown:
         raise UserError(f"task.{unknown[0]}: not a setting of task {task.name}; a task file has "
                         f"{', '.join(TASK_KEYS)} (docs/tasks.md)")
+    cloze = task.get("cloze")
+    unknown = sorted(set(cloze.keys()) - set(CLOZE_KEYS)) if hasattr(cloze, "keys") else []
+    if cloze is not None and not hasattr(cloze, "keys"):
+        raise UserError(f"task.cloze: must be a mapping of {', '.join(CLOZE_KEYS)} (docs/tasks.md), not {cloze!r}")
+    if unknown:
+        raise UserError(f"task.cloze.{unknown[0]}: not a setting of task {task.name}'s prompt; it has "
+                        f"{', '.join(CLOZE_KEYS)} (docs/tasks.md)")
 
 
 def _check_protocol_keys(protocol) -> None:
