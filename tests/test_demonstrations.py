@@ -238,3 +238,19 @@ def test_mnli_inputs_built_in_peltbench_class_ids_are_lmbffs(minilm_tokenizer):
         built = demos.demonstration_input(queries[feature["index"] % len(queries)], [train[row] for row in shown],
                                           template, minilm_tokenizer, words, 128)
         assert built.input_ids == feature["input_ids"]
+
+
+def test_other_sentences_are_cut_to_other_sent_limit_and_double_demo_doubles_the_length():
+    """run_experiment.sh's `--other_sent_limit` (every sentence but the query's first) and `--double_demo`."""
+    from peltbench.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("bert")
+    template = demos.demonstration_template("*cls**sent_0*_is*mask*.*sep+*", (0, 1), 1)
+    words = tokenizer.convert_tokens_to_ids(["bad", "good"])
+    query, shown = ["the cat sat on the mat"], [["a big red car runs"], ["this film is very good"]]
+    full = demos.demonstration_input(query, shown, template, tokenizer, words, 64)
+    cut = demos.demonstration_input(query, shown, template, tokenizer, words, 64, other_sent_limit=2)
+    assert len(full.input_ids) - len(cut.input_ids) == (5 - 2) + (5 - 2)
+    assert tokenizer.decode(cut.input_ids).split("[SEP]")[1].split() == ["a", "big", "is", "bad", "[UNK]"]
+    assert len(demos.demonstration_input(query, shown, template, tokenizer, words, 10).input_ids) == 10
+    assert len(demos.demonstration_input(query, shown, template, tokenizer, words, 10, double_demo=True).input_ids) == 20
