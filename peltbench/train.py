@@ -570,12 +570,27 @@ def length_cuts(lengths: list[list[int]], group: GroupSettings) -> list[int] | N
 
 
 def member_losses(logits: torch.Tensor, labels: torch.Tensor, members: int, task: TaskSpec) -> torch.Tensor:
-    """Each member's mean loss over its own rows: (members,). Cross-entropy, or MSE for regression (STS-B)."""
-    if task.is_regression:
+    """Each member's mean loss over its own rows: (members,). Cross-entropy, or MSE for regression (STS-B); a cloze
+    head's regression outputs (two columns: `poles`) take LM-BFF's loss."""
+    if task.is_regression and logits.shape[-1] == 2:
+        per_row = pole_losses(logits, labels, task)
+    elif task.is_regression:
         per_row = F.mse_loss(logits.squeeze(-1), labels, reduction="none")
     else:
         per_row = F.cross_entropy(logits, labels, reduction="none")
     return per_row.view(members, -1).mean(dim=1)
+
+
+def pole_losses(log_probs: torch.Tensor, labels: torch.Tensor, task: TaskSpec) -> torch.Tensor:
+    """LM-BFF's regression loss per row (src/models.py, *ForPromptFinetuning): the score y in [lb, ub] as a target
+    between the two poles, p = (y - lb) / (ub - lb), against the log-probabilities of the low and high label words,
+    by `nn.KLDivLoss(log_target=True)` with its mean over both columns. Their target is the probabilities [1 - p, p]
+    although log_target=True reads it as log-probabilities: the loss is mean(e^t (t - log q)), not KL(p ‖ q); kept
+    as they have it (docs/protocol.md)."""
+    low, high = task.label_range
+    p = (labels.view(-1) - low) / (high - low)
+    target = torch.stack([1 - p, p], dim=-1)
+    return (target.exp() * (target - log_probs)).mean(dim=-1)
 
 
 def clip_per_member(optimizer: MemberAdamW, max_norm: torch.Tensor) -> None:
@@ -1059,7 +1074,11 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
 
 
 def predicted(outputs: np.ndarray, task: TaskSpec) -> np.ndarray:
-    """The predictions from the model's outputs: the STS-B score, or the class with the largest logit."""
+    """The predictions from the model's outputs: the STS-B score, or the class with the largest logit. A cloze head's
+    regression outputs are the poles' log-probabilities: the score is lb + (ub - lb) P(high), as LM-BFF's."""
+    if task.is_regression and outputs.shape[1] == 2:
+        low, high = task.label_range
+        return np.exp(outputs[:, 1]) * (high - low) + low
     return outputs[:, 0] if task.is_regression else outputs.argmax(axis=1)
 
 

@@ -20,7 +20,7 @@ from ..architectures import SUPPORTED, architecture
 from ..component import builtin_names, declaration, install_order, module_name
 from . import randomness
 from .attention import ATTENTION_NAME, install_relative_attention
-from .base import Members, PeltModel, freeze_all_but_trained, mark
+from .base import Cloze, Members, PeltModel, freeze_all_but_trained, mark
 
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
@@ -41,11 +41,12 @@ COMPONENTS = {name: component(name) for name in builtin_names()}
 
 
 def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seed: int | Sequence[int],
-                     heads: Sequence[nn.Module] | None = None) -> PeltModel:
+                     heads: Sequence[nn.Module] | None = None, cloze: Cloze | None = None) -> PeltModel:
     """Attach the methods of a group's members to one `*ForSequenceClassification` model and freeze everything else.
 
     `methods` and `model_seed`: one per member (or a single method and seed: a separate run). `heads`: for each
     member, the model whose new head layers are its initial head (default: the backbone's own, for a group of one).
+    `cloze` (objective=cloze): the backbone is a `*ForMaskedLM`, each member's head its label words' decoder rows.
     Member m's new modules are drawn with the model seed set again before each of its components (App. B), so a
     member starts from the same weights alone, inside UniPELT, or inside any group.
     """
@@ -57,7 +58,7 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     alone = [declaration(name).alone for name in used if declaration(name).alone]
     if len(methods) > 1 and alone:
         raise ValueError(alone[0])
-    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]))
+    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]), cloze)
     model.members.padded_pooling = padded_pooling(methods)
     _own_attention(model)
     model.members.dropout_sites = randomness.install(model)
