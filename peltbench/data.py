@@ -485,14 +485,21 @@ def check_halves(num_rows: int, where: str) -> None:
 
 @dataclass
 class Encoded:
-    """Tokenised rows of one subset, with labels, ready to batch."""
+    """Tokenised rows of one subset, with labels, ready to batch. An evaluation set may hold `samples` inputs of each
+    row (LM-BFF's demonstration sets: sample after sample, `labels` repeated), whose outputs are averaged
+    (train.mean_over_samples)."""
 
     input_ids: list[list[int]]
     token_type_ids: list[list[int]]
     labels: np.ndarray
+    samples: int = 1
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def draw(self, step: int, rows: list[int]) -> None:
+        """Before a training step: a set whose inputs change from step to step (demonstrations.DemonstrationTrain)
+        builds those of `rows` here; a plain set's are fixed."""
 
 
 def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:

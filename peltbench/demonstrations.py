@@ -37,11 +37,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import UserError
+from .data import Encoded
 from .progress import progress
 
 # LM-BFF's class order (its processors' get_labels), where it differs from the task's class ids: the order of the
@@ -301,3 +303,132 @@ def demonstration_input(query: Sequence[str], shown: Sequence[Sequence[str]], te
     texts = [*query, *(sentence for row in shown for sentence in row)]
     return tokenize_multipart_input(texts, max_length * 2 if double_demo else max_length, tokenizer, template,
                                     label_word_list, first_sent_limit, other_sent_limit)
+
+
+# ---------------------------------------------------------------- a run's sets
+
+@dataclass(frozen=True)
+class Setting:
+    """What a run's demonstrations are (its objective's settings, the task's length rules: run_experiment.sh)."""
+
+    num_sample: int                     # evaluation: demonstration sets per row, their outputs averaged
+    max_length: int                     # tokens of an input (doubled with double_demo)
+    first_sent_limit: int | None = None
+    other_sent_limit: int | None = None
+    double_demo: bool = False
+    filter: str | None = None           # the sentence encoder's folder (LM-BFF's --demo_filter), or None
+    filter_rate: float = 0.5            # LM-BFF's --demo_filter_rate
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The query's template, the demonstration template, the label words' ids and the tokenizer (cached encode)."""
+
+    template: str
+    tokenizer: object
+    label_word_list: tuple[int, ...]
+
+    def build(self, query, shown, setting: Setting, where: str) -> list[int]:
+        built = demonstration_input(query, shown, self.template, self.tokenizer, self.label_word_list,
+                                    setting.max_length, setting.first_sent_limit, setting.other_sent_limit,
+                                    setting.double_demo)
+        if built.mask_pos is None:
+            raise UserError(f"{where}: the input with its demonstrations is cut at {setting.max_length} tokens before "
+                            f"its *mask* (raise train.max_length, or set the task's cloze.first_sent_limit)")
+        return built.input_ids
+
+
+class DemonstrationTrain(Encoded):
+    """A run's training rows, whose inputs are built anew at every step (`draw`, called by the training loop before
+    the step) with demonstrations drawn for that step and row (`training_order`)."""
+
+    def __init__(self, rows: list[list[str]], labels: np.ndarray, pools: list[list[int]], classes: np.ndarray,
+                 wanted: tuple[int, ...], prompt: Prompt, setting: Setting, model_seed: int, data_seed: int) -> None:
+        super().__init__([[] for _ in rows], [[] for _ in rows], labels)
+        self.rows, self.pools, self.classes, self.wanted = rows, pools, classes, wanted
+        self.prompt, self.setting, self.seeds = prompt, setting, (model_seed, data_seed)
+
+    def draw(self, step: int, rows: list[int]) -> None:
+        chosen = training_demonstrations(*self.seeds, step, rows, self.pools, self.classes, self.wanted)
+        for row, shown in zip(rows, chosen):
+            ids = self.prompt.build(self.rows[row], [self.rows[r] for r in shown], self.setting,
+                                    f"training row {row}")
+            self.input_ids[row], self.token_type_ids[row] = ids, [0] * len(ids)
+
+
+def evaluation_encoded(queries: list[list[str]], labels: np.ndarray, chosen: np.ndarray, support: list[list[str]],
+                       prompt: Prompt, setting: Setting, split: str) -> Encoded:
+    """An evaluation split's inputs: each row once per demonstration set (`chosen`: (samples, rows, classes) training
+    rows), sample after sample, their labels repeated (data.Encoded.samples)."""
+    samples, count, _ = chosen.shape
+    input_ids = []
+    bar = progress(total=samples * count, desc=f"demonstrations {split}", unit="row")
+    for sample in range(samples):
+        for row in range(count):
+            shown = [support[r] for r in chosen[sample, row]]
+            input_ids.append(prompt.build(queries[row], shown, setting, f"{split} row {row}"))
+            bar.update(1)
+    bar.close()
+    return Encoded(input_ids, [[0] * len(ids) for ids in input_ids], np.tile(labels, samples), samples)
+
+
+def demonstration_sets(task, train: tuple[list[list[str]], np.ndarray], evaluation: list[tuple[list[list[str]], np.ndarray]],
+                       template: str, tokenizer, label_word_list: Sequence[int], setting: Setting, model_seed: int,
+                       data_seed: int) -> tuple[DemonstrationTrain, list[Encoded]]:
+    """A run's training set and its evaluation sets (dev, test) with demonstrations. `train` and each of `evaluation`:
+    (rows' sentences, labels). The evaluation sets are drawn from `np.random.RandomState(model_seed)` as LM-BFF's are
+    from `set_seed(seed)` (its one seed is both of ours under protocol lmbff: module docstring)."""
+    support, labels = train
+    classes = demonstration_classes(labels, task)
+    wanted = class_order(task)
+    check_support(classes, wanted, task.name)
+    similarity = _similarities(setting, support, [rows for rows, _ in evaluation])
+    if setting.filter is not None:
+        check_rate(setting.filter_rate, len(support), wanted)
+
+    def pool(scores, query):
+        if scores is None:
+            return candidates(len(support), query)
+        return filtered(scores, classes, wanted, setting.filter_rate, query)
+
+    train_pools = [pool(None if similarity is None else similarity[0][row], row) for row in range(len(support))]
+    pools = [[pool(None if similarity is None else similarity[1 + s][row], None) for row in range(len(rows))]
+             for s, (rows, _) in enumerate(evaluation)]
+    prompt = Prompt(demonstration_template(template, template_classes(task), len(task.text)), CachedEncode(tokenizer),
+                    tuple(label_word_list))
+    chosen = evaluation_sets(model_seed, pools, classes, wanted, setting.num_sample)
+    sets = [evaluation_encoded(rows, split_labels, picks, support, prompt, setting, name)
+            for (rows, split_labels), picks, name in zip(evaluation, chosen, ("dev", "test"))]
+    return DemonstrationTrain(support, labels, train_pools, classes, wanted, prompt, setting, model_seed,
+                              data_seed), sets
+
+
+def _similarities(setting: Setting, support, evaluation) -> list[np.ndarray] | None:
+    """The filter's cosines of each split's rows (training, then each evaluation split) with the training rows."""
+    if setting.filter is None:
+        return None
+    texts = [row_text(row) for row in support]
+    splits = [texts, *([row_text(row) for row in rows] for rows in evaluation)]
+    embedded = sentence_embeddings(setting.filter, [text for split in splits for text in split])
+    out, start = [], 0
+    for split in splits:
+        out.append(cosine(embedded[start : start + len(split)], embedded[: len(texts)]))
+        start += len(split)
+    return out
+
+
+class CachedEncode:
+    """A tokenizer whose `encode` remembers: the demonstrations' sentences come back in input after input (LM-BFF's
+    `enc(text)` is `tokenizer.encode(text, add_special_tokens=False)`, a function of its text)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.cache = tokenizer, {}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        key = (text, add_special_tokens)
+        if key not in self.cache:
+            self.cache[key] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self.cache[key]
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)

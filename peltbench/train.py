@@ -453,6 +453,8 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
         if boundary is not None:
             boundary()
         rows = [data.rows(m, first_step + step, group.batch_size) for m in active]
+        for m, chosen in zip(active, rows):
+            members[m].train.draw(first_step + step, chosen)  # demonstrations: this step's inputs of these rows
         losses = []
         for chosen in passes:  # the members whose forward and backward run together (all of them, or a few at a time)
             if len(passes) > 1:
@@ -1030,6 +1032,7 @@ class EvaluationSet:
         self.lengths = [[len(encoded.input_ids[r]) for r in chunk] for chunk in chunks]
         self.order = order
         self.labels = encoded.labels
+        self.samples = encoded.samples
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -1067,10 +1070,24 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
     for s, parts in zip(sets, outputs):
         values = np.empty((len(s), host.shape[1]), dtype=np.float32)
         values[s.order] = np.concatenate(parts)
-        scores.append(compute_metrics(task.metrics, task.main_metric, predicted(values, task), s.labels))
+        values = mean_over_samples(values, s.samples, task)
+        labels = s.labels[: len(values)]
+        scores.append(compute_metrics(task.metrics, task.main_metric, predicted(values, task), labels))
         kept.append(values)
     seconds = _now(group.device) - start
     return (scores, seconds, kept) if keep else (scores, seconds)
+
+
+def mean_over_samples(outputs: np.ndarray, samples: int, task: TaskSpec) -> np.ndarray:
+    """Each row's output from its `samples` inputs (sample after sample: data.Encoded), as LM-BFF's
+    `compute_metrics_fn` averages them: the mean of the logits; a cloze head's regression outputs (the poles'
+    log-probabilities) averaged as the scores they give, which LM-BFF averages (the log of the mean probability)."""
+    if samples == 1:
+        return outputs
+    stacked = outputs.reshape(samples, -1, outputs.shape[1])
+    if task.is_regression and outputs.shape[1] == 2:
+        return np.log(np.exp(stacked.astype(np.float64)).mean(axis=0)).astype(np.float32)
+    return stacked.mean(axis=0)
 
 
 def predicted(outputs: np.ndarray, task: TaskSpec) -> np.ndarray:

@@ -254,3 +254,101 @@ def test_other_sentences_are_cut_to_other_sent_limit_and_double_demo_doubles_the
     assert tokenizer.decode(cut.input_ids).split("[SEP]")[1].split() == ["a", "big", "is", "bad", "[UNK]"]
     assert len(demos.demonstration_input(query, shown, template, tokenizer, words, 10).input_ids) == 10
     assert len(demos.demonstration_input(query, shown, template, tokenizer, words, 10, double_demo=True).input_ids) == 20
+
+
+# ---------------------------------------------------------------- in the training loop
+
+def _tiny_cloze(regression=False):
+    from omegaconf import OmegaConf
+
+    from peltbench.methods import build_pelt_model
+    from peltbench.methods.base import Cloze
+    from peltbench.tiny import tiny_masked_lm, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("bert")
+    words = tuple(tokenizer.convert_tokens_to_ids(["bad", "good"]))
+    method = OmegaConf.create(packaged_config("method/ft.yaml"))
+    model = build_pelt_model(tiny_masked_lm("bert", dropout=0.0), method, 42,
+                             cloze=Cloze((words,), tokenizer.mask_token_id, regression))
+    return model, tokenizer, words
+
+
+SENTENCES = ["the cat sat on the mat", "a dog ran", "the big red car", "this film is very good", "a bad movie",
+             "the man sleeps", "it was not happy", "a small blue house"]
+
+
+def _sst2_like(n, seed):
+    rng = np.random.default_rng(seed)
+    return [[" ".join(rng.choice(SENTENCES, 2))] for _ in range(n)], np.array([i % 2 for i in range(n)])
+
+
+def _sets(tokenizer, words, num_sample=3, model_seed=13, data_seed=13):
+    sst2 = task("sst-2")
+    setting = demos.Setting(num_sample=num_sample, max_length=64)
+    return demos.demonstration_sets(sst2, _sst2_like(8, 0), [_sst2_like(6, 1), _sst2_like(5, 2)],
+                                    "*cls**sent_0*_It_was*mask*.*sep+*", tokenizer, words, setting, model_seed,
+                                    data_seed)
+
+
+def test_the_training_loop_draws_each_steps_demonstrations_and_evaluates_the_mean_of_the_samples():
+    from peltbench.train import EvaluationSet, GroupSettings, Member, TrainSettings, evaluate, fit
+
+    model, tokenizer, words = _tiny_cloze()
+    train, (dev, test) = _sets(tokenizer, words)
+    assert (len(dev), dev.samples, len(test)) == (18, 3, 15) and dev.labels.tolist() == [0, 1, 0, 1, 0, 1] * 3
+    drawn = []
+    original = train.draw
+    train.draw = lambda step, rows: (drawn.append((step, list(rows), [list(train.input_ids[r]) for r in rows])),
+                                     original(step, rows))
+    results = []
+    sst2 = task("sst-2")
+    settings = TrainSettings(lr=1e-3, epochs=None, patience=None, seed=13, data_seed=13, steps=4, eval_every=2)
+    fit(model, [Member("demo", train, dev, test, settings)], sst2, GroupSettings(batch_size=4), lambda i, r: results.append(r))
+    assert [step for step, _, _ in drawn] == [0, 1, 2, 3]  # before every step, its rows
+    assert all(len(rows) == 4 for _, rows, _ in drawn)
+    # the inputs are a function of the run's seeds, the step and the row: rebuilt alike from scratch
+    fresh = demos.DemonstrationTrain(train.rows, train.labels, train.pools, train.classes, train.wanted, train.prompt,
+                                     train.setting, 13, 13)
+    fresh.draw(3, drawn[3][1])
+    assert [fresh.input_ids[r] for r in drawn[3][1]] == [train.input_ids[r] for r in drawn[3][1]]
+    # each step's rows get demonstrations drawn for that step: over the 4 steps, some row is shown other ones
+    shown = {}
+    for step in range(4):
+        fresh.draw(step, range(8))
+        for row in range(8):
+            shown.setdefault(row, set()).add(tuple(fresh.input_ids[row]))
+    assert max(len(inputs) for inputs in shown.values()) > 1
+    [result] = results
+    # the test score is that of the mean of each row's three inputs' logits
+    model.members.set_active([0], torch_device())
+    scores, _, [outputs] = evaluate(model, [EvaluationSet(test, GroupSettings())], sst2, GroupSettings(), "test", keep=True)
+    alone = [evaluate(model, [EvaluationSet(_one_sample(test, s), GroupSettings())], sst2, GroupSettings(), "test",
+                      keep=True)[2][0] for s in range(3)]
+    np.testing.assert_allclose(outputs, np.mean(alone, axis=0), rtol=1e-5, atol=1e-6)
+    assert outputs.shape == (5, 2) and result.logits.shape == (5, 2)
+
+
+def torch_device():
+    import torch
+
+    return torch.device("cpu")
+
+
+def _one_sample(encoded, sample):
+    n = len(encoded) // encoded.samples
+    part = slice(sample * n, (sample + 1) * n)
+    from peltbench.data import Encoded
+
+    return Encoded(encoded.input_ids[part], encoded.token_type_ids[part], encoded.labels[part])
+
+
+def test_a_regression_tasks_samples_average_as_scores():
+    from peltbench.train import mean_over_samples, predicted
+
+    stsb = task("sts-b")
+    p_high = np.array([[0.2, 0.9], [0.6, 0.5]])  # (samples, rows)
+    outputs = np.log(np.stack([1 - p_high, p_high], axis=-1)).reshape(4, 2).astype(np.float32)
+    scores = predicted(mean_over_samples(outputs, 2, stsb), stsb)
+    np.testing.assert_allclose(scores, (p_high.mean(axis=0)) * 5, rtol=1e-6)  # LM-BFF: the mean of the scores
+    logits = np.arange(12, dtype=np.float32).reshape(6, 2)
+    np.testing.assert_allclose(mean_over_samples(logits, 3, task("sst-2")), logits.reshape(3, 2, 2).mean(axis=0))
