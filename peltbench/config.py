@@ -21,6 +21,7 @@ from .packaged import options, packaged_config
 from .passes import once
 from .plain import Plain, once_per_node
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
+from .cloze import check_architecture as check_cloze_model, check_prompt, is_cloze, prompt_of
 from .tasks import CLOZE_KEYS, DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
@@ -216,7 +217,20 @@ def check_config(cfg: DictConfig) -> None:
     _once(check_method, cfg.method, _VALID_METHODS)
     check_planned_steps(cfg)
     check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
+    if is_cloze(cfg):
+        check_cloze(cfg)
     once_per_node(check_logger, cfg.get("logger"), check_logger)
+
+
+def check_cloze(cfg: DictConfig) -> None:
+    """objective=cloze: its prompt (template, label words' classes) and a model that has a masked-LM head, before
+    torch (peltbench.cloze); its label words' being one token each is checked with the tokenizer (runner)."""
+    from .tasks import TaskSpec
+
+    task = once_per_node("cloze task", cfg.task, TaskSpec.from_config)
+    check_prompt(prompt_of(cfg, task), task)
+    name = str(cfg.get("model", {}).get("name", ""))
+    once("cloze model", name, lambda name: check_cloze_model(name, local_model_config(name)))
 
 
 def _valid_value(settings: list, value) -> bool:
