@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import UserError
 from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentError, builtin_files, builtin_names,
                         declaration, evaluate, is_builtin)
+from .objectives import check_objective
 from .packaged import options, packaged_config
 from .passes import once
 from .plain import Plain, once_per_node
@@ -211,6 +212,7 @@ def check_config(cfg: DictConfig) -> None:
     _once(check_task, cfg.task, _VALID_TASKS)
     once_per_node(check_schedule, cfg.train, check_schedule)
     check_protocol(cfg)
+    check_objective(cfg)
     check_halving(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
@@ -811,7 +813,7 @@ def _check_protocol_keys(protocol) -> None:
         raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(settings))}")
 
 
-SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol")  # checked by their own functions, or Hydra's
+SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol", "objective")  # checked by their own functions, or Hydra's
 _KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose keys _check_leaves found right
 
 
