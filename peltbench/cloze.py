@@ -54,8 +54,11 @@ def class_keys(task) -> list[str]:
 
 
 def prompt_of(cfg, task) -> Prompt:
-    """The run's prompt from its objective node (where the objective file took the task's `cloze:` values)."""
-    node = cfg.objective
+    """The run's prompt: each setting of its objective node, or where that is null the task file's `cloze:` value."""
+    given = cfg.task.get("cloze") or {}
+    node = {key: given.get(key) if cfg.objective.get(key) is None else cfg.objective.get(key)
+            for key in ("template", "label_words", "first_sent_limit", "other_sent_limit")}
+    node["truncate_head"] = cfg.objective.get("truncate_head", False)
     where = f"objective=cloze on task {task.name}"
     if node.get("template") is None:
         raise UserError(f"{where}: no template: the task file names none (task.cloze.template) and "
@@ -63,12 +66,12 @@ def prompt_of(cfg, task) -> Prompt:
     if node.get("label_words") is None:
         raise UserError(f"{where}: no label words: the task file names none (task.cloze.label_words) and "
                         f"objective.label_words is not set (e.g. 'objective.label_words={{0: terrible, 1: great}}')")
-    words = node.label_words
+    words = node["label_words"]
     if not isinstance(words, Mapping) and not hasattr(words, "items"):
         raise UserError(f"{where}: label_words must map each class to a word, e.g. {{0: terrible, 1: great}}, not "
                         f"{words!r}")
     pairs = tuple((str(key), _word(word)) for key, word in words.items())
-    return Prompt(str(node.template), pairs, _limit(node, "first_sent_limit", where),
+    return Prompt(str(node["template"]), pairs, _limit(node, "first_sent_limit", where),
                   _limit(node, "other_sent_limit", where), bool(node.get("truncate_head", False)))
 
 

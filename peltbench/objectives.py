@@ -23,7 +23,7 @@ from functools import lru_cache
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
-from .component import Setting
+from .component import Rule, Setting
 from .packaged import options, packaged_config
 from .plain import once_per_node
 
@@ -44,11 +44,34 @@ class Objective:
     # the value `before` where they do not tell (a sweep's plan, peltbench-missing); strict (the run itself, before
     # its folder is chosen): the Hub asked where it can be, else refused in one line.
     resolve: Callable[[dict, str, bool], dict] | None = None
+    # Settings a null leaves to the task file (the cloze objective's prompt: the task's `cloze:` block): the run's
+    # identity holds the task's value, its folder only a value given for the objective itself
+    from_task: str | None = None
     label: str = ""  # its name in tables and captions
 
 
+def _optional(valid: Callable[[object], bool], must: str) -> Rule:
+    return Rule(lambda value: value is None or valid(value), must)
+
+
+_LIMIT = _optional(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                   "must be a positive number of tokens, or null (no limit)")
 OBJECTIVES: dict[str, Objective] = {
     "classifier": Objective(label="classifier"),
+    # LM-BFF's prompt-based fine-tuning (peltbench/cloze.py, templates.py; docs/protocol.md §12)
+    "cloze": Objective(settings={
+        "template": Setting(_optional(lambda v: isinstance(v, str) and bool(v), "must be a template in LM-BFF's "
+                                      "language, e.g. '*cls**sent_0*_It_was*mask*.*sep+*', or null (the task's)"),
+                            "LM-BFF's template, one *mask* (null: the task file's cloze.template)"),
+        "label_words": Setting(_optional(lambda v: isinstance(v, (dict, Mapping, DictConfig)) and len(v) > 0,
+                                         "must map each class to a word, e.g. {0: terrible, 1: great}, or null (the "
+                                         "task's)"),
+                               "one word per class, keyed by its name or id (null: the task file's cloze.label_words)"),
+        "first_sent_limit": Setting(_LIMIT, "tokens kept of sentence 0 (LM-BFF's --first_sent_limit; null: the task's)"),
+        "other_sent_limit": Setting(_LIMIT, "tokens kept of every other sentence (LM-BFF's --other_sent_limit)"),
+        "truncate_head": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
+                                 "cut a row that is too long at its head instead of its tail (LM-BFF's --truncate_head)"),
+    }, from_task="cloze", label="cloze"),
 }
 # What a config without an `objective` node ran (every record made before objectives existed): the default objective
 # at its `before` values. An identity without an `objective` part is this.
@@ -145,8 +168,23 @@ def resolved(cfg, strict: bool = False) -> dict | None:
 
 def identity(cfg) -> dict | None:
     """What of the objective enters a run's identity (record.semantic_config): its resolved node, less each setting
-    at its `before` value; None where that leaves the default objective alone (and for a config without a node), so
-    every record made before objectives keeps its hash."""
+    at its `before` value, a null the objective leaves to the task (`from_task`) as the task file has it; None where
+    that leaves the default objective alone (and for a config without a node), so every record made before
+    objectives keeps its hash."""
+    kept = _settings(cfg)
+    if kept is None:
+        return None
+    objective = OBJECTIVES.get(str(kept.get("name")))
+    if objective is not None and objective.from_task:
+        given = (cfg.get("task") or {}).get(objective.from_task) or {}
+        kept = {key: (given.get(key) if value is None else value) for key, value in kept.items()}
+        kept = {key: {str(k): v for k, v in _plain(value).items()} if isinstance(value, (dict, Mapping, DictConfig))
+                else value for key, value in kept.items()}  # label words: keyed as text (YAML's 0 and '0' alike)
+    return None if kept == {"name": DEFAULT} else kept
+
+
+def _settings(cfg) -> dict | None:
+    """The resolved node less each setting at its `before` value (None: no node, or the default objective alone)."""
     node = resolved(cfg)
     if node is None:
         return None
@@ -160,7 +198,7 @@ def departures(cfg) -> list[tuple[str, object]]:
     """(key, value) the run's folder names for its objective (record.variant_name) and the tables' label keeps apart
     (tables.comparability): `objective=NAME` for another objective than the default, then `objective.KEY=VALUE` for
     each setting whose resolved value departs from its `before` value, else from its file's default."""
-    node = identity(cfg)
+    node = _settings(cfg)  # a value the objective leaves to the task file is the task's, not a departure
     if node is None:
         return []
     name = str(node["name"])

@@ -108,7 +108,7 @@ def test_the_tables_never_pool_another_objective_with_the_classifier(probe):
 
 @pytest.mark.parametrize("override, message", [
     ("+objective.depth=3", "objective.depth: not a setting of objective classifier; it has name"),
-    ("objective.name=nope", "objective=nope: no such objective; choose from classifier"),
+    ("objective.name=nope", "objective=nope: no such objective; choose from classifier, cloze"),
 ])
 def test_a_bad_objective_is_refused_in_one_line(override, message):
     with pytest.raises(UserError) as error:
