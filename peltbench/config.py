@@ -231,6 +231,10 @@ def check_cloze(cfg: DictConfig) -> None:
 
     task = once_per_node("cloze task", cfg.task, TaskSpec.from_config)
     check_prompt(prompt_of(cfg, task), task)
+    if cfg.objective.get("demonstrations"):
+        from .demonstrations import check_demonstrations  # the data's side of the objective: no torch
+
+        check_demonstrations(cfg, task)
     name = str(cfg.get("model", {}).get("name", ""))
     once("cloze model", name, lambda name: check_cloze_model(name, local_model_config(name)))
 

@@ -432,3 +432,66 @@ class CachedEncode:
 
     def __getattr__(self, name):
         return getattr(self.tokenizer, name)
+
+
+# ---------------------------------------------------------------- a run's settings
+
+def wanted(cfg) -> bool:
+    """Whether a run appends demonstrations (objective=cloze, objective.demonstrations=true)."""
+    objective = cfg.get("objective") if hasattr(cfg, "get") else None
+    return objective is not None and objective.get("name") == "cloze" and bool(objective.get("demonstrations"))
+
+
+def setting_of(cfg, task) -> Setting:
+    """A run's demonstration setting: its objective's values, or where one is null the task file's `cloze:` value,
+    else LM-BFF's default (run_experiment.sh: 16 sets; no double length)."""
+    given = cfg.task.get("cloze") or {}
+    objective = cfg.objective
+
+    def value(key, default):
+        chosen = objective.get(key)
+        chosen = given.get(key) if chosen is None else chosen
+        return default if chosen is None else chosen
+
+    from .cloze import prompt_of
+
+    prompt = prompt_of(cfg, task)
+    return Setting(num_sample=int(value("num_sample", 16)), max_length=int(cfg.train.max_length),
+                   first_sent_limit=prompt.first_sent_limit, other_sent_limit=prompt.other_sent_limit,
+                   double_demo=bool(value("double_demo", False)),
+                   filter=None if objective.get("demo_filter") is None else str(objective.demo_filter),
+                   filter_rate=float(objective.get("demo_filter_rate", 0.5)))
+
+
+def check_demonstrations(cfg, task) -> None:
+    """Before torch: a regression task that can be classed, a task file's values of the right kind, and a filter's
+    sentence encoder that is a checkpoint folder whose pooling peltbench reads."""
+    if task.is_regression:
+        median(task)
+    given = cfg.task.get("cloze") or {}
+    count = given.get("num_sample")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise UserError(f"task.cloze.num_sample={count}: must be a positive number of demonstration sets")
+    double = given.get("double_demo")
+    if double is not None and not isinstance(double, bool):
+        raise UserError(f"task.cloze.double_demo={double}: must be true or false")
+    path = cfg.objective.get("demo_filter")
+    if path is not None:
+        folder = Path(os.path.expanduser(str(path)))
+        if not (folder / "config.json").is_file():
+            raise UserError(f"objective.demo_filter={path}: not a checkpoint folder (no config.json there); give the "
+                            f"folder of a sentence encoder, e.g. all-MiniLM-L6-v2's")
+        sentence_pooling(folder)
+
+
+def run_sets(cfg, task, tokenizer, splits) -> tuple[DemonstrationTrain, Encoded, Encoded]:
+    """A run's training, dev and test sets with demonstrations (runner.prepare_member): `splits` are (split, rows)
+    of each."""
+    from .cloze import prompt_label_ids, prompt_of
+
+    prompt = prompt_of(cfg, task)
+    texts = [([[texts[int(i)] for texts in split.texts] for i in rows], split.labels[rows]) for split, rows in splits]
+    train, (dev, test) = demonstration_sets(task, texts[0], texts[1:], prompt.template, tokenizer,
+                                            prompt_label_ids(prompt, task, tokenizer), setting_of(cfg, task),
+                                            int(cfg.model_seed), int(cfg.seed))
+    return train, dev, test

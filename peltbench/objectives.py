@@ -71,7 +71,26 @@ OBJECTIVES: dict[str, Objective] = {
         "other_sent_limit": Setting(_LIMIT, "tokens kept of every other sentence (LM-BFF's --other_sent_limit)"),
         "truncate_head": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
                                  "cut a row that is too long at its head instead of its tail (LM-BFF's --truncate_head)"),
-    }, from_task="cloze", label="cloze"),
+        # demonstrations (LM-BFF's prompt-demo; peltbench/demonstrations.py, docs/protocol.md §13)
+        "demonstrations": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
+                                  "append one training row of each class to every input (LM-BFF's prompt-demo)"),
+        "num_sample": Setting(_optional(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                                        "must be a positive number of demonstration sets, or null (the task's)"),
+                              "demonstration sets per evaluation row, outputs averaged (LM-BFF's --num_sample; null: "
+                              "the task file's cloze.num_sample, else 16)"),
+        "double_demo": Setting(_optional(lambda v: isinstance(v, bool), "must be true, false or null (the task's)"),
+                               "inputs with demonstrations get twice train.max_length (LM-BFF's --double_demo; null: "
+                               "the task file's, else false)"),
+        "demo_filter": Setting(_optional(lambda v: isinstance(v, str) and bool(v), "must be the folder of a sentence "
+                                         "encoder (e.g. all-MiniLM-L6-v2's), or null (no filter)"),
+                               "demonstrations only among the training rows most similar to the row, by this sentence "
+                               "encoder (LM-BFF's --demo_filter)"),
+        "demo_filter_rate": Setting(Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+                                         "must be a share in (0, 1]"),
+                                    "the share of each class's training rows the filter keeps (LM-BFF's "
+                                    "--demo_filter_rate)"),
+    }, before={"demonstrations": False, "demo_filter": None, "demo_filter_rate": 0.5}, from_task="cloze",
+        label="cloze"),
 }
 # What a config without an `objective` node ran (every record made before objectives existed): the default objective
 # at its `before` values. An identity without an `objective` part is this.

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
 from . import checkpoint as checkpoints
+from . import demonstrations
 from .cloze import is_cloze, prompt_label_ids, prompt_of
 from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit, few_shot_warning
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
@@ -304,11 +305,17 @@ def prepare_member(cfg: DictConfig, task: TaskSpec, tokenizer, name: str) -> tup
     if is_cloze(cfg):  # each row built by the run's template; its label words one token each, or refused here
         prompt = prompt_of(cfg, task)
         prompt_label_ids(prompt, task, tokenizer)
+    if demonstrations.wanted(cfg):  # each input with one training row of each class (LM-BFF's prompt-demo)
+        sets = demonstrations.run_sets(cfg, task, tokenizer, [(train_split, train_rows), (dev_split, dev_rows),
+                                                              (test_split, test_rows)])
+    else:
+        sets = [encode(split, rows, tokenizer, length, prompt)
+                for split, rows in ((train_split, train_rows), (dev_split, dev_rows), (test_split, test_rows))]
     member = Member(
         name=name,
-        train=encode(train_split, train_rows, tokenizer, length, prompt),
-        dev=encode(dev_split, dev_rows, tokenizer, length, prompt),
-        test=encode(test_split, test_rows, tokenizer, length, prompt),
+        train=sets[0],
+        dev=sets[1],
+        test=sets[2],
         settings=TrainSettings(lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience,
                                grad_clip=cfg.train.grad_clip, seed=cfg.model_seed, data_seed=cfg.seed,
                                steps=cfg.train.get("max_steps"), eval_every=cfg.train.get("eval_every")),

@@ -352,3 +352,55 @@ def test_a_regression_tasks_samples_average_as_scores():
     np.testing.assert_allclose(scores, (p_high.mean(axis=0)) * 5, rtol=1e-6)  # LM-BFF: the mean of the scores
     logits = np.arange(12, dtype=np.float32).reshape(6, 2)
     np.testing.assert_allclose(mean_over_samples(logits, 3, task("sst-2")), logits.reshape(3, 2, 2).mean(axis=0))
+
+
+# ---------------------------------------------------------------- a run end to end
+
+@pytest.fixture(scope="module")
+def tiny_mlm(tmp_path_factory):
+    from peltbench.tiny import save_tiny_encoder
+
+    return save_tiny_encoder("bert", tmp_path_factory.mktemp("tiny-mlm"), masked_lm=True)
+
+
+def demo_config(checkpoint, glue, results, *more):
+    from conftest import compose_config
+
+    return compose_config("method=ft", "task=sst2", "objective=cloze", "objective.demonstrations=true",
+                          "objective.num_sample=2", "objective.label_words={0: bad, 1: good}", "protocol=lmbff",
+                          "k=4", "seed=13", "train.max_steps=6", "train.eval_every=2", "train.batch_size=4",
+                          "method.lr=1e-3", f"model.name={checkpoint}", f"data.dir={glue}", f"results_dir={results}",
+                          *more)
+
+
+def test_a_run_with_demonstrations_trains_and_is_its_own_variant(tiny_mlm, glue_dir, tmp_path):
+    from peltbench.record import record_path
+    from peltbench.runner import run_group
+
+    cfg = demo_config(tiny_mlm, glue_dir, tmp_path)
+    [outcome] = run_group([cfg])
+    assert outcome.status == "ok", outcome
+    path = record_path(cfg, tmp_path)
+    assert "objective.demonstrations=true" in str(path).lower()  # its own folder
+    record = json.loads(path.read_text())
+    assert record["config"]["objective"]["demonstrations"] is True and record["test_examples"] == 24
+    plain = demo_config(tiny_mlm, glue_dir, tmp_path, "objective.demonstrations=false")
+    assert "demonstrations" not in str(record_path(plain, tmp_path).relative_to(tmp_path))
+
+
+def test_a_run_with_demonstrations_stopped_mid_way_resumes_to_the_uninterrupted_record(tiny_mlm, glue_dir, tmp_path,
+                                                                                       monkeypatch):
+    """The training draws are a function of the run's seeds, the step and the row: a resumed run draws what the
+    uninterrupted one drew, and writes its record (tests/test_checkpoint.py's machinery)."""
+    from test_checkpoint import records, run_again, signal_at_step
+
+    from peltbench.runner import run_group
+
+    [whole] = run_group([demo_config(tiny_mlm, glue_dir, tmp_path / "whole")])
+    signal_at_step(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run_group([demo_config(tiny_mlm, glue_dir, tmp_path / "stopped")])
+    trained = run_again(monkeypatch)
+    [resumed] = run_group([demo_config(tiny_mlm, glue_dir, tmp_path / "stopped")])
+    assert trained == [3, 4, 5] and resumed.status == whole.status == "ok"
+    assert records(tmp_path / "stopped") == records(tmp_path / "whole")
