@@ -363,10 +363,10 @@ def tiny_mlm(tmp_path_factory):
     return save_tiny_encoder("bert", tmp_path_factory.mktemp("tiny-mlm"), masked_lm=True)
 
 
-def demo_config(checkpoint, glue, results, *more):
+def demo_config(checkpoint, glue, results, *more, method="ft"):
     from conftest import compose_config
 
-    return compose_config("method=ft", "task=sst2", "objective=cloze", "objective.demonstrations=true",
+    return compose_config(f"method={method}", "task=sst2", "objective=cloze", "objective.demonstrations=true",
                           "objective.num_sample=2", "objective.label_words={0: bad, 1: good}", "protocol=lmbff",
                           "k=4", "seed=13", "train.max_steps=6", "train.eval_every=2", "train.batch_size=4",
                           "method.lr=1e-3", f"model.name={checkpoint}", f"data.dir={glue}", f"results_dir={results}",
@@ -404,3 +404,44 @@ def test_a_run_with_demonstrations_stopped_mid_way_resumes_to_the_uninterrupted_
     [resumed] = run_group([demo_config(tiny_mlm, glue_dir, tmp_path / "stopped")])
     assert trained == [3, 4, 5] and resumed.status == whole.status == "ok"
     assert records(tmp_path / "stopped") == records(tmp_path / "whole")
+
+
+def test_runs_with_and_without_demonstrations_fuse_each_as_it_trains_alone(tiny_mlm, glue_dir, tmp_path):
+    """A fused group of LoRA runs (docs/fused.md): each member its own inputs, demonstrations drawn by its own seeds, its own
+    evaluation sets; each record as its run's alone."""
+    from conftest import assert_trained_alike
+
+    from peltbench.runner import run_group
+
+    variants = [("objective.demonstrations=true",), ("objective.demonstrations=true", "seed=21"),
+                ("objective.demonstrations=false",)]
+    fused = run_group([demo_config(tiny_mlm, glue_dir, tmp_path / "fused", *more, method="lora") for more in variants])
+    assert [outcome.status for outcome in fused] == ["ok"] * 3 and fused[0].record["fused"]["size"] == 3
+    for more, together in zip(variants, fused):
+        [alone] = run_group([demo_config(tiny_mlm, glue_dir, tmp_path / "alone", *more, method="lora")])
+        assert_trained_alike(alone.record, together.record, str(more))
+
+
+def test_a_filter_encoder_that_is_not_a_folder_is_refused_before_the_run(tiny_mlm, glue_dir, tmp_path, in_process):
+    result = in_process("method=ft", "task=sst2", "objective=cloze", "objective.demonstrations=true",
+                        f"objective.demo_filter={tmp_path / 'nowhere'}", "protocol=lmbff", f"model.name={tiny_mlm}",
+                        f"data.dir={glue_dir}", f"results_dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 2 and "objective.demo_filter=" in result.stderr and "not a checkpoint folder" in result.stderr
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_a_filtered_run_keeps_the_similar_rows_of_each_class(tiny_mlm, tiny_checkpoint, glue_dir, tmp_path):
+    """objective.demo_filter: the tiny BERT as the sentence encoder (mean pooling: it has no 1_Pooling)."""
+    from peltbench.model import load_tokenizer
+    from peltbench.runner import prepare_member
+    from peltbench.tasks import TaskSpec
+
+    cfg = demo_config(tiny_mlm, glue_dir, tmp_path, f"objective.demo_filter={tiny_checkpoint}",
+                      "objective.demo_filter_rate=0.5")
+    spec = TaskSpec.from_config(cfg.task)
+    member, _ = prepare_member(cfg, spec, load_tokenizer(str(tiny_mlm)), "filtered")
+    # 8 training rows in 2 classes: int(7 // 2 * 0.5) = 1 candidate per class for each row, int(8 // 2 * 0.5) = 2 at
+    # evaluation
+    assert all(len(pool) == 2 for pool in member.train.pools)
+    assert sorted(member.train.classes[pool].tolist() for pool in member.train.pools)[0] == [0, 1]
+    assert len(member.dev) == 2 * 8 and member.dev.samples == 2
