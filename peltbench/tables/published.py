@@ -10,10 +10,11 @@ of the records), printed with the same number of decimals as the paper's number 
 table used (`TABLES`): the caption names both, and warns when they differ.
 
 A table whose rows are one method under several objectives (LM-BFF's fine-tuning, prompt-based fine-tuning, with
-demonstrations) has a `variant` column: what the rows' runs have in their protocol label beside the protocol and the
-precision (e.g. `objective=cloze`), and a `row` column, the paper's name of the row. A render pools one label, so
-ours stands beside the row of its variant; the other rows show the paper's numbers alone (their runs are other
-renders: `peltbench-tables --protocol ...`).
+demonstrations) has a `variant` column: the objective parts of the rows' runs' protocol label (`objective=cloze`; ""
+the classifier's), and a `row` column, the paper's name of the row. A render pools one label, so ours stands beside
+the row of its variant; the other rows show the paper's numbers alone (their runs are other renders:
+`peltbench-tables --protocol ...`). Any other part of the label (`train.max_steps=100`) departs from the table's
+protocol, and the caption warns.
 """
 import re
 from pathlib import Path
@@ -51,7 +52,8 @@ ROW_NAMES = {"lora_r8": "lora", "oft_b16": "oft", "boft_m2_b8": "boft", "hra_r8"
 AVERAGES = ("avg", "all")  # the papers' average column
 # columns that are no task: the trainable parameters as a count, or as the percentage of the model a paper prints
 NOT_TASKS = ("method", "variant", "row", "params", "params_percent", *AVERAGES)
-LABEL_KEYS = ("protocol", "precision")  # what of a render's label is not its variant
+LABEL_KEYS = ("protocol", "precision")  # what of a render's label is neither its variant nor a departure
+OBJECTIVE = "objective"  # a label's objective parts (objectives.departures) choose a variant table's row
 METRIC_ROW = "metric"      # the CSV row naming each column's metric (a record's test_<metric>)
 METRIC_WORDS = {"accuracy": "Acc.", "f1": "F1", "mcc": "MCC", "pearson": "Pearson", "spearman": "Spearman"}
 
@@ -97,14 +99,24 @@ def _number(text):
 
 
 def variant_of(label):
-    """A render's variant: its protocol label's parts but the protocol and the precision (`objective=cloze`), in
-    their order; "" for the protocol's own classifier runs."""
-    return ",".join(f"{key}={value}" for key, value in parse_protocol(label).items() if key not in LABEL_KEYS)
+    """A render's variant: its protocol label's objective parts (`objective=cloze`, in their order); "" for the
+    classifier's runs."""
+    return ",".join(f"{key}={value}" for key, value in parse_protocol(label).items() if key.startswith(OBJECTIVE))
+
+
+def other_departures(label):
+    """What else a render's label has beside its protocol, precision and objective: settings off the protocol's own
+    (`train.max_steps=100`), which a published table's runs did not have."""
+    return ",".join(f"{key}={value}" for key, value in parse_protocol(label).items()
+                    if key not in LABEL_KEYS and not key.startswith(OBJECTIVE))
 
 
 def _variant(text):
-    """A CSV's variant as a label's parts would spell it (canonical values, `protocol_label`'s order)."""
-    return variant_of(protocol_label_order(f"{text},precision=fp32")) if text.strip() else ""
+    """A CSV's variant as a label's parts would spell it (canonical values, `protocol_label`'s order); a word (LM-BFF's
+    `zero-shot`, no run of peltbench's) stays itself, which no render's variant is."""
+    if "=" not in text:
+        return text.strip()
+    return variant_of(protocol_label_order(f"{text},precision=fp32"))
 
 
 def matching_table(published, model):
@@ -155,7 +167,8 @@ def published_markdown(table, cells, stem, caption, variant=""):
     for index, (method, mine, name) in enumerate(keys):
         shown = cells if mine else {}
         key = (index, method) if "row" in table.columns else method  # a row's printed numbers
-        row = [_row_label(method, name, variants.get(index, variant)),
+        shown_variant = table["variant"][index] if "variant" in table.columns and index in table.index else variant
+        row = [_row_label(method, name, shown_variant),
                *(_cell(shown.get((method, task)), printed.get((key, task)), task, printed) for task in tasks)]
         if average:
             row.append(_average_cell(method, shown, tasks, table, average, key))
@@ -238,6 +251,9 @@ def _write_one(out, runs, render, table, stem, statistic):
     variant = variant_of(render.selection.protocol)
     warning = ("" if pooled == protocol else f"**Warning: these runs are of protocol {pooled}, the published table's "
                f"is {protocol}: not like with like.** ")
+    departs = other_departures(render.selection.protocol) if "variant" in table.columns else ""
+    if departs:
+        warning += f"**Warning: these runs depart from protocol {protocol} ({departs}): not like with like.** "
     spread = (f" (and the standard deviation, ddof {ddof}, as the paper's)" if any(
         MEAN_STD.match(text) for text in table.attrs["printed"].values()) else "")
     rows = (f" Ours stand in the rows of this render's variant ({variant or 'the classifier'}); the other rows show "
