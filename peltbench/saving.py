@@ -29,7 +29,7 @@ import torch
 from . import UserError, __version__
 from .files import write_file, write_with
 from .component import declaration
-from .methods import component, member_head, member_shapes, member_state
+from .methods import component, label_words, member_head, member_shapes, member_state
 from .record import SAVED, config_hash
 
 WEIGHTS = SAVED["weights"]
@@ -45,7 +45,7 @@ def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
     head even where the method leaves it frozen at its random init (prefix, LoRA): a copy needs it."""
     state = member_state(model, slot)
     tensors = {name: state[name][tuple(slice(0, n) for n in shape)].contiguous().cpu()
-               for name, shape in member_shapes(method, config).items()}
+               for name, shape in member_shapes(method, config, label_words(model)).items()}
     tensors.update({name: tensor.cpu() for name, tensor in member_head(model, slot).items()})
     return tensors
 
