@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import compose_config, tiny_run_overrides
+from test_checkpoint import no_signal_left  # noqa: F401  (autouse: no stop signal left between tests)
 from peltbench import UserError
 from peltbench.config import check_config
 from peltbench.fusion import plan_groups
@@ -114,3 +115,20 @@ def test_a_cloze_run_saved_reloads_and_its_peft_copy_scores_the_label_words(mask
     theirs = peft(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, row.mask_pos, words]
     assert (ours[0] - loaded.model.head.out.bias[0]).abs().max() > 0  # a real score, not the bias alone
     torch.testing.assert_close(ours[0], theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cloze_run_stopped_inside_an_epoch_resumes_to_its_uninterrupted_record(masked_lm, glue_dir, tmp_path,
+                                                                                  monkeypatch):
+    from test_checkpoint import records, run_again, signal_at_step
+
+    def config(where: str):
+        return cloze_config(masked_lm, glue_dir, tmp_path / where, "train.batch_size=4", "train.epochs=2",
+                            method="adapter")
+    [reference] = run_group([config("whole")])
+    signal_at_step(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        run_group([config("stopped")])
+    trained = run_again(monkeypatch)
+    [resumed] = run_group([config("stopped")])
+    assert trained == [6, 7] and resumed.status == reference.status == "ok"
+    assert records(tmp_path / "stopped") == records(tmp_path / "whole")
