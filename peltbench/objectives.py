@@ -16,6 +16,9 @@ to a run's identity or folder: every record made before keeps its hash and folde
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -207,8 +210,19 @@ def departures(cfg) -> list[tuple[str, object]]:
     parts: list[tuple[str, object]] = [] if name == DEFAULT else [("objective", name)]
     for key, value in node.items():
         if key != "name" and value != before.get(key, defaults.get(key)):
-            parts.append((f"objective.{key}", value))
+            parts.append((f"objective.{key}", _shown(value)))
     return parts
+
+
+def _shown(value):
+    """A setting's value as a folder name and a table label hold it: itself where it is a plain word or number, else
+    (a template, label words: stars, commas, braces that a label `k=v,k=v` cannot carry) `sha-` and 8 hex digits of its
+    sha256; the record's config holds it whole."""
+    if isinstance(value, (bool, int, float)) or value is None or (isinstance(value, str) and re.fullmatch(r"[\w.\-]+", value)):
+        return value
+    plain = _plain(value) if isinstance(value, (dict, Mapping, DictConfig)) else value
+    text = json.dumps({str(k): v for k, v in plain.items()} if isinstance(plain, dict) else plain, sort_keys=True)
+    return "sha-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def group_key(cfg) -> tuple:

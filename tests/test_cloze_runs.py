@@ -132,3 +132,23 @@ def test_a_cloze_run_stopped_inside_an_epoch_resumes_to_its_uninterrupted_record
     [resumed] = run_group([config("stopped")])
     assert trained == [6, 7] and resumed.status == reference.status == "ok"
     assert records(tmp_path / "stopped") == records(tmp_path / "whole")
+
+
+def test_a_runs_prompt_is_part_of_its_identity_and_only_a_prompt_of_its_own_names_its_folder():
+    """The task file's prompt (the packaged one: LM-BFF's) is in the identity, not the folder; a prompt given on the
+    command line is in both (as a digest in the folder); the same prompt given either way is one run."""
+    from peltbench.record import config_hash, variant_name
+
+    packaged = compose_config("method=lora", "task=sst2", "objective=cloze")
+    assert variant_name(packaged) == "lora,objective=cloze"
+    assert variant_name(compose_config("method=lora", "task=sst2")) == "lora"
+    template = "*cls**sent_0*_A*mask*_film.*sep+*"
+    in_task = compose_config("method=lora", "task=sst2", "objective=cloze")
+    in_task.task.cloze.template = template
+    assert variant_name(in_task) == variant_name(packaged) and config_hash(in_task) != config_hash(packaged)
+    given = compose_config("method=lora", "task=sst2", "objective=cloze", f"objective.template='{template}'")
+    assert config_hash(given) == config_hash(in_task)
+    assert variant_name(given).startswith("lora,objective=cloze,objective.template=sha-")
+    classifier = compose_config("method=lora", "task=sst2")
+    classifier.task.cloze.template = template  # a classifier run never reads the prompt
+    assert config_hash(classifier) == config_hash(compose_config("method=lora", "task=sst2"))
