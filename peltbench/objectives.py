@@ -70,10 +70,11 @@ OBJECTIVES: dict[str, Objective] = {
                                          "must map each class to a word, e.g. {0: terrible, 1: great}, or null (the "
                                          "task's)"),
                                "one word per class, keyed by its name or id (null: the task file's cloze.label_words)"),
-        "first_sent_limit": Setting(_LIMIT, "tokens kept of sentence 0 (LM-BFF's --first_sent_limit; null: the task's)"),
+        "first_sent_limit": Setting(_LIMIT, "tokens kept of sentence 0 (LM-BFF's --first_sent_limit; null: the "
+                                            "task's)"),
         "other_sent_limit": Setting(_LIMIT, "tokens kept of every other sentence (LM-BFF's --other_sent_limit)"),
         "truncate_head": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
-                                 "cut a row that is too long at its head instead of its tail (LM-BFF's --truncate_head)"),
+                                 "cut a row that is too long at its head, not its tail (LM-BFF's --truncate_head)"),
     }, from_task="cloze", label="cloze"),
 }
 # What a config without an `objective` node ran (every record made before objectives existed): the default objective
@@ -218,7 +219,9 @@ def _shown(value):
     """A setting's value as a folder name and a table label hold it: itself where it is a plain word or number, else
     (a template, label words: stars, commas, braces that a label `k=v,k=v` cannot carry) `sha-` and 8 hex digits of its
     sha256; the record's config holds it whole."""
-    if isinstance(value, (bool, int, float)) or value is None or (isinstance(value, str) and re.fullmatch(r"[\w.\-]+", value)):
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[\w.\-]+", value):
         return value
     plain = _plain(value) if isinstance(value, (dict, Mapping, DictConfig)) else value
     text = json.dumps({str(k): v for k, v in plain.items()} if isinstance(plain, dict) else plain, sort_keys=True)

@@ -24,8 +24,8 @@ from . import checkpoint as checkpoints
 from .cloze import is_cloze, prompt_label_ids, prompt_of
 from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit, few_shot_warning
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
-from .methods import (added_tokens, build_pelt_model, count_method, label_words, layout_key, load_member_head, load_member_state,
-                      member_frozen, member_head, member_state)
+from .methods import (added_tokens, build_pelt_model, count_method, label_words, layout_key, load_member_head,
+                      load_member_state, member_frozen, member_head, member_state)
 from .metrics import majority_score
 from .loggers import RunLogger, check_can_start, open_logger
 from .methods.base import Cloze

@@ -291,5 +291,6 @@ def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]
 
 
 __all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "added_tokens", "after_step", "build_pelt_model", "check_method",
-           "component_state", "count_method", "label_words", "layout_key", "load_member_head", "load_member_state", "member_frozen", "member_head",
+           "component_state", "count_method", "label_words", "layout_key", "load_member_head", "load_member_state",
+           "member_frozen", "member_head",
            "member_shapes", "member_state", "parameter_counts", "plan_training", "regulariser", "restore_components"]

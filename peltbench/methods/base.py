@@ -636,7 +636,8 @@ class PeltModel(nn.Module):
     The rows of `input_ids` are the active members' rows, member by member, the same number per member.
     """
 
-    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module], cloze: Cloze | None = None) -> None:
+    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module],
+                 cloze: Cloze | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.arch = architecture(backbone.config.model_type)
