@@ -27,7 +27,8 @@ from peltbench.packaged import packaged_config  # noqa: E402
 from peltbench.tasks import TaskSpec  # noqa: E402
 import peltbench.train as train  # noqa: E402
 
-SHAPES = {"minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+SHAPES = {"tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),  # tests
+          "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
           "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)}
 MASK, CLS, SEP = 103, 101, 102  # bert-base-uncased's [MASK] [CLS] [SEP]
 LABEL_WORDS = (6659, 2307)       # its "terrible", "great"

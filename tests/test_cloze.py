@@ -163,3 +163,23 @@ def test_every_architecture_with_a_masked_lm_head_scores_its_label_words(model_t
     full = reference(input_ids=ids, attention_mask=mask).logits
     expected = full[torch.arange(ids.shape[0]), mask_pos.squeeze(1)][:, list(words)]
     torch.testing.assert_close(model.eval()(ids, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method_name", ["lora", "ft"])
+def test_a_cloze_step_dispatches_no_more_operators_than_a_classifier_step(method_name):
+    """The issue's cost target, as operators (what a GPU launches): the same method, rows and loop, one training step
+    each (scripts/benchmark_cloze.py, here on a tiny shape with BERT's vocabulary)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    from benchmark_cloze import step_of
+    from benchmark_fused import OperatorCount
+
+    counts = {}
+    for objective in ("classifier", "cloze"):
+        step = step_of(objective, "tiny", method_name, batch=8, length=20)
+        step()
+        with OperatorCount() as count:
+            step()
+        counts[objective] = count.count
+    assert counts["cloze"] <= counts["classifier"], counts
