@@ -112,8 +112,8 @@ ARCHITECTURES = {
         "roberta", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
         dense=_BERT_DENSE,
         pre_norm=False, head=Head(activation="tanh", **_CLASSIFICATION_HEAD), positions="after_padding_idx",
-        masked_lm=MaskedLM(dense="lm_head.dense", activation="gelu", norm="lm_head.layer_norm", decoder="lm_head.decoder",
-                           bias="lm_head.bias", weights=("lm_head.dense.weight",))),
+        masked_lm=MaskedLM(dense="lm_head.dense", activation="gelu", norm="lm_head.layer_norm",
+                           decoder="lm_head.decoder", bias="lm_head.bias", weights=("lm_head.dense.weight",))),
     "electra": Architecture(
         "electra", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
         dense=_BERT_DENSE,

@@ -125,7 +125,7 @@ def check_architecture(name: str, model_config: dict | None) -> None:
         raise UserError(f"model.name={name}: objective=cloze needs a masked-LM head: {CLOZE_REFUSED[model_type]}")
     if model_type not in ARCHITECTURES:
         return  # model.check_architecture refuses it, naming what is supported
-    keys = checkpoint_keys(Path(name).expanduser())
+    keys = checkpoint_keys(Path(name).expanduser()) if Path(name).expanduser().is_dir() else cached_keys(name)
     if keys is not None:
         missing = missing_head(model_type, keys)
         if missing:
@@ -163,6 +163,23 @@ def checkpoint_keys(folder: Path) -> set[str] | None:
         return _safetensors_keys(folder / "model.safetensors")
     if (folder / "pytorch_model.bin").is_file():
         return _pickle_strings(folder / "pytorch_model.bin")
+    return None
+
+
+def cached_keys(name: str) -> set[str] | None:
+    """The tensor names of Hub model `name` where the Hugging Face cache holds its safetensors weights (or their
+    index); None where it does not (its weights are checked when they load)."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for file in ("model.safetensors.index.json", "model.safetensors"):
+            found = try_to_load_from_cache(name, file)
+            if isinstance(found, str):
+                return checkpoint_keys(Path(found).parent)
+    except Exception:  # an id the cache cannot hold, an unreadable cache: checked when the weights load
+        return None
     return None
 
 

@@ -16,6 +16,9 @@ to a run's identity or folder: every record made before keeps its hash and folde
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -67,11 +70,12 @@ OBJECTIVES: dict[str, Objective] = {
                                          "must map each class to a word, e.g. {0: terrible, 1: great}, or null (the "
                                          "task's)"),
                                "one word per class, keyed by its name or id (null: the task file's cloze.label_words)"),
-        "first_sent_limit": Setting(_LIMIT, "tokens kept of sentence 0 (LM-BFF's --first_sent_limit; null: the task's)"),
+        "first_sent_limit": Setting(_LIMIT, "tokens kept of sentence 0 (LM-BFF's --first_sent_limit; null: the "
+                                            "task's)"),
         "other_sent_limit": Setting(_LIMIT, "tokens kept of every other sentence (LM-BFF's --other_sent_limit)"),
         "truncate_head": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
-                                 "cut a row that is too long at its head instead of its tail (LM-BFF's --truncate_head)"),
-        # demonstrations (LM-BFF's prompt-demo; peltbench/demonstrations.py, docs/protocol.md §13)
+                                 "cut a row that is too long at its head, not its tail (LM-BFF's --truncate_head)"),
+        # demonstrations (LM-BFF's prompt-demo; peltbench/demonstrations.py, docs/protocol.md §12, Demonstrations)
         "demonstrations": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
                                   "append one training row of each class to every input (LM-BFF's prompt-demo)"),
         "num_sample": Setting(_optional(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
@@ -85,8 +89,8 @@ OBJECTIVES: dict[str, Objective] = {
                                          "encoder (e.g. all-MiniLM-L6-v2's), or null (no filter)"),
                                "demonstrations only among the training rows most similar to the row, by this sentence "
                                "encoder (LM-BFF's --demo_filter)"),
-        "demo_filter_rate": Setting(Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
-                                         "must be a share in (0, 1]"),
+        "demo_filter_rate": Setting(Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                                         and 0 < v <= 1, "must be a share in (0, 1]"),
                                     "the share of each class's training rows the filter keeps (LM-BFF's "
                                     "--demo_filter_rate)"),
     }, before={"demonstrations": False, "demo_filter": None, "demo_filter_rate": 0.5}, from_task="cloze",
@@ -226,8 +230,21 @@ def departures(cfg) -> list[tuple[str, object]]:
     parts: list[tuple[str, object]] = [] if name == DEFAULT else [("objective", name)]
     for key, value in node.items():
         if key != "name" and value != before.get(key, defaults.get(key)):
-            parts.append((f"objective.{key}", value))
+            parts.append((f"objective.{key}", _shown(value)))
     return parts
+
+
+def _shown(value):
+    """A setting's value as a folder name and a table label hold it: itself where it is a plain word or number, else
+    (a template, label words: stars, commas, braces that a label `k=v,k=v` cannot carry) `sha-` and 8 hex digits of its
+    sha256; the record's config holds it whole."""
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[\w.\-]+", value):
+        return value
+    plain = _plain(value) if isinstance(value, (dict, Mapping, DictConfig)) else value
+    text = json.dumps({str(k): v for k, v in plain.items()} if isinstance(plain, dict) else plain, sort_keys=True)
+    return "sha-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def group_key(cfg) -> tuple:

@@ -25,8 +25,8 @@ from . import demonstrations
 from .cloze import is_cloze, prompt_label_ids, prompt_of
 from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit, few_shot_warning
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
-from .methods import (added_tokens, build_pelt_model, count_method, layout_key, load_member_head, load_member_state,
-                      member_frozen, member_head, member_state)
+from .methods import (added_tokens, build_pelt_model, count_method, label_words, layout_key, load_member_head,
+                      load_member_state, member_frozen, member_head, member_state)
 from .metrics import majority_score
 from .loggers import RunLogger, check_can_start, open_logger
 from .methods.base import Cloze
@@ -481,7 +481,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
             _train_group(rest, task, device, bf16, pad_id, outcomes)
         return
     for run in runs:
-        run.record.update(count_method(run.cfg.method, model.config))
+        run.record.update(count_method(run.cfg.method, model.config, label_words(model)))
         run.record.update(architecture=model.config.model_type, device=str(device), machine=machine(device),
                           precision="bf16" if bf16 else "fp32", fused=fused, dropout=DROPOUT)
     if fused:

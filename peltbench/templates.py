@@ -40,6 +40,8 @@ Public functions (signatures stable; tests/test_templates.py):
     label_word_id(word, tokenizer, where="label word") -> int
         LM-BFF's rule: a word not starting with < [ . , is tokenised with a space in front (' great': RoBERTa's
         `Ġgreat`, BERT's `great`) and must be exactly one token; one that starts with one of them is looked up as is.
+        Beyond LM-BFF (which would score the unknown token): a word the tokenizer knows only as its unknown token is
+        refused.
     label_word_ids(label_words, tokenizer, classes) -> list[int]
         the ids of `label_words[c]` for each class key c in `classes`, in that order.
     tokenize_multipart_input(input_text_list, max_length, tokenizer, template, label_word_list=None,
@@ -176,9 +178,9 @@ def label_word_id(word: str, tokenizer, where: str = "label word") -> int:
                                 f"({' '.join(tokens)}), not one: LM-BFF scores one token at the mask (tokenised with "
                                 f"a space in front, as RoBERTa's Ġ{word}); choose a word that is one token")
     token_id = tokenizer.convert_tokens_to_ids(tokens[0])
-    if word[0] in AS_IS and token_id == tokenizer.unk_token_id and tokens[0] != tokenizer.unk_token:
-        raise TemplateError(f"{where} {word!r} is not a token of this model's vocabulary (a word starting with "
-                            f"{' '.join(AS_IS)} is looked up as it is, as LM-BFF does)")
+    if token_id == tokenizer.unk_token_id and word != tokenizer.unk_token:  # LM-BFF would score the unknown token
+        raise TemplateError(f"{where} {word!r} is not a token of this model's vocabulary (its tokenizer gives "
+                            f"{tokenizer.unk_token}; a word starting with {' '.join(AS_IS)} is looked up as it is)")
     return int(token_id)
 
 

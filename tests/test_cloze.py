@@ -11,6 +11,7 @@ the label words' columns, log-softmax and `nn.KLDivLoss(log_target=True)` for a 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,3 +107,79 @@ def test_the_gradient_reaches_what_lmbff_trains():
     assert {"head.out.weight", "head.out.bias", "backbone.cls.predictions.transform.dense.weight",
             "backbone.bert.embeddings.word_embeddings.weight"} <= grads
     assert not hasattr(model.backbone.cls.predictions, "decoder")  # the vocabulary projection is never computed
+
+
+def cloze_model(model_type: str, name: str, template: str = "*cls**sent_0*_It_was*mask*.*sep+*", **changes):
+    from conftest import TINY_METHOD_SETTINGS
+
+    tokenizer, ids, mask, mask_pos = batch(model_type, template, 1)
+    words = label_word_ids({0: "bad", 1: "good"}, tokenizer, ["0", "1"])
+    method = OmegaConf.create(OmegaConf.to_container(packaged_config(f"method/{name}.yaml")))
+    for key, value in {**TINY_METHOD_SETTINGS.get(name, {}), **changes}.items():
+        method[key] = value
+    model = build_pelt_model(tiny_masked_lm(model_type), method, 42,
+                             cloze=Cloze((tuple(words),), tokenizer.mask_token_id))
+    return model, ids, mask, mask_pos, words
+
+
+METHODS = sorted(path.stem for path in (Path(__file__).parents[1] / "conf" / "method").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_trains_under_the_cloze_objective(name):
+    """Each packaged method on a tiny masked-LM BERT: the label words' logits, and a gradient on exactly what the
+    method trains (its head setting: the label words' rows and biases, their biases, or nothing)."""
+    model, ids, mask, _, _ = cloze_model("bert", name)
+    logits = model.train()(ids, mask)
+    assert logits.shape == (4, 2)
+    member_losses(logits, torch.tensor([1, 0, 0, 1]), 1, task_spec("sst2")).sum().backward()
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad), name
+    head = packaged_config(f"method/{name}.yaml").head
+    assert {"train": {"head.out.weight", "head.out.bias"}, "bias": {"head.out.bias"}, "frozen": set()}[head] == \
+        {n for n in trained if n.startswith("head.")}
+
+
+def test_prompt_tuning_moves_the_mask_by_its_prompts():
+    """Prompt tuning puts P embeddings in front: the mask's hidden state is then P positions later."""
+    model, ids, mask, mask_pos, words = cloze_model("bert", "prompt", prompt_length=3)
+    model.eval()
+    encoder, head = model.backbone.bert, model.backbone.cls.predictions.transform
+    prompts = model.prompt.embedding[0].detach().expand(ids.shape[0], -1, -1)
+    embeds = torch.cat([prompts, encoder.get_input_embeddings()(ids)], dim=1)
+    wide = torch.cat([torch.ones(ids.shape[0], 3, dtype=mask.dtype), mask], dim=1)
+    hidden = encoder(inputs_embeds=embeds, attention_mask=wide).last_hidden_state
+    at_mask = head(hidden[torch.arange(ids.shape[0]), mask_pos.squeeze(1) + 3])
+    expected = at_mask @ model.head.out.weight[0].T + model.head.out.bias[0]
+    torch.testing.assert_close(model(ids, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "electra", "modernbert"])
+def test_every_architecture_with_a_masked_lm_head_scores_its_label_words(model_type):
+    """The architecture map's masked-LM head (architectures.MaskedLM) gives what the model's own *ForMaskedLM gives
+    at the mask, for the label words' columns."""
+    model, ids, mask, mask_pos, words = cloze_model(model_type, "lora")
+    reference = tiny_masked_lm(model_type)
+    full = reference(input_ids=ids, attention_mask=mask).logits
+    expected = full[torch.arange(ids.shape[0]), mask_pos.squeeze(1)][:, list(words)]
+    torch.testing.assert_close(model.eval()(ids, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method_name", ["lora", "ft"])
+def test_a_cloze_step_dispatches_no_more_operators_than_a_classifier_step(method_name):
+    """The issue's cost target, as operators (what a GPU launches): the same method, rows and loop, one training step
+    each (scripts/benchmark_cloze.py, here on a tiny shape with BERT's vocabulary)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    from benchmark_cloze import step_of
+    from benchmark_fused import OperatorCount
+
+    counts = {}
+    for objective in ("classifier", "cloze"):
+        step = step_of(objective, "tiny", method_name, batch=8, length=20)
+        step()
+        with OperatorCount() as count:
+            step()
+        counts[objective] = count.count
+    assert counts["cloze"] <= counts["classifier"], counts

@@ -636,7 +636,8 @@ class PeltModel(nn.Module):
     The rows of `input_ids` are the active members' rows, member by member, the same number per member.
     """
 
-    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module], cloze: Cloze | None = None) -> None:
+    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module],
+                 cloze: Cloze | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.arch = architecture(backbone.config.model_type)
@@ -726,6 +727,8 @@ class PeltModel(nn.Module):
         (`bert.encoder.layer.0.output.LayerNorm.weight`), and the head's layers take the names of the layers they
         replace (`classifier.weight`; RoBERTa's `classifier.dense.weight`, `classifier.out_proj.weight`)."""
         parts = [part for part in name.split(".") if part not in ("base", "inner")]
+        if parts[:1] == ["head"] and self.mask_id is not None:  # a cloze head: the label words' decoder rows, in order
+            return ".".join(["label_words", *parts[2:]])
         if parts[:1] == ["head"]:  # this model's own head, not a pretrained one in the backbone (ModernBERT's `head`)
             return ".".join([*getattr(self.arch.head, parts[1]).split("."), *parts[2:]])
         if parts[:1] == ["backbone"]:
