@@ -347,6 +347,7 @@ class DemonstrationTrain(Encoded):
         super().__init__([[] for _ in rows], [[] for _ in rows], labels)
         self.rows, self.pools, self.classes, self.wanted = rows, pools, classes, wanted
         self.prompt, self.setting, self.seeds = prompt, setting, (model_seed, data_seed)
+        self.draw(0, list(range(len(rows))))  # inputs of their length before training (the runner's memory plan)
 
     def draw(self, step: int, rows: list[int]) -> None:
         chosen = training_demonstrations(*self.seeds, step, rows, self.pools, self.classes, self.wanted)

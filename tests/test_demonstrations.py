@@ -296,6 +296,7 @@ def test_the_training_loop_draws_each_steps_demonstrations_and_evaluates_the_mea
     model, tokenizer, words = _tiny_cloze()
     train, (dev, test) = _sets(tokenizer, words)
     assert (len(dev), dev.samples, len(test)) == (18, 3, 15) and dev.labels.tolist() == [0, 1, 0, 1, 0, 1] * 3
+    assert all(len(ids) > 10 for ids in train.input_ids)  # built before training (the runner plans memory by them)
     drawn = []
     original = train.draw
     train.draw = lambda step, rows: (drawn.append((step, list(rows), [list(train.input_ids[r]) for r in rows])),
