@@ -34,7 +34,6 @@ STS-B, so its template appends only the class-0 demonstration (`*sent_2*` ... `*
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ import numpy as np
 from . import UserError
 from .data import Encoded
 from .progress import progress
+from .sentence_encoder import row_text, sentence_embeddings, sentence_pooling
 
 # LM-BFF's class order (its processors' get_labels), where it differs from the task's class ids: the order of the
 # demonstrations in the input and the i of `*label_i*` there. The other GLUE tasks' lists equal their ids' order
@@ -224,71 +224,6 @@ def training_demonstrations(model_seed: int, data_seed: int, step: int, rows: Se
             for row in rows]
 
 
-# ---------------------------------------------------------------- the filter's sentence encoder
-
-POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
-
-
-def row_text(texts: Sequence[str]) -> str:
-    """What the filter embeds of a row: its sentence, or its two joined by a space (LM-BFF's
-    tools/get_sbert_embedding.py, e.g. RTE's `line[1] + ' ' + line[2]`)."""
-    return " ".join(texts)
-
-
-def sentence_pooling(folder: Path) -> str:
-    """How a sentence encoder's folder pools its tokens: its sentence-transformers `1_Pooling/config.json` (mean, the
-    first token or the max), or the mean where it has none (LM-BFF's `*-nli-stsb-mean-tokens` encoders)."""
-    config = folder / "1_Pooling" / "config.json"
-    if not config.is_file():
-        return "mean"
-    modes = [mode for key, mode in POOLING_MODES.items() if json.loads(config.read_text()).get(key)]
-    if len(modes) != 1:
-        raise UserError(f"objective.demo_filter={folder}: its 1_Pooling/config.json pools by "
-                        f"{' and '.join(modes) or 'no mode peltbench reads'}; the filter reads one of mean, cls, max")
-    return modes[0]
-
-
-def sentence_embeddings(path: str, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-    """The embeddings (rows, dim) of `texts` by the sentence encoder in folder `path`, as sentence-transformers
-    computes them (without the package: transformers' AutoModel, then its pooling, `sentence_pooling`; inputs cut at
-    its `sentence_bert_config.json` max_seq_length where it has one). Shortest texts first, in batches, on the CPU."""
-    folder = Path(os.path.expanduser(str(path)))
-    if not (folder / "config.json").is_file():
-        raise UserError(f"objective.demo_filter={path}: not a checkpoint folder (no config.json there); give the "
-                        f"folder of a sentence encoder, e.g. all-MiniLM-L6-v2's")
-    mode = sentence_pooling(folder)
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModel.from_pretrained(folder).eval()
-    settings = folder / "sentence_bert_config.json"
-    max_length = json.loads(settings.read_text()).get("max_seq_length") if settings.is_file() else None
-    order = np.argsort([len(text) for text in texts], kind="stable")
-    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
-    bar = progress(total=len(texts), desc="embed", unit="row")
-    with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            rows = order[start : start + batch_size]
-            batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                              max_length=max_length or min(tokenizer.model_max_length, 512), return_tensors="pt")
-            hidden = model(**batch).last_hidden_state
-            out[rows] = _pool(hidden, batch["attention_mask"], mode).float().numpy()
-            bar.update(len(rows))
-    bar.close()
-    return out
-
-
-def _pool(hidden, attention_mask, mode: str):
-    """sentence-transformers' Pooling: the masked mean, the first token, or the masked max."""
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "max":
-        return hidden.masked_fill(mask == 0, -1e9).max(dim=1).values
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-
-
 # ---------------------------------------------------------------- the inputs
 
 def demonstration_input(query: Sequence[str], shown: Sequence[Sequence[str]], template: str, tokenizer,
@@ -308,7 +243,7 @@ def demonstration_input(query: Sequence[str], shown: Sequence[Sequence[str]], te
 # ---------------------------------------------------------------- a run's sets
 
 @dataclass(frozen=True)
-class Setting:
+class DemoSetting:
     """What a run's demonstrations are (its objective's settings, the task's length rules: run_experiment.sh)."""
 
     num_sample: int                     # evaluation: demonstration sets per row, their outputs averaged
@@ -321,14 +256,14 @@ class Setting:
 
 
 @dataclass(frozen=True)
-class Prompt:
+class DemoPrompt:
     """The query's template, the demonstration template, the label words' ids and the tokenizer (cached encode)."""
 
     template: str
     tokenizer: object
     label_word_list: tuple[int, ...]
 
-    def build(self, query, shown, setting: Setting, where: str) -> list[int]:
+    def build(self, query, shown, setting: DemoSetting, where: str) -> list[int]:
         built = demonstration_input(query, shown, self.template, self.tokenizer, self.label_word_list,
                                     setting.max_length, setting.first_sent_limit, setting.other_sent_limit,
                                     setting.double_demo)
@@ -343,7 +278,7 @@ class DemonstrationTrain(Encoded):
     the step) with demonstrations drawn for that step and row (`training_order`)."""
 
     def __init__(self, rows: list[list[str]], labels: np.ndarray, pools: list[list[int]], classes: np.ndarray,
-                 wanted: tuple[int, ...], prompt: Prompt, setting: Setting, model_seed: int, data_seed: int) -> None:
+                 wanted: tuple[int, ...], prompt: DemoPrompt, setting: DemoSetting, model_seed: int, data_seed: int) -> None:
         super().__init__([[] for _ in rows], [[] for _ in rows], labels)
         self.rows, self.pools, self.classes, self.wanted = rows, pools, classes, wanted
         self.prompt, self.setting, self.seeds = prompt, setting, (model_seed, data_seed)
@@ -358,7 +293,7 @@ class DemonstrationTrain(Encoded):
 
 
 def evaluation_encoded(queries: list[list[str]], labels: np.ndarray, chosen: np.ndarray, support: list[list[str]],
-                       prompt: Prompt, setting: Setting, split: str) -> Encoded:
+                       prompt: DemoPrompt, setting: DemoSetting, split: str) -> Encoded:
     """An evaluation split's inputs: each row once per demonstration set (`chosen`: (samples, rows, classes) training
     rows), sample after sample, their labels repeated (data.Encoded.samples)."""
     samples, count, _ = chosen.shape
@@ -374,7 +309,7 @@ def evaluation_encoded(queries: list[list[str]], labels: np.ndarray, chosen: np.
 
 
 def demonstration_sets(task, train: tuple[list[list[str]], np.ndarray], evaluation: list[tuple[list[list[str]], np.ndarray]],
-                       template: str, tokenizer, label_word_list: Sequence[int], setting: Setting, model_seed: int,
+                       template: str, tokenizer, label_word_list: Sequence[int], setting: DemoSetting, model_seed: int,
                        data_seed: int) -> tuple[DemonstrationTrain, list[Encoded]]:
     """A run's training set and its evaluation sets (dev, test) with demonstrations. `train` and each of `evaluation`:
     (rows' sentences, labels). The evaluation sets are drawn from `np.random.RandomState(model_seed)` as LM-BFF's are
@@ -395,7 +330,7 @@ def demonstration_sets(task, train: tuple[list[list[str]], np.ndarray], evaluati
     train_pools = [pool(None if similarity is None else similarity[0][row], row) for row in range(len(support))]
     pools = [[pool(None if similarity is None else similarity[1 + s][row], None) for row in range(len(rows))]
              for s, (rows, _) in enumerate(evaluation)]
-    prompt = Prompt(demonstration_template(template, template_classes(task), len(task.text)), CachedEncode(tokenizer),
+    prompt = DemoPrompt(demonstration_template(template, template_classes(task), len(task.text)), CachedEncode(tokenizer),
                     tuple(label_word_list))
     chosen = evaluation_sets(model_seed, pools, classes, wanted, setting.num_sample)
     sets = [evaluation_encoded(rows, split_labels, picks, support, prompt, setting, name)
@@ -404,7 +339,7 @@ def demonstration_sets(task, train: tuple[list[list[str]], np.ndarray], evaluati
                               data_seed), sets
 
 
-def _similarities(setting: Setting, support, evaluation) -> list[np.ndarray] | None:
+def _similarities(setting: DemoSetting, support, evaluation) -> list[np.ndarray] | None:
     """The filter's cosines of each split's rows (training, then each evaluation split) with the training rows."""
     if setting.filter is None:
         return None
@@ -443,7 +378,7 @@ def wanted(cfg) -> bool:
     return objective is not None and objective.get("name") == "cloze" and bool(objective.get("demonstrations"))
 
 
-def setting_of(cfg, task) -> Setting:
+def setting_of(cfg, task) -> DemoSetting:
     """A run's demonstration setting: its objective's values, or where one is null the task file's `cloze:` value,
     else LM-BFF's default (run_experiment.sh: 16 sets; no double length)."""
     given = cfg.task.get("cloze") or {}
@@ -457,7 +392,7 @@ def setting_of(cfg, task) -> Setting:
     from .cloze import prompt_of
 
     prompt = prompt_of(cfg, task)
-    return Setting(num_sample=int(value("num_sample", 16)), max_length=int(cfg.train.max_length),
+    return DemoSetting(num_sample=int(value("num_sample", 16)), max_length=int(cfg.train.max_length),
                    first_sent_limit=prompt.first_sent_limit, other_sent_limit=prompt.other_sent_limit,
                    double_demo=bool(value("double_demo", False)),
                    filter=None if objective.get("demo_filter") is None else str(objective.demo_filter),

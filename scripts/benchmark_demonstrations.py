@@ -39,7 +39,7 @@ def build(cached: bool) -> tuple[float, float, int]:
         start = time.perf_counter()
         train_set, (dev, test_set) = demos.demonstration_sets(
             task, rows(train, train_rows), [rows(train, dev_rows), rows(test, np.arange(len(test)))],
-            "*cls**sent_0*_It_was*mask*.*sep+*", tokenizer, words, demos.Setting(num_sample=16, max_length=128), 13, 13)
+            "*cls**sent_0*_It_was*mask*.*sep+*", tokenizer, words, demos.DemoSetting(num_sample=16, max_length=128), 13, 13)
         built = time.perf_counter() - start
         start = time.perf_counter()
         for step in range(100):

@@ -157,42 +157,6 @@ def test_the_filter_ranks_equal_similarities_in_row_order_and_keeps_int_of_n_ove
     assert demos.filtered(similarity, classes, (0, 1), 0.7, 1) == [3, 0, 2, 7]
 
 
-# ---------------------------------------------------------------- the filter's sentence encoder
-
-def test_sentence_embeddings_pool_as_the_folder_says_and_default_to_the_mean(tiny_checkpoint, tmp_path):
-    import shutil
-
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    texts = ["the cat sat on the mat", "a dog", "the big red car is not very good", "film"]
-    tokenizer, model = AutoTokenizer.from_pretrained(tiny_checkpoint), AutoModel.from_pretrained(tiny_checkpoint).eval()
-    with torch.no_grad():
-        alone = [model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0] for text in texts]
-    mean = demos.sentence_embeddings(str(tiny_checkpoint), texts, batch_size=3)  # padded batches, shortest first
-    np.testing.assert_allclose(mean, np.stack([h.mean(0).numpy() for h in alone]), atol=1e-5)
-
-    folder = tmp_path / "cls-encoder"
-    shutil.copytree(tiny_checkpoint, folder)
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True,
-                                                                  "pooling_mode_mean_tokens": False}))
-    first = demos.sentence_embeddings(str(folder), texts, batch_size=3)
-    np.testing.assert_allclose(first, np.stack([h[0].numpy() for h in alone]), atol=1e-5)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_sqrt_len_tokens": True}))
-    with pytest.raises(UserError, match="pools by no mode peltbench reads"):
-        demos.sentence_embeddings(str(folder), texts)
-
-
-def test_a_filter_encoder_that_is_no_checkpoint_folder_is_one_line(tmp_path):
-    with pytest.raises(UserError, match=r"objective.demo_filter=.*not a checkpoint folder"):
-        demos.sentence_embeddings(str(tmp_path), ["a"])
-
-
-def test_a_sentence_pair_is_embedded_as_lmbff_joins_it():
-    assert demos.row_text(["A man sleeps.", "Nobody sleeps."]) == "A man sleeps. Nobody sleeps."
-
-
 # ---------------------------------------------------------------- the inputs, against LM-BFF's code
 
 @pytest.fixture(scope="module")
@@ -284,7 +248,7 @@ def _sst2_like(n, seed):
 
 def _sets(tokenizer, words, num_sample=3, model_seed=13, data_seed=13):
     sst2 = task("sst-2")
-    setting = demos.Setting(num_sample=num_sample, max_length=64)
+    setting = demos.DemoSetting(num_sample=num_sample, max_length=64)
     return demos.demonstration_sets(sst2, _sst2_like(8, 0), [_sst2_like(6, 1), _sst2_like(5, 2)],
                                     "*cls**sent_0*_It_was*mask*.*sep+*", tokenizer, words, setting, model_seed,
                                     data_seed)
