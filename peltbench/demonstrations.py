@@ -6,9 +6,9 @@ One training row of each class is appended to every input, in the task's class o
 template's own words and its class's label word where the query has the mask. For SST-2:
 
     *cls**sent_0*_It_was*mask*.*sep+*                                                     (the prompt)
-    *cls**sent_0*_It_was*mask*.*sep+**sent_1*_It_was*label_0*.*sep+**sent_2*_It_was*label_1*.*sep+*   (with demonstrations)
+    *cls**sent_0*_It_was*mask*.*sep+**sent_1*_It_was*label_0*.*sep+**sent_2*_It_was*label_1*.*sep+*   (demonstrations)
 
-sentence 1 being the class-0 demonstration and sentence 2 the class-1 one (a sentence-pair task: sentences 2-3, 4-5, ...).
+sentence 1 being the class-0 demonstration and sentence 2 the class-1 one (a sentence pair: sentences 2-3, 4-5, ...).
 
 How a demonstration is chosen (`select`, LM-BFF's `select_context`): the candidate rows in a random order, and the
 first row of each class in it. The candidates are the run's training rows, without the row itself when training
@@ -218,7 +218,8 @@ def training_order(model_seed: int, data_seed: int, step: int, row: int, size: i
 
 
 def training_demonstrations(model_seed: int, data_seed: int, step: int, rows: Sequence[int],
-                            pools: Sequence[Sequence[int]], classes: np.ndarray, wanted: Sequence[int]) -> list[list[int]]:
+                            pools: Sequence[Sequence[int]], classes: np.ndarray,
+                            wanted: Sequence[int]) -> list[list[int]]:
     """The demonstrations of a step's training rows (indices into the training rows; `pools[row]` its candidates)."""
     return [select(training_order(model_seed, data_seed, step, row, len(pools[row])), pools[row], classes, wanted)
             for row in rows]
@@ -278,7 +279,8 @@ class DemonstrationTrain(Encoded):
     the step) with demonstrations drawn for that step and row (`training_order`)."""
 
     def __init__(self, rows: list[list[str]], labels: np.ndarray, pools: list[list[int]], classes: np.ndarray,
-                 wanted: tuple[int, ...], prompt: DemoPrompt, setting: DemoSetting, model_seed: int, data_seed: int) -> None:
+                 wanted: tuple[int, ...], prompt: DemoPrompt, setting: DemoSetting, model_seed: int,
+                 data_seed: int) -> None:
         super().__init__([[] for _ in rows], [[] for _ in rows], labels)
         self.rows, self.pools, self.classes, self.wanted = rows, pools, classes, wanted
         self.prompt, self.setting, self.seeds = prompt, setting, (model_seed, data_seed)
@@ -308,7 +310,8 @@ def evaluation_encoded(queries: list[list[str]], labels: np.ndarray, chosen: np.
     return Encoded(input_ids, [[0] * len(ids) for ids in input_ids], np.tile(labels, samples), samples)
 
 
-def demonstration_sets(task, train: tuple[list[list[str]], np.ndarray], evaluation: list[tuple[list[list[str]], np.ndarray]],
+def demonstration_sets(task, train: tuple[list[list[str]], np.ndarray],
+                       evaluation: list[tuple[list[list[str]], np.ndarray]],
                        template: str, tokenizer, label_word_list: Sequence[int], setting: DemoSetting, model_seed: int,
                        data_seed: int) -> tuple[DemonstrationTrain, list[Encoded]]:
     """A run's training set and its evaluation sets (dev, test) with demonstrations. `train` and each of `evaluation`:
@@ -330,8 +333,8 @@ def demonstration_sets(task, train: tuple[list[list[str]], np.ndarray], evaluati
     train_pools = [pool(None if similarity is None else similarity[0][row], row) for row in range(len(support))]
     pools = [[pool(None if similarity is None else similarity[1 + s][row], None) for row in range(len(rows))]
              for s, (rows, _) in enumerate(evaluation)]
-    prompt = DemoPrompt(demonstration_template(template, template_classes(task), len(task.text)), CachedEncode(tokenizer),
-                    tuple(label_word_list))
+    prompt = DemoPrompt(demonstration_template(template, template_classes(task), len(task.text)),
+                        CachedEncode(tokenizer), tuple(label_word_list))
     chosen = evaluation_sets(model_seed, pools, classes, wanted, setting.num_sample)
     sets = [evaluation_encoded(rows, split_labels, picks, support, prompt, setting, name)
             for (rows, split_labels), picks, name in zip(evaluation, chosen, ("dev", "test"))]
