@@ -229,7 +229,7 @@ def training_demonstrations(model_seed: int, data_seed: int, step: int, rows: Se
 
 def demonstration_input(query: Sequence[str], shown: Sequence[Sequence[str]], template: str, tokenizer,
                         label_word_list: Sequence[int], max_length: int, first_sent_limit: int | None = None,
-                        other_sent_limit: int | None = None, double_demo: bool = False):
+                        other_sent_limit: int | None = None, double_demo: bool = False, truncate_head: bool = False):
     """One input with its demonstrations (LM-BFF's `convert_fn`, use_demo): the query's sentences, then each
     demonstration's in class order (`shown`: their sentences), tokenised by the demonstration template; `double_demo`
     doubles the length (run_experiment.sh's `--double_demo`: the length is then one sentence's). A
@@ -238,7 +238,7 @@ def demonstration_input(query: Sequence[str], shown: Sequence[Sequence[str]], te
 
     texts = [*query, *(sentence for row in shown for sentence in row)]
     return tokenize_multipart_input(texts, max_length * 2 if double_demo else max_length, tokenizer, template,
-                                    label_word_list, first_sent_limit, other_sent_limit)
+                                    label_word_list, first_sent_limit, other_sent_limit, truncate_head)
 
 
 # ---------------------------------------------------------------- a run's sets
@@ -252,6 +252,7 @@ class DemoSetting:
     first_sent_limit: int | None = None
     other_sent_limit: int | None = None
     double_demo: bool = False
+    truncate_head: bool = False         # LM-BFF's --truncate_head (objective.truncate_head)
     filter: str | None = None           # the sentence encoder's folder (LM-BFF's --demo_filter), or None
     filter_rate: float = 0.5            # LM-BFF's --demo_filter_rate
 
@@ -267,10 +268,11 @@ class DemoPrompt:
     def build(self, query, shown, setting: DemoSetting, where: str) -> list[int]:
         built = demonstration_input(query, shown, self.template, self.tokenizer, self.label_word_list,
                                     setting.max_length, setting.first_sent_limit, setting.other_sent_limit,
-                                    setting.double_demo)
+                                    setting.double_demo, setting.truncate_head)
         if built.mask_pos is None:
-            raise UserError(f"{where}: the input with its demonstrations is cut at {setting.max_length} tokens before "
-                            f"its *mask* (raise train.max_length, or set the task's cloze.first_sent_limit)")
+            length = setting.max_length * (2 if setting.double_demo else 1)
+            raise UserError(f"{where}: the input with its demonstrations is cut at {length} tokens without its *mask* "
+                            f"(raise train.max_length, or set objective.first_sent_limit)")
         return built.input_ids
 
 
@@ -397,7 +399,7 @@ def setting_of(cfg, task) -> DemoSetting:
     prompt = prompt_of(cfg, task)
     return DemoSetting(num_sample=int(value("num_sample", 16)), max_length=int(cfg.train.max_length),
                    first_sent_limit=prompt.first_sent_limit, other_sent_limit=prompt.other_sent_limit,
-                   double_demo=bool(value("double_demo", False)),
+                   double_demo=bool(value("double_demo", False)), truncate_head=prompt.truncate_head,
                    filter=None if objective.get("demo_filter") is None else str(objective.demo_filter),
                    filter_rate=float(objective.get("demo_filter_rate", 0.5)))
 

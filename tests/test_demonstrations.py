@@ -205,7 +205,8 @@ def test_mnli_inputs_built_in_peltbench_class_ids_are_lmbffs(minilm_tokenizer):
 
 
 def test_other_sentences_are_cut_to_other_sent_limit_and_double_demo_doubles_the_length():
-    """run_experiment.sh's `--other_sent_limit` (every sentence but the query's first) and `--double_demo`."""
+    """run_experiment.sh's `--other_sent_limit` (every sentence but the query's first) and `--double_demo`, and
+    `--truncate_head`."""
     from peltbench.tiny import tiny_tokenizer
 
     tokenizer = tiny_tokenizer("bert")
@@ -218,6 +219,8 @@ def test_other_sentences_are_cut_to_other_sent_limit_and_double_demo_doubles_the
     assert tokenizer.decode(cut.input_ids).split("[SEP]")[1].split() == ["a", "big", "is", "bad", "[UNK]"]
     assert len(demos.demonstration_input(query, shown, template, tokenizer, words, 10).input_ids) == 10
     assert len(demos.demonstration_input(query, shown, template, tokenizer, words, 10, double_demo=True).input_ids) == 20
+    head_cut = demos.demonstration_input(query, shown, template, tokenizer, words, 10, truncate_head=True)
+    assert head_cut.input_ids == full.input_ids[-10:] and head_cut.mask_pos is None  # LM-BFF's --truncate_head
 
 
 # ---------------------------------------------------------------- in the training loop
