@@ -360,9 +360,15 @@ def test_a_run_with_demonstrations_stopped_mid_way_resumes_to_the_uninterrupted_
                                                                                        monkeypatch):
     """The training draws are a function of the run's seeds, the step and the row: a resumed run draws what the
     uninterrupted one drew, and writes its record (tests/test_checkpoint.py's machinery)."""
+    import signal
+
     from test_checkpoint import records, run_again, signal_at_step
 
+    from peltbench import interrupts
     from peltbench.runner import run_group
+
+    for name, value in (("_received", False), ("_pending", None), ("_signal", signal.SIGINT)):
+        monkeypatch.setattr(interrupts, name, value)  # no stop signal before, none left after (restored last)
 
     [whole] = run_group([demo_config(tiny_mlm, glue_dir, tmp_path / "whole")])
     signal_at_step(monkeypatch, 2)
