@@ -497,6 +497,11 @@ class Encoded:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def row_labels(self) -> np.ndarray:
+        """Each row's label once (the first of its `samples` inputs')."""
+        return self.labels[: len(self.labels) // self.samples]
+
     def draw(self, step: int, rows: list[int]) -> None:
         """Before a training step: a set whose inputs change from step to step (demonstrations.DemonstrationTrain)
         builds those of `rows` here; a plain set's are fixed."""

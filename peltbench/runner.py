@@ -563,7 +563,7 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
                 saved += save_weights(run.path.parent, weights, run.cfg, model.arch,
                                       member_frozen(model, slot, run.cfg.method))
             if run.cfg.save.predictions:
-                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task,
+                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.row_labels, task,
                                               result.logits, run.member.test_rows))
             run.record["saved"] = saved
         except OSError as error:
@@ -610,7 +610,7 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
             else f"best dev step {result.best_step} of {result.train_steps}")
     # What always answering the most frequent test label scores, beside the score: a run that learnt nothing shows.
     # Named a baseline, so that it cannot read as what this run did (issue 32, 6)
-    majority = majority_score(task.main_metric, run.member.test.labels)
+    majority = majority_score(task.main_metric, run.member.test.row_labels)
     baseline = f" (majority-class baseline: {task.main_metric} {majority:.2f})" if majority is not None else ""
     # (the label names the protocol where it is not unipelt: its folder's `,protocol=lmbff`)
     log.info("done: %s: test %s%s, %s, record %s", run.label, scores, baseline, best, run.path)

@@ -345,10 +345,15 @@ def test_a_run_with_demonstrations_trains_and_is_its_own_variant(tiny_mlm, glue_
     from peltbench.record import record_path
     from peltbench.runner import run_group
 
-    cfg = demo_config(tiny_mlm, glue_dir, tmp_path)
+    cfg = demo_config(tiny_mlm, glue_dir, tmp_path, "save.predictions=true")
     [outcome] = run_group([cfg])
     assert outcome.status == "ok", outcome
     path = record_path(cfg, tmp_path)
+    import csv
+
+    rows = list(csv.DictReader(path.with_name("predictions.csv").open()))
+    labels = [row[1] for row in csv.reader((glue_dir / "SST-2" / "dev.tsv").open(), delimiter="\t")][1:]
+    assert [row["label"] for row in rows] == labels  # each test row once, its prediction from its 2 sets' mean
     assert "objective.demonstrations=true" in str(path).lower()  # its own folder
     record = json.loads(path.read_text())
     assert record["config"]["objective"]["demonstrations"] is True and record["test_examples"] == 24
