@@ -18,8 +18,8 @@ first row of each class in it. The candidates are the run's training rows, witho
 Where the random order comes from:
 - evaluation: LM-BFF builds its dev and test inputs right after `set_seed(seed)` (numpy's global stream), dev first,
   then test, each as `num_sample` passes over its rows, one `np.random.permutation(len(candidates))` per input.
-  `evaluation_sets` draws exactly that stream from `np.random.RandomState(seed)`: for the same seed, rows and
-  candidates, the same demonstrations (tests/test_demonstrations.py: fixtures computed by running LM-BFF's code).
+  `evaluation_sets` draws exactly that stream from `np.random.RandomState(seed)`, seed the run's model seed (under
+  protocol=lmbff its data seed, LM-BFF's one `--seed`): for the same seed, rows and candidates, the same demonstrations (tests/test_demonstrations.py: fixtures computed by running LM-BFF's code).
   A prediction is the mean of its `num_sample` inputs' logits (LM-BFF's `compute_metrics_fn`).
 - training: LM-BFF draws from the same global stream each time its sampler hands it a row, in its own data order,
   which peltbench's does not reproduce (each member's own generator: train.py). Here each training input's order is
@@ -188,7 +188,7 @@ def select(order: np.ndarray, pool: Sequence[int], classes: np.ndarray, wanted: 
             if len(chosen) == len(wanted):
                 break
     missing = [label for label in wanted if label not in chosen]
-    if missing:  # check_support and check_rate refuse this before any run starts
+    if missing:  # check_support and check_rate refuse this when a run's sets are built, before it trains
         raise UserError(f"no demonstration of class {missing[0]} among {len(pool)} candidates")
     return [chosen[label] for label in wanted]
 
