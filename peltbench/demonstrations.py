@@ -20,7 +20,8 @@ Where the random order comes from:
   then test, each as `num_sample` passes over its rows, one `np.random.permutation(len(candidates))` per input.
   `evaluation_sets` draws exactly that stream from `np.random.RandomState(seed)`, seed the run's model seed (under
   protocol=lmbff its data seed, LM-BFF's one `--seed`): for the same seed, rows and candidates, the same
-  demonstrations (tests/test_demonstrations.py: fixtures computed by running LM-BFF's code). A prediction is the mean of its `num_sample` inputs' logits (LM-BFF's `compute_metrics_fn`).
+  demonstrations (tests/test_demonstrations.py: fixtures computed by running LM-BFF's code). A prediction is the
+  mean of its `num_sample` inputs' logits (LM-BFF's `compute_metrics_fn`).
 - training: LM-BFF draws from the same global stream each time its sampler hands it a row, in its own data order,
   which peltbench's does not reproduce (each member's own generator: train.py). Here each training input's order is
   drawn from a generator keyed by the run's model seed, its data seed, the step and the row (`training_order`), as
