@@ -40,6 +40,28 @@ class Head:
 
 
 @dataclass(frozen=True)
+class MaskedLM:
+    """The masked-LM head `*ForMaskedLM` puts on the encoder (paths from that model), which the cloze objective reads:
+
+    scores = decoder(norm(act(dense(h))))              [pretrained; decoder: rows of the word embeddings, tied]
+    The transform (dense, act, norm) stays in the backbone, pretrained (trained as the backbone is: by `ft`, its biases
+    by BitFit, its norm by LN-tuning); the decoder's label-word rows and biases are the head (methods/base.ClozeHead).
+    """
+
+    dense: str
+    activation: str                  # an ACT2FN name, or "config:<key>" to read it from the config
+    norm: str
+    decoder: str                     # the Linear to the vocabulary
+    bias: str | None                 # the vocabulary bias as the model holds it apart from the decoder (tied to it)
+    weights: tuple[str, ...]         # checkpoint keys without which a checkpoint has no such head (model.py)
+
+
+_BERT_MLM = MaskedLM(dense="cls.predictions.transform.dense", activation="config:hidden_act",
+                     norm="cls.predictions.transform.LayerNorm", decoder="cls.predictions.decoder",
+                     bias="cls.predictions.bias", weights=("cls.predictions.transform.dense.weight",))
+
+
+@dataclass(frozen=True)
 class Architecture:
     model_type: str
     layers: str                      # from the encoder (`model.base_model`): the list of layers
@@ -61,6 +83,7 @@ class Architecture:
     # "after_padding_idx"); None: no absolute positions (ModernBERT's RoPE, which a uniform shift does not change)
     positions_if: str | None = None  # a config flag without which the model has none (DeBERTa: position_biased_input;
     # DeBERTa-v3 has it false: its relative positions see no uniform shift)
+    masked_lm: MaskedLM | None = None  # the masked-LM head (objective=cloze), None where it has none to score with
     notes: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -84,15 +107,21 @@ ARCHITECTURES = {
     "bert": Architecture(
         "bert", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
         dense=_BERT_DENSE,
-        pre_norm=False, head=Head(pool="pooler", out="classifier", dropout="dropout")),
+        pre_norm=False, head=Head(pool="pooler", out="classifier", dropout="dropout"), masked_lm=_BERT_MLM),
     "roberta": Architecture(
         "roberta", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
         dense=_BERT_DENSE,
-        pre_norm=False, head=Head(activation="tanh", **_CLASSIFICATION_HEAD), positions="after_padding_idx"),
+        pre_norm=False, head=Head(activation="tanh", **_CLASSIFICATION_HEAD), positions="after_padding_idx",
+        masked_lm=MaskedLM(dense="lm_head.dense", activation="gelu", norm="lm_head.layer_norm",
+                           decoder="lm_head.decoder", bias="lm_head.bias", weights=("lm_head.dense.weight",))),
     "electra": Architecture(
         "electra", layers="encoder.layer", attention="attention.self", projections=_BERT_PROJECTIONS, ffn="output",
         dense=_BERT_DENSE,
-        pre_norm=False, head=Head(activation="gelu", **_CLASSIFICATION_HEAD)),
+        pre_norm=False, head=Head(activation="gelu", **_CLASSIFICATION_HEAD),
+        # the generator's head: a released discriminator checkpoint has none (CLOZE_REFUSED says what then)
+        masked_lm=MaskedLM(dense="generator_predictions.dense", activation="gelu",
+                           norm="generator_predictions.LayerNorm", decoder="generator_lm_head", bias=None,
+                           weights=("generator_predictions.dense.weight",))),
     "deberta-v2": Architecture(
         "deberta-v2", layers="encoder.layer", attention="attention.self",
         projections={"query": ("query_proj", None), "key": ("key_proj", None), "value": ("value_proj", None)},
@@ -104,8 +133,17 @@ ARCHITECTURES = {
         projections={"query": ("Wqkv", 0), "key": ("Wqkv", 1), "value": ("Wqkv", 2)},
         ffn="mlp", dense={"attention_output": "attn.Wo", "intermediate": "mlp.Wi", "output": "mlp.Wo"},
         pre_norm=True, glu=True, token_types=False, norms=("attn_norm", "mlp_norm"), embeddings_norm="embeddings.norm",
-        head=Head(pool="modernbert", out="classifier", dropout="drop"), positions=None),
+        head=Head(pool="modernbert", out="classifier", dropout="drop"), positions=None,
+        masked_lm=MaskedLM(dense="head.dense", activation="config:classifier_activation", norm="head.norm",
+                           decoder="decoder", bias=None, weights=("head.dense.weight", "decoder.bias"))),
 }
+# Why a checkpoint cannot take objective=cloze where its masked-LM head is missing: ELECTRA's and DeBERTa-v3's released
+# checkpoints are replaced-token-detection discriminators. Prompting one (Xia et al. 2022, "Prompting ELECTRA";
+# Yao et al. 2022, DPT) puts each class's label word into the input and scores it original vs replaced: C forward
+# passes per row and another objective, not built here.
+DISCRIMINATOR = ("a replaced-token-detection discriminator without a masked-LM head; prompting it through its "
+                 "discriminator head (each label word scored original vs replaced: Xia et al. 2022) is not built")
+CLOZE_REFUSED = {"deberta-v2": f"DeBERTa-v3's released checkpoints are {DISCRIMINATOR}"}
 
 
 def architecture(model_type: str) -> Architecture:
@@ -170,7 +208,17 @@ def pool(arch: Architecture, backbone, output, attention_mask):
     return backbone.head(hidden)
 
 
-def activation_name(head: Head, config) -> str | None:
+def activation_name(head: Head | MaskedLM, config) -> str | None:
     if head.activation is not None and head.activation.startswith("config:"):
         return getattr(config, head.activation.removeprefix("config:"))
     return head.activation
+
+
+def mlm_transform(arch: Architecture, backbone, hidden):
+    """The masked-LM head's transform of the encoder's output at the mask, norm(act(dense(h))), with the backbone's
+    own (pretrained) layers, as its `*ForMaskedLM` computes it before the vocabulary projection."""
+    from transformers.activations import ACT2FN
+
+    mlm = arch.masked_lm
+    dense = get(backbone, mlm.dense)(hidden)
+    return get(backbone, mlm.norm)(ACT2FN[activation_name(mlm, backbone.config)](dense))

@@ -61,6 +61,7 @@ config groups:
   method=         {methods}
   task=           {tasks}
   protocol=       {protocols}  (default unipelt; docs/protocol.md §10)
+  objective=      {objectives}  (default classifier; docs/protocol.md §12)
   logger=         {loggers}  (default csv; several: logger=[csv,tensorboard]; none: logger=[])
   +experiment=    {experiments}  (with -m)
   hydra/launcher=slurm   (with -m; hydra.launcher.partition=..., timeout_min=..., runs_per_job=...: docs/slurm.md)
@@ -74,6 +75,9 @@ method settings (method.KEY=VALUE; each method's values: conf/method/<method>.ya
 protocol settings (set by protocol=NAME; the default unipelt's shown; each protocol's: conf/protocol/<name>.yaml):
 {protocol_settings}
 
+objective settings (objective.KEY=VALUE; the default classifier's shown; each objective's: conf/objective/<name>.yaml):
+{objective_settings}
+
 logger settings (with that logger chosen):
 {logger_settings}
 
@@ -81,7 +85,7 @@ Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not d
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun the same command to go on.
 """
 
-GROUPS = ("method", "task", "protocol", "logger", "experiment")  # the config groups a user chooses from (conf/)
+GROUPS = ("method", "task", "protocol", "objective", "logger", "experiment")  # the config groups a user chooses from (conf/)
 
 # What the settings every method has mean; each component's own are in its declaration (peltbench.component), and
 # the values each method takes are commented in conf/method/*.yaml.
@@ -397,6 +401,8 @@ def help_text() -> str:
         settings=_rows(documented_keys("config.yaml")),
         method_settings=_rows(method_help()),
         protocol_settings=_rows(documented_keys("protocol/unipelt.yaml")),
+        objectives=" ".join(options("objective")),
+        objective_settings=_rows(documented_keys("objective/classifier.yaml", "objective.")),
         logger_settings=_rows([row for name in options("logger") for row in documented_keys(f"logger/{name}.yaml", "logger.")]),
     )
 

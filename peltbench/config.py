@@ -17,11 +17,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import UserError
 from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentError, builtin_files, builtin_names,
                         declaration, evaluate, is_builtin)
+from .objectives import check_objective
 from .packaged import options, packaged_config
 from .passes import once
 from .plain import Plain, once_per_node
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
-from .tasks import DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
+from .cloze import check_architecture as check_cloze_model, check_prompt, is_cloze, prompt_of
+from .tasks import CLOZE_KEYS, DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
 
 HEAD_CHOICES = ("train", "bias", "frozen")   # what of the classifier head trains
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -212,13 +214,31 @@ def check_config(cfg: DictConfig) -> None:
     _once(check_task, cfg.task, _VALID_TASKS)
     once_per_node(check_schedule, cfg.train, check_schedule)
     check_protocol(cfg)
+    check_objective(cfg)
     check_halving(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
     _once(check_method, cfg.method, _VALID_METHODS)
     check_planned_steps(cfg)
     check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
+    if is_cloze(cfg):
+        check_cloze(cfg)
     once_per_node(check_logger, cfg.get("logger"), check_logger)
+
+
+def check_cloze(cfg: DictConfig) -> None:
+    """objective=cloze: its prompt (template, label words' classes) and a model that has a masked-LM head, before
+    torch (peltbench.cloze); its label words' being one token each is checked with the tokenizer (runner)."""
+    from .tasks import TaskSpec
+
+    task = once_per_node("cloze task", cfg.task, TaskSpec.from_config)
+    check_prompt(prompt_of(cfg, task), task)
+    if cfg.objective.get("demonstrations"):
+        from .demonstrations import check_demonstrations  # the data's side of the objective: no torch
+
+        check_demonstrations(cfg, task)
+    name = str(cfg.get("model", {}).get("name", ""))
+    once("cloze model", name, lambda name: check_cloze_model(name, local_model_config(name)))
 
 
 def _valid_value(settings: list, value) -> bool:
@@ -799,6 +819,13 @@ def _check_task_keys(task) -> None:
     if unknown:
         raise UserError(f"task.{unknown[0]}: not a setting of task {task.name}; a task file has "
                         f"{', '.join(TASK_KEYS)} (docs/tasks.md)")
+    cloze = task.get("cloze")
+    unknown = sorted(set(cloze.keys()) - set(CLOZE_KEYS)) if hasattr(cloze, "keys") else []
+    if cloze is not None and not hasattr(cloze, "keys"):
+        raise UserError(f"task.cloze: must be a mapping of {', '.join(CLOZE_KEYS)} (docs/tasks.md), not {cloze!r}")
+    if unknown:
+        raise UserError(f"task.cloze.{unknown[0]}: not a setting of task {task.name}'s prompt; it has "
+                        f"{', '.join(CLOZE_KEYS)} (docs/tasks.md)")
 
 
 def _check_protocol_keys(protocol) -> None:
@@ -808,7 +835,7 @@ def _check_protocol_keys(protocol) -> None:
         raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(settings))}")
 
 
-SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol")  # checked by their own functions, or Hydra's
+SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol", "objective")  # checked by their own functions, or Hydra's
 _KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose keys _check_leaves found right
 
 

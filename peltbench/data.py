@@ -492,18 +492,33 @@ def check_halves(num_rows: int, where: str) -> None:
 
 @dataclass
 class Encoded:
-    """Tokenised rows of one subset, with labels, ready to batch."""
+    """Tokenised rows of one subset, with labels, ready to batch. An evaluation set may hold `samples` inputs of each
+    row (LM-BFF's demonstration sets: sample after sample, `labels` repeated), whose outputs are averaged
+    (train.mean_over_samples)."""
 
     input_ids: list[list[int]]
     token_type_ids: list[list[int]]
     labels: np.ndarray
+    samples: int = 1
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def row_labels(self) -> np.ndarray:
+        """Each row's label once (the first of its `samples` inputs')."""
+        return self.labels[: len(self.labels) // self.samples]
 
-def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
-    """Tokenise the given rows, each row once per process and tokenizer (a sweep reuses them)."""
+    def draw(self, step: int, rows: list[int]) -> None:
+        """Before a training step: a set whose inputs change from step to step (demonstrations.DemonstrationTrain)
+        builds those of `rows` here; a plain set's are fixed."""
+
+
+def encode(split: Split, indices, tokenizer, max_length: int, prompt=None) -> Encoded:
+    """Tokenise the given rows, each row once per process and tokenizer (a sweep reuses them); with a cloze `prompt`
+    (peltbench.cloze.Prompt), each row built by its template as LM-BFF builds it (`encode_prompted`)."""
+    if prompt is not None:
+        return encode_prompted(split, indices, tokenizer, max_length, prompt)
     cache = split.encodings.setdefault((tokenizer.name_or_path, max_length), {})
     indices = [int(i) for i in indices]
     todo = sorted(set(i for i in indices if i not in cache))
@@ -517,6 +532,27 @@ def encode(split: Split, indices, tokenizer, max_length: int) -> Encoded:
             cache[i] = (ids, type_ids)
         bar.update(len(chunk))
     bar.close()
+    return Encoded([cache[i][0] for i in indices], [cache[i][1] for i in indices], split.labels[indices])
+
+
+def encode_prompted(split: Split, indices, tokenizer, max_length: int, prompt) -> Encoded:
+    """Each row through LM-BFF's `tokenize_multipart_input` with the prompt's template (peltbench.templates), cut to
+    max_length; every token of segment 0, as LM-BFF's model receives them (templates.py). A row whose cut removes
+    the mask is refused in one line (LM-BFF's code stops there too)."""
+    from .templates import tokenize_multipart_input
+
+    cache = split.encodings.setdefault((tokenizer.name_or_path, max_length, prompt), {})
+    indices = [int(i) for i in indices]
+    todo = sorted(set(i for i in indices if i not in cache))
+    for i in progress(todo, desc="tokenise", unit="row"):  # k=all builds a whole train split, row by row
+        row = tokenize_multipart_input([texts[i] for texts in split.texts], max_length, tokenizer, prompt.template,
+                                       first_sent_limit=prompt.first_sent_limit,
+                                       other_sent_limit=prompt.other_sent_limit, truncate_head=prompt.truncate_head)
+        if row.mask_pos is None:
+            raise UserError(f"{split.source}, row {i}: the template's *mask* falls beyond max_length={max_length} "
+                            f"tokens; keep it in with objective.first_sent_limit=N (tokens of sentence 0; LM-BFF's RTE: "
+                            f"240 at 256) or a larger train.max_length")
+        cache[i] = (row.input_ids, [0] * len(row.input_ids))
     return Encoded([cache[i][0] for i in indices], [cache[i][1] for i in indices], split.labels[indices])
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from omegaconf import DictConfig
 
 from .component import declaration
+from .objectives import group_key as objective_key
 from .protocols import protocol_name
 from .record import model_identity
 
@@ -32,7 +33,7 @@ def group_key(cfg: DictConfig) -> tuple | None:
     schedule = (protocol_name(cfg), cfg.train.get("max_steps"), cfg.train.get("eval_every"))  # K's meaning, dev periods
     return (model_identity(str(cfg.model.name)), cfg.task.name, str(cfg.k), cfg.train.max_length,
             cfg.train.batch_size, str(cfg.data.dir), str(cfg.device), str(cfg.precision), padded, schedule,
-            shared_settings(cfg.method))
+            shared_settings(cfg.method), objective_key(cfg))
 
 
 def trains_alone(method) -> bool:

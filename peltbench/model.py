@@ -118,6 +118,37 @@ def _pretrained(name: str, num_labels: int, model_seed: int):
         raise _load_error(name, error) from error
 
 
+def load_masked_lm(name: str):
+    """A fresh `*ForMaskedLM` with the pretrained weights, its masked-LM head included (objective=cloze: nothing is
+    drawn), loaded once per process and copied for each group, as `load_backbone`. A checkpoint whose weights lack
+    the head is refused in one line (before torch for a local folder: cloze.check_architecture)."""
+    return copy.deepcopy(_pretrained_masked_lm(name))
+
+
+@lru_cache(maxsize=2)
+def _pretrained_masked_lm(name: str):
+    import torch
+    from transformers import AutoModelForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    from .cloze import check_architecture as check_cloze, missing_head, no_head
+
+    config = load_config(name)
+    check_cloze(name, config.to_dict())
+    hf_logging.set_verbosity_error()  # a missing head is said below, in one line
+    if not bars_shown():
+        hf_logging.disable_progress_bar()
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(os.path.expanduser(name), config=config,
+                                                           dtype=torch.float32, output_loading_info=True)
+    except Exception as error:
+        raise _load_error(name, error) from error
+    missing = missing_head(config.model_type, set(model.state_dict()) - set(info.get("missing_keys", ())))
+    if missing:
+        raise UserError(no_head(name, config.model_type, missing))
+    return model
+
+
 @lru_cache(maxsize=2)
 def load_tokenizer(name: str):
     """The model's tokenizer, refused where it cannot be the model's own (see the module's docstring)."""

@@ -10,7 +10,7 @@ jobs are the same ones, in the same order, as with a value list of one.
 
 from __future__ import annotations
 
-GROUPS = ("method", "task", "logger")  # config groups whose settings (GROUP.KEY=VALUE) a sweep may set
+GROUPS = ("method", "task", "objective", "logger")  # config groups whose settings (GROUP.KEY=VALUE) a sweep may set
 
 
 def pin_group_settings(arguments: list[str]) -> list[str]:

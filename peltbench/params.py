@@ -20,10 +20,10 @@ PAPER_ORDER = ("ft", "bitfit", "adapter", "prefix", "prefix_l50", "lora", "unipe
                "unipelt_ap_nogate", "unipelt_apl_nogate", "ln", "prefix_ln", "mam", "mam_he")
 
 
-def count_packaged(method: str, config) -> dict[str, int]:
+def count_packaged(method: str, config, label_words: int | None = None) -> dict[str, int]:
     """The counts of a method by its name: peltbench's (`conf/method/<method>.yaml`) or, with --config-dir, the
-    user's (packaged.method_file)."""
-    return count_method(method_file(method), config)
+    user's (packaged.method_file); `label_words`: under objective=cloze, with a head of that many label words."""
+    return count_method(method_file(method), config, label_words)
 
 
 def user_methods(folders: list[str]) -> list[str]:
@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="peltbench-params", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="Hub id or local checkpoint whose config.json to use (default: bert-base-uncased's shape, offline)")
     parser.add_argument("--num-labels", type=int, default=2, help="classes of the head (1 for STS-B); default 2")
+    parser.add_argument("--objective", choices=("classifier", "cloze"), default="classifier",
+                        help="cloze: the head is the masked-LM head's label-word rows (one per class; 2 for a "
+                             "regression's poles) on the model's *ForMaskedLM (docs/protocol.md §12)")
     parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
                         help="a config folder of your own (as hydra.searchpath=[file://DIR]): its methods "
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"peltbench-params: error: {error}")
     methods = sorted(options("method"), key=lambda m: (PAPER_ORDER.index(m) if m in PAPER_ORDER else len(PAPER_ORDER), m))
     methods += users
-    rows = [(method, *counted(method, config)) for method in methods]
+    words = (max(2, args.num_labels) if args.objective == "cloze" else None)  # a regression's two poles
+    rows = [(method, *counted(method, config, words)) for method in methods]
     backbone = next(c["backbone_params"] for _, c, _ in rows if c is not None)
     if args.csv:  # a method the model cannot take: its counts empty
         print("method,trainable_params,percent_of_backbone,head_params,optimizer_params,backbone_params")
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             share = 100 * c["trainable_params"] / c["backbone_params"]
             print(f"{method},{c['trainable_params']},{share:.4f},{c['head_params']},{c['optimizer_params']},{c['backbone_params']}")
         return
-    print(f"Trainable parameters stored per task — model: {label}, {args.num_labels}-way head")
+    head = f"{words} label words' masked-LM rows (objective=cloze)" if words else f"{args.num_labels}-way head"
+    print(f"Trainable parameters stored per task — model: {label}, {head}")
     print("(docs/protocol.md §4: head excluded; prefix counted as its L x 2 x layers x H tensor)\n")
     print(f"{'method':<20}{'stored':>14}{'Table 4':>9}{'% backbone':>12}{'head':>12}{'optimiser':>14}")
     for method, c, why in rows:
@@ -97,11 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nbackbone (the pretrained model without the new head layers): {backbone:,} parameters")
 
 
-def counted(method: str, config) -> tuple[dict[str, int] | None, str | None]:
+def counted(method: str, config, label_words: int | None = None) -> tuple[dict[str, int] | None, str | None]:
     """(counts, None), or (None, why) for a packaged method the model cannot take as configured (C3A's block size 128
     on a model whose width it does not divide)."""
     try:
-        return count_packaged(method, config), None
+        return count_packaged(method, config, label_words), None
     except (ValueError, UserError) as error:
         return None, str(error)
 

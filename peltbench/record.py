@@ -30,6 +30,7 @@ from .files import create, folder_lock, remove_leftovers, temporary_name, write_
 from .model import is_local
 from .packaged import method_file, packaged_config, user_config_dirs
 from .passes import once, one_pass  # noqa: F401  (one_pass: readers of records import it from here)
+from .objectives import LEGACY as LEGACY_OBJECTIVE, departures as objective_departures, identity as objective_identity
 from .plain import Plain, once_per_node
 from .protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, identity as protocol_identity, lmbff_chain,
                         method_overrides, protocol_name)
@@ -115,6 +116,9 @@ def semantic_config(cfg: DictConfig | Mapping, rows: str | None = None) -> dict:
     code = user_code(method.get("components") or ())
     if code:  # a user's component: which code made the run (a built-in adds nothing: peltbench's version is its code)
         identity["code"] = code
+    objective = objective_identity(cfg)  # None for the classifier as peltbench ran it before objectives existed
+    if objective is not None:
+        identity["objective"] = objective
     protocol = protocol_identity(cfg)  # None at unipelt: records from before protocols keep their hash
     if protocol is not None:
         identity["protocol"] = protocol
@@ -609,7 +613,7 @@ def against_run(record: dict, cfg: DictConfig | Mapping) -> tuple[str | None, li
 # The top-level nodes of a config that semantic_config reads where the task is a packaged one (task_identity reads
 # data.dir only for a user's task): two such configs equal in these nodes have one identity
 # (tests/test_record.py: test_the_identity_of_a_packaged_tasks_run_reads_only_its_identity_nodes).
-IDENTITY_NODES = tuple(dict.fromkeys(("method", "task", "protocol",
+IDENTITY_NODES = tuple(dict.fromkeys(("method", "task", "protocol", "objective", 
                                       *(key.split(".")[0] for key in (*SEMANTIC_KEYS, *LATER_KEYS)))))
 
 
@@ -665,7 +669,9 @@ def _differences(stored: dict, mine: dict) -> list[str]:
 def _flat(identity: dict) -> dict:
     identity = dict(identity)
     method, code = identity.pop("method"), identity.pop("code", None) or {}
+    objective = identity.pop("objective", None) or LEGACY_OBJECTIVE  # an identity without one: the classifier as before
     return {**{f"method.{key}": value for key, value in method.items()}, **identity,
+            **{f"objective.{key}": value for key, value in objective.items()},
             **{f"the code of {name}": value for name, value in code.items()}}
 
 
@@ -690,6 +696,7 @@ def non_default_settings(cfg: DictConfig | Mapping) -> list[tuple[str, object]]:
             value = model_identity(str(value))
         if defaults[key] != value:
             changes.append((key, value))
+    changes.extend(objective_departures(cfg))  # `objective=cloze`, `objective.pooling=mean`: before the protocol
     if protocol != DEFAULT_PROTOCOL:
         changes.append(("protocol", protocol))
     return changes

@@ -21,13 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
 from . import checkpoint as checkpoints
+from . import demonstrations
+from .cloze import is_cloze, prompt_label_ids, prompt_of
 from .config import CPU_BF16, ModelMisfit, check_config, check_model_fit, few_shot_warning
 from .data import dev_halves, encode, few_shot_split, lmbff_chain, lmbff_split, load_split
-from .methods import (added_tokens, build_pelt_model, count_method, layout_key, load_member_head, load_member_state,
-                      member_frozen, member_head, member_state)
+from .methods import (added_tokens, build_pelt_model, count_method, label_words, layout_key, load_member_head,
+                      load_member_state, member_frozen, member_head, member_state)
 from .metrics import majority_score
 from .loggers import RunLogger, check_can_start, open_logger
-from .model import initial_head, load_backbone, load_config, load_tokenizer
+from .methods.base import Cloze
+from .model import initial_head, load_backbone, load_config, load_masked_lm, load_tokenizer
 from .saving import (WEIGHTS, check_owner, check_shapes, member_weights, read_weights, save_predictions,
                      save_weights)
 from .claim import Claim, claim_run, describe, drop_dead_claim, live_claim, remove_empty_run_folder
@@ -300,11 +303,21 @@ def prepare_member(cfg: DictConfig, task: TaskSpec, tokenizer, name: str) -> tup
     test_split = load_split(task, data_dir, "test")
     train_rows, dev_rows, test_rows, dev_split = split_rows(cfg, task, train_split, test_split)
     length = cfg.train.max_length
+    prompt = None
+    if is_cloze(cfg):  # each row built by the run's template; its label words one token each, or refused here
+        prompt = prompt_of(cfg, task)
+        prompt_label_ids(prompt, task, tokenizer)
+    if demonstrations.wanted(cfg):  # each input with one training row of each class (LM-BFF's prompt-demo)
+        sets = demonstrations.run_sets(cfg, task, tokenizer, [(train_split, train_rows), (dev_split, dev_rows),
+                                                              (test_split, test_rows)])
+    else:
+        sets = [encode(split, rows, tokenizer, length, prompt)
+                for split, rows in ((train_split, train_rows), (dev_split, dev_rows), (test_split, test_rows))]
     member = Member(
         name=name,
-        train=encode(train_split, train_rows, tokenizer, length),
-        dev=encode(dev_split, dev_rows, tokenizer, length),
-        test=encode(test_split, test_rows, tokenizer, length),
+        train=sets[0],
+        dev=sets[1],
+        test=sets[2],
         settings=TrainSettings(lr=cfg.method.lr, epochs=cfg.train.epochs, patience=cfg.train.patience,
                                grad_clip=cfg.train.grad_clip, seed=cfg.model_seed, data_seed=cfg.seed,
                                steps=cfg.train.get("max_steps"), eval_every=cfg.train.get("eval_every")),
@@ -401,8 +414,15 @@ def available_memory() -> int | None:
 
 
 def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
-    """The runs' methods on one copy of the pretrained backbone, each run with the head its model seed draws."""
+    """The runs' methods on one copy of the pretrained backbone, each run with the head its model seed draws (or, with
+    objective=cloze, the masked-LM head's rows of its label words)."""
     first = cfgs[0]
+    if is_cloze(first):
+        tokenizer = load_tokenizer(first.model.name)
+        words = tuple(prompt_label_ids(prompt_of(cfg, task), task, tokenizer) for cfg in cfgs)
+        cloze = Cloze(words, tokenizer.mask_token_id, task.is_regression)
+        return build_pelt_model(load_masked_lm(first.model.name), [cfg.method for cfg in cfgs],
+                                [cfg.model_seed for cfg in cfgs], cloze=cloze).to(device)
     backbone = load_backbone(first.model.name, task.num_labels, first.model_seed)
     heads = [initial_head(cfg.model.name, task.num_labels, cfg.model_seed) for cfg in cfgs]
     return build_pelt_model(backbone, [cfg.method for cfg in cfgs], [cfg.model_seed for cfg in cfgs], heads).to(device)
@@ -463,7 +483,7 @@ def _train_group(runs: list[_Run], task: TaskSpec, device: torch.device, bf16: b
             _train_group(rest, task, device, bf16, pad_id, outcomes)
         return
     for run in runs:
-        run.record.update(count_method(run.cfg.method, model.config))
+        run.record.update(count_method(run.cfg.method, model.config, label_words(model)))
         run.record.update(architecture=model.config.model_type, device=str(device), machine=machine(device),
                           precision="bf16" if bf16 else "fp32", fused=fused, dropout=DROPOUT)
     if fused:
@@ -545,7 +565,7 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
                 saved += save_weights(run.path.parent, weights, run.cfg, model.arch,
                                       member_frozen(model, slot, run.cfg.method))
             if run.cfg.save.predictions:
-                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.labels, task,
+                saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.row_labels, task,
                                               result.logits, run.member.test_rows))
             run.record["saved"] = saved
         except OSError as error:
@@ -592,7 +612,7 @@ def _record(run: _Run, result: MemberResult, task: TaskSpec) -> Outcome:
             else f"best dev step {result.best_step} of {result.train_steps}")
     # What always answering the most frequent test label scores, beside the score: a run that learnt nothing shows.
     # Named a baseline, so that it cannot read as what this run did (issue 32, 6)
-    majority = majority_score(task.main_metric, run.member.test.labels)
+    majority = majority_score(task.main_metric, run.member.test.row_labels)
     baseline = f" (majority-class baseline: {task.main_metric} {majority:.2f})" if majority is not None else ""
     # (the label names the protocol where it is not unipelt: its folder's `,protocol=lmbff`)
     log.info("done: %s: test %s%s, %s, record %s", run.label, scores, baseline, best, run.path)

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from . import UserError, __version__
+from .cloze import is_cloze
 from .files import write_file, write_with
 from .component import declaration
-from .methods import component, member_head, member_shapes, member_state
+from .methods import component, label_words, member_head, member_shapes, member_state
 from .record import SAVED, config_hash
 
 WEIGHTS = SAVED["weights"]
@@ -45,7 +46,7 @@ def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
     head even where the method leaves it frozen at its random init (prefix, LoRA): a copy needs it."""
     state = member_state(model, slot)
     tensors = {name: state[name][tuple(slice(0, n) for n in shape)].contiguous().cpu()
-               for name, shape in member_shapes(method, config).items()}
+               for name, shape in member_shapes(method, config, label_words(model)).items()}
     tensors.update({name: tensor.cpu() for name, tensor in member_head(model, slot).items()})
     return tensors
 
@@ -61,15 +62,39 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     write_with(run_dir / WEIGHTS, lambda path: save_safetensors(tensors, path, metadata), TEMPORARY)
     written = [WEIGHTS]
     kind, refusal = peft_kind(cfg.method, arch)
+    if kind is not None and is_cloze(cfg):
+        kind, refusal, tensors = _cloze_peft(kind, cfg, tensors)
     if kind is not None:
         [name] = cfg.method.components
         own = hasattr(component(str(name)), "peft_export")  # a component that writes its own PEFT form
         export = export_own if own else EXPORTS[kind]
         written += export(run_dir / PEFT_DIR, {**tensors, **(frozen or {})} if own or kind in WITH_FROZEN else tensors,
                           cfg, arch)
+        if is_cloze(cfg):
+            _for_masked_lm(run_dir / PEFT_DIR)
     elif refusal:
         log.info("%s: no %s/ copy: %s", run_dir, PEFT_DIR, refusal)
     return written
+
+
+def _cloze_peft(kind: str, cfg, tensors: dict[str, torch.Tensor]):
+    """objective=cloze: PEFT's copy is the method on the model's `*ForMaskedLM` as it is (no task type, no
+    modules_to_save), which scores the label words as the run did where the head stayed frozen. A trained head (the
+    label words' decoder rows apart from the tied word embeddings) has no PEFT form: (None, why, tensors)."""
+    if cfg.method.head != "frozen":
+        return None, (f"objective=cloze with method.head={cfg.method.head}: its label words' decoder rows trained apart "
+                      f"from the tied word embeddings, which PEFT cannot hold (weights.safetensors has them: "
+                      f"label_words.*)"), tensors
+    return kind, None, {name: tensor for name, tensor in tensors.items() if not name.startswith("label_words.")}
+
+
+def _for_masked_lm(folder: Path) -> None:
+    """The exported adapter_config.json for `AutoModelForMaskedLM`: no task type (PEFT has none for a masked LM) and
+    no modules_to_save (the head is the checkpoint's own)."""
+    path = folder / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config.update(task_type=None, modules_to_save=None)
+    write_file(path, json.dumps(config, indent=2) + "\n", TEMPORARY)
 
 
 def peft_kind(method, arch) -> tuple[str | None, str | None]:

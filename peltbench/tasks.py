@@ -18,7 +18,9 @@ METRICS = ("accuracy", "f1", "f1_macro", "mcc", "pearson", "spearman")
 REGRESSION_METRICS = ("pearson", "spearman")
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 TASK_KEYS = ("name", "text", "label", "num_labels", "label_names", "label_range", "metrics", "main_metric",
-             "max_length", "lmbff_chained", "lmbff_threshold", "dataset", "files")
+             "max_length", "lmbff_chained", "lmbff_threshold", "dataset", "files", "cloze")
+# A task's prompt for objective=cloze (docs/tasks.md): LM-BFF's template and label words, and its sentence limits
+CLOZE_KEYS = ("template", "label_words", "first_sent_limit", "other_sent_limit", "num_sample", "double_demo")
 DATASET_KEYS = ("path", "name", "train", "test")
 FILES_KEYS = ("train", "test", "format", "header", "text", "label")
 # What of a task decides its numbers besides its rows (record.semantic_config): a task file whose values of these

@@ -90,10 +90,28 @@ def tiny_encoder(model_type: str, num_labels: int = 2, seed: int = 0, dropout: f
     return AutoModelForSequenceClassification.from_config(config).eval()
 
 
-def save_tiny_encoder(model_type: str, folder: Path, dropout: float = 0.1, **changes) -> Path:
-    """A local checkpoint directory of a tiny random encoder with its tokenizer saved beside, as a user's would be."""
+def tiny_masked_lm(model_type: str, seed: int = 0, dropout: float = 0.1, **changes):
+    """A tiny random `*ForMaskedLM` of an architecture (its masked-LM head: objective=cloze), in eval mode."""
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    from .architectures import architecture, get
+
+    torch.manual_seed(seed)
+    model = AutoModelForMaskedLM.from_config(tiny_encoder_config(model_type, 2, dropout, **changes)).eval()
+    mlm = architecture(model_type).masked_lm
+    with torch.no_grad():  # transformers starts the vocabulary bias at 0, which would hide a head that drops it
+        bias = get(model, mlm.bias) if mlm.bias else get(model, mlm.decoder).bias
+        bias.normal_(0.0, O1_INIT)
+    return model
+
+
+def save_tiny_encoder(model_type: str, folder: Path, dropout: float = 0.1, masked_lm: bool = False, **changes) -> Path:
+    """A local checkpoint directory of a tiny random encoder with its tokenizer saved beside, as a user's would be;
+    with `masked_lm`, saved with its masked-LM head (a pretrained checkpoint's form: objective=cloze reads it)."""
     tiny_tokenizer(model_type, folder)
-    tiny_encoder(model_type, dropout=dropout, **changes).save_pretrained(folder)
+    build = tiny_masked_lm if masked_lm else tiny_encoder
+    build(model_type, dropout=dropout, **changes).save_pretrained(folder)
     return folder
 
 

@@ -453,6 +453,8 @@ def _train_steps(model, members, active, task, group, optimizer, clip, data, fir
         if boundary is not None:
             boundary()
         rows = [data.rows(m, first_step + step, group.batch_size) for m in active]
+        for m, chosen in zip(active, rows):
+            members[m].train.draw(first_step + step, chosen)  # demonstrations: this step's inputs of these rows
         losses = []
         for chosen in passes:  # the members whose forward and backward run together (all of them, or a few at a time)
             if len(passes) > 1:
@@ -570,12 +572,27 @@ def length_cuts(lengths: list[list[int]], group: GroupSettings) -> list[int] | N
 
 
 def member_losses(logits: torch.Tensor, labels: torch.Tensor, members: int, task: TaskSpec) -> torch.Tensor:
-    """Each member's mean loss over its own rows: (members,). Cross-entropy, or MSE for regression (STS-B)."""
-    if task.is_regression:
+    """Each member's mean loss over its own rows: (members,). Cross-entropy, or MSE for regression (STS-B); a cloze
+    head's regression outputs (two columns: `poles`) take LM-BFF's loss."""
+    if task.is_regression and logits.shape[-1] == 2:
+        per_row = pole_losses(logits, labels, task)
+    elif task.is_regression:
         per_row = F.mse_loss(logits.squeeze(-1), labels, reduction="none")
     else:
         per_row = F.cross_entropy(logits, labels, reduction="none")
     return per_row.view(members, -1).mean(dim=1)
+
+
+def pole_losses(log_probs: torch.Tensor, labels: torch.Tensor, task: TaskSpec) -> torch.Tensor:
+    """LM-BFF's regression loss per row (src/models.py, *ForPromptFinetuning): the score y in [lb, ub] as a target
+    between the two poles, p = (y - lb) / (ub - lb), against the log-probabilities of the low and high label words,
+    by `nn.KLDivLoss(log_target=True)` with its mean over both columns. Their target is the probabilities [1 - p, p]
+    although log_target=True reads it as log-probabilities: the loss is mean(e^t (t - log q)), not KL(p ‖ q); kept
+    as they have it (docs/protocol.md)."""
+    low, high = task.label_range
+    p = (labels.view(-1) - low) / (high - low)
+    target = torch.stack([1 - p, p], dim=-1)
+    return (target.exp() * (target - log_probs)).mean(dim=-1)
 
 
 def clip_per_member(optimizer: MemberAdamW, max_norm: torch.Tensor) -> None:
@@ -1015,6 +1032,7 @@ class EvaluationSet:
         self.lengths = [[len(encoded.input_ids[r]) for r in chunk] for chunk in chunks]
         self.order = order
         self.labels = encoded.labels
+        self.samples = encoded.samples
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -1052,14 +1070,32 @@ def evaluate(model, sets: list[EvaluationSet], task: TaskSpec, group: GroupSetti
     for s, parts in zip(sets, outputs):
         values = np.empty((len(s), host.shape[1]), dtype=np.float32)
         values[s.order] = np.concatenate(parts)
-        scores.append(compute_metrics(task.metrics, task.main_metric, predicted(values, task), s.labels))
+        values = mean_over_samples(values, s.samples, task)
+        labels = s.labels[: len(values)]
+        scores.append(compute_metrics(task.metrics, task.main_metric, predicted(values, task), labels))
         kept.append(values)
     seconds = _now(group.device) - start
     return (scores, seconds, kept) if keep else (scores, seconds)
 
 
+def mean_over_samples(outputs: np.ndarray, samples: int, task: TaskSpec) -> np.ndarray:
+    """Each row's output from its `samples` inputs (sample after sample: data.Encoded), as LM-BFF's
+    `compute_metrics_fn` averages them: the mean of the logits; a cloze head's regression outputs (the poles'
+    log-probabilities) averaged as the scores they give, which LM-BFF averages (the log of the mean probability)."""
+    if samples == 1:
+        return outputs
+    stacked = outputs.reshape(samples, -1, outputs.shape[1])
+    if task.is_regression and outputs.shape[1] == 2:
+        return np.log(np.exp(stacked.astype(np.float64)).mean(axis=0)).astype(np.float32)
+    return stacked.mean(axis=0)
+
+
 def predicted(outputs: np.ndarray, task: TaskSpec) -> np.ndarray:
-    """The predictions from the model's outputs: the STS-B score, or the class with the largest logit."""
+    """The predictions from the model's outputs: the STS-B score, or the class with the largest logit. A cloze head's
+    regression outputs are the poles' log-probabilities: the score is lb + (ub - lb) P(high), as LM-BFF's."""
+    if task.is_regression and outputs.shape[1] == 2:
+        low, high = task.label_range
+        return np.exp(outputs[:, 1]) * (high - low) + low
     return outputs[:, 0] if task.is_regression else outputs.argmax(axis=1)
 
 

@@ -22,7 +22,8 @@ def header(text):
 def test_the_published_tables_are_copied_as_printed():
     tables = load_published(PAPER)
     assert sorted(tables) == ["deberta_v3_base_glue", "roberta_base_glue", "roberta_base_glue_c3a",
-                              "roberta_base_glue_delora", "roberta_base_glue_road", "roberta_large_glue_road"]
+                              "roberta_base_glue_delora", "roberta_base_glue_road", "roberta_large_glue_road",
+                              "roberta_large_lmbff"]
     roberta = tables["roberta_base_glue"].set_index("method")
     assert roberta.loc["vera", "rte"] == 78.7 and roberta.loc["fourierft", "params"] == 24000  # the CSV's own rows
     assert "hra" in set(tables["deberta_v3_base_glue"]["method"])  # hra_r8 as printed, hra in peltbench
@@ -85,28 +86,32 @@ def test_each_printed_average_is_the_mean_of_its_row():
     """A typo in a transcribed cell shows in its row's average: the mean of the row's printed cells is within one unit
     of the printed average's last decimal (the cells' rounding and the average's own, at most half a unit each)."""
     for stem, table in load_published(PAPER).items():
-        average = next(column for column in ("avg", "all") if column in table.columns)
+        average = next((column for column in ("avg", "all") if column in table.columns), None)
+        if average is None:  # LM-BFF's Table 3 prints no average
+            continue
         for _, row in table.iterrows():
             unit = 10.0 ** -len(table.attrs["printed"][(row["method"], average)].partition(".")[2])
             assert abs(row[list(table.attrs["metrics"])].mean() - row[average]) <= unit + 1e-9, (stem, row["method"])
 
 
-def _halves_record(root, method, task, seed, accuracy):
-    """A record of protocol=full_halves on roberta-base, its config the composed one (so its protocol label is real)."""
+def _halves_record(root, method, task, seed, accuracy, protocol="full_halves", k="all", model="roberta-base",
+                   overrides=(), test=None):
+    """A record of `protocol` (full_halves) on `model` (roberta-base), its config the composed one (so its protocol
+    label is real)."""
     import json
 
     from omegaconf import OmegaConf
 
     from conftest import compose_config
 
-    config = OmegaConf.to_container(compose_config("protocol=full_halves", f"method={method}", f"task={task}", "k=all",
-                                                   f"seed={seed}", "model.name=roberta-base"), resolve=True)
+    config = OmegaConf.to_container(compose_config(f"protocol={protocol}", f"method={method}", f"task={task}", f"k={k}",
+                                                   f"seed={seed}", f"model.name={model}", *overrides), resolve=True)
     config.pop("hydra", None)
-    folder = root / method / task / "kall" / f"seed{seed}"
+    folder = root / "-".join([method, *overrides]) / task / f"k{k}" / f"seed{seed}"
     folder.mkdir(parents=True)
     (folder / "result.json").write_text(json.dumps({
-        "method": method, "variant": method, "task": task, "k": "all", "seed": seed, "model": "roberta-base",
-        "status": "ok", "test": {"main": accuracy, "accuracy": accuracy}, "dev_best": {"main": accuracy},
+        "method": method, "variant": method, "task": task, "k": k, "seed": seed, "model": model,
+        "status": "ok", "test": test or {"main": accuracy, "accuracy": accuracy}, "dev_best": {"main": accuracy},
         "precision": "fp32", "config": config}))
 
 
@@ -119,7 +124,7 @@ def test_road_and_delora_tables_stand_beside_full_halves_runs(tmp_path):
     tables = load_published(PAPER)
     assert matching_tables(tables, "roberta-base") == ["roberta_base_glue", "roberta_base_glue_c3a",
                                                         "roberta_base_glue_road", "roberta_base_glue_delora"]
-    assert matching_tables(tables, "FacebookAI/roberta-large") == ["roberta_large_glue_road"]
+    assert matching_tables(tables, "FacebookAI/roberta-large") == ["roberta_large_glue_road", "roberta_large_lmbff"]
     road, delora = (tables[stem].set_index("method") for stem in ("roberta_base_glue_road", "roberta_base_glue_delora"))
     assert road.loc["road", "params_percent"] == 0.07 and road.loc["road", "cola"] == 64.4
     assert road.loc["road", "avg"] == 85.6 and "params_percent" not in road.attrs["metrics"]
@@ -195,3 +200,28 @@ def test_our_average_over_every_task_beside_the_papers():
     text = published_markdown(table, {("lora", task): (value, 5) for task, value in scores.items()}, "roberta_base_glue", "")
     [lora] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| LoRA ")]
     assert lora[-1] == f"{sum(scores.values()) / 6:.1f} [85.2]" == "80.7 [85.2]"
+
+
+def _row(text, start):
+    [cells] = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith(start)]
+    return cells
+
+
+def test_lmbff_table_3_beside_lmbff_runs_in_the_row_of_their_objective(tmp_path):
+    """Issue 57 item 5: LM-BFF's Table 3 (RoBERTa-large, K = 16 per class) beside protocol=lmbff runs: the classifier
+    runs of `ft` stand in its fine-tuning row, as mean (std) with LM-BFF's np.std (ddof 0) beside its mean (std); the
+    prompt-based rows show the paper alone (their runs are renders of their own)."""
+    table = load_published(PAPER)["roberta_large_lmbff"]
+    assert table.attrs["metrics"] == {"sst2": "accuracy", "rte": "accuracy", "mrpc": "f1", "qnli": "accuracy"}
+    assert table.attrs["printed"][((2, "ft"), "sst2")] == "92.7 (0.9)" and table.loc[2, "sst2"] == 92.7
+    for seed, accuracy in zip((13, 21, 42), (80.0, 82.0, 87.0)):
+        _halves_record(tmp_path / "runs", "ft", "sst2", seed, accuracy, protocol="lmbff", k=16, model="roberta-large")
+    out = tmp_path / "tables"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(PAPER),
+                 "--model", "roberta-large", "--protocol", "protocol=lmbff", "--seeds", "3"]) == 0
+    text = (out / "published_roberta_large_lmbff.md").read_text()
+    assert "Warning" not in text and "K = 16 runs" in text and "ddof 0" in text
+    assert _row(text, "| Fine-tuning: ")[1] == "83.0 (2.9) (n = 3) [–]"  # np.std([80, 82, 87]) = 2.94
+    assert _row(text, "| Prompt-based FT (man): ")[1:] == ["– [92.7 (0.9)]", "– [69.1 (3.6)]", "– [74.5 (5.3)]",
+                                                           "– [64.5 (4.2)]"]
+    assert "Warning: these runs are of protocol lmbff" in (out / "published_roberta_large_glue_road.md").read_text()

@@ -20,7 +20,7 @@ from ..architectures import SUPPORTED, architecture
 from ..component import builtin_names, declaration, install_order, module_name
 from . import randomness
 from .attention import ATTENTION_NAME, install_relative_attention
-from .base import Members, PeltModel, freeze_all_but_trained, mark
+from .base import Cloze, Members, PeltModel, freeze_all_but_trained, mark
 
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
@@ -41,11 +41,12 @@ COMPONENTS = {name: component(name) for name in builtin_names()}
 
 
 def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seed: int | Sequence[int],
-                     heads: Sequence[nn.Module] | None = None) -> PeltModel:
+                     heads: Sequence[nn.Module] | None = None, cloze: Cloze | None = None) -> PeltModel:
     """Attach the methods of a group's members to one `*ForSequenceClassification` model and freeze everything else.
 
     `methods` and `model_seed`: one per member (or a single method and seed: a separate run). `heads`: for each
     member, the model whose new head layers are its initial head (default: the backbone's own, for a group of one).
+    `cloze` (objective=cloze): the backbone is a `*ForMaskedLM`, each member's head its label words' decoder rows.
     Member m's new modules are drawn with the model seed set again before each of its components (App. B), so a
     member starts from the same weights alone, inside UniPELT, or inside any group.
     """
@@ -57,7 +58,7 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     alone = [declaration(name).alone for name in used if declaration(name).alone]
     if len(methods) > 1 and alone:
         raise ValueError(alone[0])
-    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]))
+    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]), cloze)
     model.members.padded_pooling = padded_pooling(methods)
     _own_attention(model)
     model.members.dropout_sites = randomness.install(model)
@@ -216,23 +217,33 @@ def added_tokens(method: DictConfig) -> int:
                if hasattr(component(name), "added_tokens"))
 
 
-def _alone(method: DictConfig, config) -> PeltModel:
-    """The method built alone on a model of `config`'s shape, on the meta device (no weights, no time)."""
-    from transformers import AutoModelForSequenceClassification
+def _alone(method: DictConfig, config, label_words: int | None = None) -> PeltModel:
+    """The method built alone on a model of `config`'s shape, on the meta device (no weights, no time); with
+    `label_words` (objective=cloze: how many), on its `*ForMaskedLM` with a cloze head of that many words."""
+    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     architecture(config.model_type)  # a ValueError naming the supported ones
     with torch.device("meta"):  # on a copy of the config: the model switches its attention function
-        return build_pelt_model(AutoModelForSequenceClassification.from_config(copy.deepcopy(config)), method, 42)
+        if label_words is None:
+            return build_pelt_model(AutoModelForSequenceClassification.from_config(copy.deepcopy(config)), method, 42)
+        cloze = Cloze((tuple(range(label_words)),), 0)
+        return build_pelt_model(AutoModelForMaskedLM.from_config(copy.deepcopy(config)), method, 42, cloze=cloze)
 
 
-def count_method(method: DictConfig, config) -> dict[str, int]:
-    """A method's parameter counts for a model of `config`'s shape, as a separate run has them."""
-    return parameter_counts(_alone(method, config))
+def label_words(model: PeltModel) -> int | None:
+    """How many label words a cloze model scores (None: a classifier)."""
+    return None if model.mask_id is None else model.head.out.weight.shape[1]
 
 
-def member_shapes(method: DictConfig, config) -> dict[str, tuple[int, ...]]:
+def count_method(method: DictConfig, config, label_words: int | None = None) -> dict[str, int]:
+    """A method's parameter counts for a model of `config`'s shape, as a separate run has them (`label_words`: with
+    objective=cloze's head of that many words)."""
+    return parameter_counts(_alone(method, config, label_words))
+
+
+def member_shapes(method: DictConfig, config, label_words: int | None = None) -> dict[str, tuple[int, ...]]:
     """The shape of each tensor the method trains, as a separate run has it, under the plain model's names."""
-    model = _alone(method, config)
+    model = _alone(method, config, label_words)
     return {model.stored_name(name): tuple(parameter.shape[1:] if stacked else parameter.shape)
             for name, parameter, _, stacked in model.member_parameters()}
 
@@ -280,5 +291,6 @@ def load_member_head(model: PeltModel, slot: int, state: dict[str, torch.Tensor]
 
 
 __all__ = ["COMPONENTS", "SUPPORTED", "PeltModel", "added_tokens", "after_step", "build_pelt_model", "check_method",
-           "component_state", "count_method", "layout_key", "load_member_head", "load_member_state", "member_frozen", "member_head",
+           "component_state", "count_method", "label_words", "layout_key", "load_member_head", "load_member_state",
+           "member_frozen", "member_head",
            "member_shapes", "member_state", "parameter_counts", "plan_training", "regulariser", "restore_components"]

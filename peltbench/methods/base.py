@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..architectures import Architecture, activation_name, architecture, get, pool, put, unwrapped
+from ..architectures import Architecture, activation_name, architecture, get, mlm_transform, pool, put, unwrapped
 
 INIT_STD = 0.02  # BERT's init for new Linear weights (docs/protocol.md); biases start at 0
 
@@ -561,6 +561,65 @@ def _stacked_linear(members: Members, linears: list[nn.Linear]) -> MemberLinear:
     return stacked
 
 
+@dataclass(frozen=True)
+class Cloze:
+    """What objective=cloze builds a model with: each member's label-word ids (its classes in order; a regression
+    task's low and high poles) and the tokenizer's mask token id."""
+
+    label_words: tuple[tuple[int, ...], ...]
+    mask_id: int
+    regression: bool = False
+
+
+class ClozeHead(nn.Module):
+    """objective=cloze, LM-BFF's prompt-based fine-tuning (src/models.py, *ForPromptFinetuning): each member's scores of
+    its classes' label words at the mask, from the pretrained masked-LM head (architectures.MaskedLM):
+
+        t = norm(act(dense(h_mask)))            the head's transform: pretrained, part of the backbone
+        logits_m = t W_mᵀ + b_m                 W_m, b_m: the decoder's rows and biases of member m's C label words
+
+    Only the C label-word rows are computed: LM-BFF projects onto the whole vocabulary and keeps those C columns (the
+    same numbers; V/C times the work, 15,000× for BERT's 30,522 words and two classes). The rows are copies of the
+    decoder's, which are the word embeddings (tied): LM-BFF's transformers-3.4 models load the decoder untied, so
+    training the label words' rows leaves the input embeddings as they are, as here. A regression task (STS-B) has
+    two label words, its low and high poles; its outputs are their log-probabilities (log-softmax over the two), as
+    LM-BFF's forward computes them (train.member_losses, train.predicted read them).
+
+    It runs in fp32 even under bf16 autocast, as MemberHead does.
+    """
+
+    def __init__(self, members: Members, backbone: nn.Module, arch: Architecture, cloze: Cloze) -> None:
+        super().__init__()
+        mlm = arch.masked_lm
+        decoder = get(backbone, mlm.decoder)
+        bias = get(backbone, mlm.bias) if mlm.bias else decoder.bias
+        self.members, self.regression = members, cloze.regression
+        self.out = MemberLinear(members, decoder.in_features, len(cloze.label_words[0]))
+        with torch.no_grad():
+            for slot, words in enumerate(cloze.label_words):
+                ids = torch.tensor(words, dtype=torch.long, device=decoder.weight.device)
+                self.out.weight[slot].copy_(decoder.weight[ids].float())
+                if bias is not None:
+                    self.out.bias[slot].copy_(bias[ids].float())
+        put(backbone, mlm.decoder, None)  # the vocabulary projection is never computed: only these rows are
+        if mlm.bias:
+            put(backbone, mlm.bias, None)
+
+    def forward(self, transformed: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=transformed.device.type, enabled=False):
+            logits = self.out(transformed.float())
+            return torch.log_softmax(logits, dim=-1) if self.regression else logits
+
+    def linears(self) -> dict[str, MemberLinear]:
+        return {"out": self.out}
+
+
+def mask_positions(input_ids: torch.Tensor, mask_id: int, offset: int) -> torch.Tensor:
+    """Each row's first mask token (LM-BFF: `input_ids.index(mask_token_id)`), shifted by the positions an input stage
+    put in front (prompt tuning's P)."""
+    return (input_ids == mask_id).to(torch.int8).argmax(dim=1) + offset
+
+
 def head_layers(arch: Architecture, model: nn.Module) -> dict[str, nn.Linear]:
     """The new layers of a `*ForSequenceClassification` model's head: {"out": Linear} and, where it has one, "dense"."""
     layers = {"out": get(model, arch.head.out)}
@@ -577,18 +636,17 @@ class PeltModel(nn.Module):
     The rows of `input_ids` are the active members' rows, member by member, the same number per member.
     """
 
-    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module]) -> None:
+    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module],
+                 cloze: Cloze | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.arch = architecture(backbone.config.model_type)
         self.members = members
-        head = self.arch.head
-        dropout = get(backbone, head.dropout).p
-        dense_dropout = get(backbone, head.dense_dropout).p if head.dense_dropout else 0.0
-        self.head = MemberHead(members, [head_layers(self.arch, source) for source in heads],
-                               activation_name(head, backbone.config), dropout, dense_dropout)
-        for path in {path.split(".")[0] for path in (head.out, head.dense) if path}:
-            put(backbone, path, None)  # each member's own head replaces them
+        self.mask_id = None if cloze is None else cloze.mask_id
+        if cloze is not None:  # `backbone` is a *ForMaskedLM; each member scores its label words at the mask
+            self.head = ClozeHead(members, backbone, self.arch, cloze)
+        else:
+            self.head = self._classifier(backbone, members, heads)
         # The denominator of Table 4's "% of the backbone": the pretrained model without the new head layers.
         self.backbone_params = sum(p.numel() for p in backbone.parameters())
         config = backbone.config
@@ -601,6 +659,16 @@ class PeltModel(nn.Module):
         self.unstacked: set[str] = set()  # trained parameters without a member dimension (fine-tuning's backbone)
         self._marked: dict[int, list[bool]] = {}
         self._unstacked: set[int] = set()
+
+    def _classifier(self, backbone: nn.Module, members: Members, heads: list[nn.Module]) -> MemberHead:
+        head = self.arch.head
+        dropout = get(backbone, head.dropout).p
+        dense_dropout = get(backbone, head.dense_dropout).p if head.dense_dropout else 0.0
+        layers = MemberHead(members, [head_layers(self.arch, source) for source in heads],
+                            activation_name(head, backbone.config), dropout, dense_dropout)
+        for path in {path.split(".")[0] for path in (head.out, head.dense) if path}:
+            put(backbone, path, None)  # each member's own head replaces them
+        return layers
 
     @property
     def config(self):
@@ -635,7 +703,12 @@ class PeltModel(nn.Module):
                 inputs = stage(self, inputs)
             attention_mask = self.members.token_mask = inputs["attention_mask"]  # a stage may widen it (prompts)
             output = self.encoder(**inputs)
-            return self.head(pool(self.arch, self.backbone, output, attention_mask))
+            if self.mask_id is None:
+                return self.head(pool(self.arch, self.backbone, output, attention_mask))
+            hidden = output.last_hidden_state
+            at_mask = mask_positions(input_ids, self.mask_id, hidden.shape[1] - input_ids.shape[1])
+            masked = hidden[torch.arange(hidden.shape[0], device=hidden.device), at_mask]
+            return self.head(mlm_transform(self.arch, self.backbone, masked))
         finally:
             self.members.token_mask = None
             self.members.prefixes = None
@@ -654,6 +727,8 @@ class PeltModel(nn.Module):
         (`bert.encoder.layer.0.output.LayerNorm.weight`), and the head's layers take the names of the layers they
         replace (`classifier.weight`; RoBERTa's `classifier.dense.weight`, `classifier.out_proj.weight`)."""
         parts = [part for part in name.split(".") if part not in ("base", "inner")]
+        if parts[:1] == ["head"] and self.mask_id is not None:  # a cloze head: the label words' decoder rows, in order
+            return ".".join(["label_words", *parts[2:]])
         if parts[:1] == ["head"]:  # this model's own head, not a pretrained one in the backbone (ModernBERT's `head`)
             return ".".join([*getattr(self.arch.head, parts[1]).split("."), *parts[2:]])
         if parts[:1] == ["backbone"]:

@@ -10,7 +10,10 @@ string is the `protocol` column of `load_records` and what `peltbench-tables --p
 
 A run of a named protocol other than UniPELT's (conf/protocol/, docs/protocol.md §10) is labelled
 `protocol=lmbff,...`, its settings compared with that protocol's own defaults (its k, seeds, train.* and model
-seed are not departures): two protocols never share a label, so no render pools them.
+seed are not departures): two protocols never share a label, so no render pools them. A run of another objective
+than the classifier, or of the classifier at another pooling than its architecture's own head (docs/protocol.md §12),
+carries it in its label too (`objective=cloze`, `objective.pooling=mean`: peltbench.objectives.departures, the parts
+of its folder's name), so it is never pooled with the classifier's runs.
 """
 import json
 import posixpath
@@ -23,6 +26,7 @@ from omegaconf import OmegaConf
 
 from .. import UserError
 from ..architectures import NAMES
+from ..objectives import departures as objective_departures
 from ..packaged import packaged_config
 from ..protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, describe as describe_named, protocol_file,
                          protocol_name, run_defaults)
@@ -67,6 +71,7 @@ def run_protocol(config, precision):
                else None)
         settings = {PROTOCOL: name, **{key: value for key, value in settings.items()
                                        if own is None or canonical(value) != canonical(own[key])}}
+    settings.update(objective_departures(config))  # another objective (or pooling) is never pooled with the classifier's
     settings[PRECISION] = precision
     return settings
 

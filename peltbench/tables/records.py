@@ -390,7 +390,8 @@ def _protocol_part(config, precision, memo):
     """protocol_label(run_protocol(config, precision)), once per distinct set of what it reads in a pass."""
     name = protocol_name(config)
     named = name != DEFAULT_PROTOCOL  # a named protocol's own settings depend on the task and seed too
-    reads = [config["train"], {key: config[key] for key in TOP_LEVEL_KEYS if key in config}, name, precision]
+    reads = [config["train"], {key: config[key] for key in TOP_LEVEL_KEYS if key in config}, name, precision,
+             config.get("objective")]
     if named:
         reads += [(config.get("task") or {}).get("name"), config.get("seed")]
     return _memo(memo, ("protocol",), reads, lambda reads: protocol_label(run_protocol(config, precision)))
