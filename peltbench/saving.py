@@ -51,9 +51,10 @@ def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
 
 
 def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
-                 frozen: dict[str, torch.Tensor] | None = None) -> list[str]:
+                 frozen: dict[str, torch.Tensor] | None = None, model_config=None) -> list[str]:
     """weights.safetensors (and peft/ for a run PEFT can load, see peft_refusal); the files written, relative to
-    run_dir. `frozen`: what a copy needs beside the trained tensors (methods.member_frozen: LoRA-FA's A, VeRA's A, B)."""
+    run_dir. `frozen`: what a copy needs beside the trained tensors (methods.member_frozen: LoRA-FA's A, VeRA's A, B).
+    `model_config`: the backbone's config (ModernBERT's classifier_pooling decides what its head pools)."""
     from omegaconf import OmegaConf
     from safetensors.torch import save_file
 
@@ -62,6 +63,9 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     write_with(run_dir / WEIGHTS, lambda path: save_file(tensors, str(path), metadata=metadata), TEMPORARY)
     written = [WEIGHTS]
     kind, refusal = peft_kind(cfg.method, arch)
+    pooling = other_pooling(cfg, arch, model_config)
+    if kind is not None and pooling:
+        kind, refusal = None, pooling
     if kind is not None:
         [name] = cfg.method.components
         own = hasattr(component(str(name)), "peft_export")  # a component that writes its own PEFT form
@@ -71,6 +75,21 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     elif refusal:
         log.info("%s: no %s/ copy: %s", run_dir, PEFT_DIR, refusal)
     return written
+
+
+def other_pooling(cfg, arch, model_config) -> str | None:
+    """Why a PEFT copy of the run would not be the run, where its head reads another pooling than the one PEFT's
+    SEQ_CLS model (the architecture's own `*ForSequenceClassification`) pools (objective.pooling, docs/saving.md);
+    None where it reads that one."""
+    from .architectures import head_pooling
+    from .objectives import resolved
+
+    node = resolved(cfg, strict=True) or {}
+    kind = node.get("pooling", "head")
+    if kind == "head" or kind == head_pooling(arch, model_config):
+        return None
+    return (f"objective.pooling={kind}: PEFT's SEQ_CLS model pools as {arch.name}'s own head does "
+            f"({head_pooling(arch, model_config)}); weights.safetensors holds the run (peltbench.load_run)")
 
 
 def peft_kind(method, arch) -> tuple[str | None, str | None]:

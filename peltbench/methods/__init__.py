@@ -41,11 +41,13 @@ COMPONENTS = {name: component(name) for name in builtin_names()}
 
 
 def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seed: int | Sequence[int],
-                     heads: Sequence[nn.Module] | None = None) -> PeltModel:
+                     heads: Sequence[nn.Module] | None = None, objectives: Sequence | None = None) -> PeltModel:
     """Attach the methods of a group's members to one `*ForSequenceClassification` model and freeze everything else.
 
     `methods` and `model_seed`: one per member (or a single method and seed: a separate run). `heads`: for each
     member, the model whose new head layers are its initial head (default: the backbone's own, for a group of one).
+    `objectives`: each member's objective node, its values decided (peltbench.objectives.resolved; None, or a member's
+    None: the classifier on the architecture's own head, as every record from before objectives ran).
     Member m's new modules are drawn with the model seed set again before each of its components (App. B), so a
     member starts from the same weights alone, inside UniPELT, or inside any group.
     """
@@ -57,7 +59,8 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     alone = [declaration(name).alone for name in used if declaration(name).alone]
     if len(methods) > 1 and alone:
         raise ValueError(alone[0])
-    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]))
+    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]),
+                      member_poolings(objectives or [None] * len(methods)))
     model.members.padded_pooling = padded_pooling(methods)
     _own_attention(model)
     model.members.dropout_sites = randomness.install(model)
@@ -72,6 +75,20 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
         mark(model, _head_parameters(model, method.head), [slot])
     freeze_all_but_trained(model)
     return model
+
+
+def member_poolings(objectives: Sequence) -> list[str]:
+    """What each member's classifier head reads (objective.pooling), from its decided objective node."""
+    poolings = []
+    for node in objectives:
+        name = "classifier" if node is None else str(node.get("name", "classifier"))
+        if name != "classifier":
+            raise ValueError(f"objective {name}: this model builds the classifier's head only")
+        kind = "head" if node is None else str(node.get("pooling", "head"))
+        if kind == "auto":  # decided from the checkpoint before the model is built (objectives.resolved)
+            raise ValueError("objective.pooling=auto reached the model undecided")
+        poolings.append(kind)
+    return poolings
 
 
 def _own_attention(model: PeltModel) -> None:

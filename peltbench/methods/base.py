@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..architectures import Architecture, activation_name, architecture, get, pool, put, unwrapped
+from ..architectures import (Architecture, activation_name, architecture, get, head_input, head_pooling, pooled, put,
+                             unwrapped)
 
 INIT_STD = 0.02  # BERT's init for new Linear weights (docs/protocol.md); biases start at 0
 
@@ -575,13 +576,18 @@ class PeltModel(nn.Module):
     `backbone` is a `*ForSequenceClassification` of one of the supported architectures (methods/architectures.py);
     its new head layers move into `head` (one per member), the rest is the pretrained, frozen backbone.
     The rows of `input_ids` are the active members' rows, member by member, the same number per member.
+    `poolings`: what each member's head reads (objective.pooling, decided: head, pooler, first, mean or max; default
+    head for all), each member's own in one forward pass (the pooling follows the shared encoder).
     """
 
-    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module]) -> None:
+    def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module],
+                 poolings: list[str] | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.arch = architecture(backbone.config.model_type)
         self.members = members
+        own = head_pooling(self.arch, backbone.config)
+        self.poolings = [own if kind == "head" else kind for kind in (poolings or ["head"] * members.count)]
         head = self.arch.head
         dropout = get(backbone, head.dropout).p
         dense_dropout = get(backbone, head.dense_dropout).p if head.dense_dropout else 0.0
@@ -635,12 +641,30 @@ class PeltModel(nn.Module):
                 inputs = stage(self, inputs)
             attention_mask = self.members.token_mask = inputs["attention_mask"]  # a stage may widen it (prompts)
             output = self.encoder(**inputs)
-            return self.head(pool(self.arch, self.backbone, output, attention_mask))
+            return self.head(head_input(self.arch, self.backbone, self.pool(output, attention_mask)))
         finally:
             self.members.token_mask = None
             self.members.prefixes = None
             self.members.per_pass = None
             self.members.set_dropout_keys(None)
+
+    def pool(self, output, attention_mask: torch.Tensor) -> torch.Tensor:
+        """One vector per row, each active member's rows pooled as its own `poolings` entry says: one pooling for all
+        where they share it; else each kind the active members use on every row, the members' rows then taken from
+        their own (a mean over a row costs one masked sum, BERT's pooler a Linear on one token a row)."""
+        kinds = [self.poolings[slot] for slot in self.members.active_slots()]
+        if len(set(kinds)) == 1:
+            return pooled(kinds[0], output, attention_mask)
+        vectors = None
+        for kind in dict.fromkeys(kinds):
+            mine = pooled(kind, output, attention_mask)
+            if vectors is None:
+                vectors = mine
+                continue
+            users = tuple(slot for slot, own in enumerate(self.poolings) if own == kind)
+            selection = self.members.select(users, mine.device)
+            vectors = self.members.replace_rows(selection, vectors, self.members.gather(selection, mine))
+        return vectors
 
     def member_parameters(self) -> list[tuple[str, nn.Parameter, list[bool], bool]]:
         """(name, parameter, flags, stacked) for every trained parameter: flags say which members train it;
