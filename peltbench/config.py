@@ -792,7 +792,8 @@ def _check_protocol_keys(protocol) -> None:
         raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(settings))}")
 
 
-SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol", "objective")  # checked by their own functions, or Hydra's
+# checked by their own functions, or Hydra's
+SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol", "objective")
 _KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose keys _check_leaves found right
 
 

@@ -16,7 +16,7 @@ to a run's identity or folder: every record made before keeps its hash and folde
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -48,7 +48,6 @@ class Objective:
     # Why a run of these (resolved) settings cannot use a model of this config.json (a dict), or None: checked before
     # torch where config.json can be read then (config.check_model_fit), else once the run has loaded it
     misfit: Callable[[dict, dict], str | None] | None = None
-    label: str = ""  # its name in tables and captions
 
 
 # ---------------------------------------------------------------- the classifier's pooling (issue 57, item 6)
@@ -93,18 +92,11 @@ OBJECTIVES: dict[str, Objective] = {
     "classifier": Objective(
         settings={"pooling": Setting(choice(*POOLINGS, must=f"must be one of {', '.join(POOLINGS)}"),
                                      "what the head reads (docs/protocol.md §12)")},
-        before={"pooling": "head"}, resolve=_classifier_pooling, misfit=_pooling_misfit, label="classifier"),
+        before={"pooling": "head"}, resolve=_classifier_pooling, misfit=_pooling_misfit),
 }
 # What a config without an `objective` node ran (every record made before objectives existed): the default objective
 # at its `before` values. An identity without an `objective` part is this.
 LEGACY = {"name": DEFAULT, **OBJECTIVES[DEFAULT].before}
-
-
-def objective_name(config: Mapping | DictConfig | None) -> str:
-    """The objective a config (or a record's `config`) ran: `classifier` when it names none (records from before)."""
-    node = (config or {}).get("objective") if isinstance(config, (dict, Mapping, DictConfig)) else None
-    name = node.get("name") if isinstance(node, (dict, Mapping, DictConfig)) else None
-    return str(name) if name else DEFAULT
 
 
 def declared(name: str) -> Objective:
@@ -347,11 +339,5 @@ def _json_file(path: str, mtime_ns: int, size: int):
         return json.load(handle)
 
 
-def label(name: str) -> str:
-    """The objective's name in tables and captions."""
-    objective = OBJECTIVES.get(name)
-    return objective.label if objective is not None and objective.label else name
-
-
-__all__ = ["DEFAULT", "LEGACY", "OBJECTIVES", "Objective", "check_objective", "declared", "departures", "group_key", "identity",
-           "label", "model_misfit", "objective_name", "resolved", "sentence_pooling"]
+__all__ = ["DEFAULT", "LEGACY", "OBJECTIVES", "Objective", "check_objective", "declared", "departures", "group_key",
+           "identity", "model_misfit", "resolved", "sentence_pooling"]

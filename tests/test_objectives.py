@@ -23,7 +23,7 @@ from peltbench.tables.comparability import protocol_label, run_protocol
 def probe(monkeypatch):
     """A second objective, `probe` (one setting `depth`, its file's default 2), as a new objective's file and
     declaration would add it."""
-    declaration = objectives.Objective(settings={"depth": Setting(POSITIVE_INT, "how deep")}, label="Probe")
+    declaration = objectives.Objective(settings={"depth": Setting(POSITIVE_INT, "how deep")})
     monkeypatch.setitem(objectives.OBJECTIVES, "probe", declaration)
     monkeypatch.setattr(objectives, "_packaged", lambda: frozenset({"classifier", "probe"}))
     real = objectives.file_defaults
@@ -272,8 +272,8 @@ def test_pooler_is_refused_where_the_architecture_has_none(encoder_checkpoints):
     with pytest.raises(ModelMisfit) as error:
         check_config(cfg)  # before torch: the checkpoint's config.json is read
     assert str(error.value) == ("method=lora task=rte: objective.pooling=pooler reads BERT's pretrained pooler, and "
-                                "RoBERTa's *ForSequenceClassification has none; choose head (its own: the first token), "
-                                "first, mean or max")
+                                "RoBERTa's *ForSequenceClassification has none; choose head (its own: the first "
+                                "token), first, mean or max")
     check_config(compose_config("method=lora", "task=rte", f"model.name={encoder_checkpoints['bert']}",
                                 "objective.pooling=pooler"))
 
