@@ -29,9 +29,12 @@ class Head:
     pooled = pool(encoder output)                      [pretrained, frozen: part of the backbone]
     logits = out(drop(act(dense(drop(pooled)))))        [new: drawn under the model seed, one per run]
     `dense` is None where the head is one Linear (BERT: its pooler is pretrained; ModernBERT: its `head` is).
+    The classifier objective's `pooling` (peltbench.objectives) chooses another pool than the model's own (`pooled`);
+    what comes after it stays (`head_input`: ModernBERT's pretrained head; the new layers).
     """
 
-    pool: str                        # "pooler" (BERT's pooler_output), "first" (the first token), "modernbert"
+    pool: str                        # its own pooling: "pooler" (BERT's pooler_output), "first" (the first token),
+    # "modernbert" (the first token or the mean, as config.classifier_pooling says, then its pretrained `head`)
     out: str                         # the final Linear
     dropout: str                     # the Dropout before `out`
     dense: str | None = None         # a new Linear before `out`
@@ -191,21 +194,39 @@ def unwrapped(module):
     return module
 
 
-def pool(arch: Architecture, backbone, output, attention_mask):
-    """The head's input from the encoder's output, as the model's own `*ForSequenceClassification` pools it."""
-    kind = arch.head.pool
+def head_pooling(arch: Architecture, config) -> str:
+    """How the model's own `*ForSequenceClassification` pools (objective.pooling=head, and what peltbench did before
+    that setting): BERT's pretrained pooler (`pooler`), ModernBERT's `config.classifier_pooling` (`first` for "cls",
+    `mean`), the others' first token (`first`)."""
+    if arch.head.pool == "modernbert":
+        return "mean" if getattr(config, "classifier_pooling", "cls") == "mean" else "first"
+    return arch.head.pool
+
+
+def pooled(kind: str, output, attention_mask):
+    """One vector per row from the encoder's output: BERT's pretrained pooler on the first token (`pooler`), the first
+    token (`first`), or the mean or max over the row's real tokens (`attention_mask`'s; prompts a method puts in front
+    count as tokens), as sentence-transformers pools (its Pooling module's cls, mean and max)."""
     if kind == "pooler":
         return output.pooler_output
     hidden = output.last_hidden_state
     if kind == "first":
         return hidden[:, 0]
-    # ModernBERT: the first token or the mean over real tokens, then its pretrained head (dense, act, norm)
-    if backbone.config.classifier_pooling == "mean":
+    if kind == "mean":
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        hidden = (hidden * mask).sum(dim=1) / attention_mask.sum(dim=1, keepdim=True).to(hidden.dtype)
-    else:
-        hidden = hidden[:, 0]
-    return backbone.head(hidden)
+        return (hidden * mask).sum(dim=1) / attention_mask.sum(dim=1, keepdim=True).to(hidden.dtype)
+    if kind == "max":
+        import torch
+
+        padding = (attention_mask == 0).unsqueeze(-1)
+        return hidden.masked_fill(padding, torch.finfo(hidden.dtype).min).max(dim=1).values
+    raise ValueError(f"pooling {kind!r}: not one of pooler, first, mean, max")
+
+
+def head_input(arch: Architecture, backbone, vector):
+    """What the head's new layers read from the pooled vector: the vector itself, or for ModernBERT, after its
+    pretrained head (dense, activation, norm), which its `*ForSequenceClassification` puts after its pooling."""
+    return backbone.head(vector) if arch.head.pool == "modernbert" else vector
 
 
 def activation_name(head: Head | MaskedLM, config) -> str | None:

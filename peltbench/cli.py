@@ -85,7 +85,8 @@ Exit status: 0 done (or already done); 1 a run failed, or a sweep has runs not d
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun the same command to go on.
 """
 
-GROUPS = ("method", "task", "protocol", "objective", "logger", "experiment")  # the config groups a user chooses from (conf/)
+# the config groups a user chooses from (conf/)
+GROUPS = ("method", "task", "protocol", "objective", "logger", "experiment")
 
 # What the settings every method has mean; each component's own are in its declaration (peltbench.component), and
 # the values each method takes are commented in conf/method/*.yaml.

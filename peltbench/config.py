@@ -17,7 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import UserError
 from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentError, builtin_files, builtin_names,
                         declaration, evaluate, is_builtin)
-from .objectives import check_objective
+from .objectives import check_objective, model_misfit as objective_misfit
 from .packaged import options, packaged_config
 from .passes import once
 from .plain import Plain, once_per_node
@@ -407,7 +407,7 @@ def check_model_fit(cfg: DictConfig, model_config: dict | None, longest: int | N
         return
     method, run = cfg.method, f"method={cfg.method.get('name')} task={cfg.task.get('name')}"
     components = [str(name) for name in method.get("components") or []]
-    why = fit_misfit(method, components, model_config)
+    why = fit_misfit(method, components, model_config) or objective_misfit(cfg, model_config)
     if why:
         raise ModelMisfit(f"{run}: {why}")
     from .architectures import ARCHITECTURES
@@ -835,7 +835,8 @@ def _check_protocol_keys(protocol) -> None:
         raise UserError(f"protocol.{unknown[0]}: not a protocol setting; it has {', '.join(sorted(settings))}")
 
 
-SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol", "objective")  # checked by their own functions, or Hydra's
+# checked by their own functions, or Hydra's
+SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol", "objective")
 _KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose keys _check_leaves found right
 
 

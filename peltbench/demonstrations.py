@@ -1,6 +1,6 @@
 """Demonstrations: LM-BFF's `prompt-demo` (Gao, Fisch, Chen, ACL 2021, §5), as its released code builds them
 (princeton-nlp/LM-BFF at c282f521001f9c299d29eec7b459266f2b14fbaf: `run.py` for the template, `src/dataset.py`
-`FewShotDataset` for the sampling and the filter). docs/protocol.md, "Demonstrations".
+`FewShotDataset` for the sampling and the filter). docs/protocol.md §12.3.
 
 One training row of each class is appended to every input, in the task's class order, each written with the
 template's own words and its class's label word where the query has the mask. For SST-2:

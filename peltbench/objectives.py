@@ -26,8 +26,9 @@ from functools import lru_cache
 from omegaconf import DictConfig, OmegaConf
 
 from . import UserError
-from .component import Rule, Setting
+from .component import Rule, Setting, choice
 from .packaged import options, packaged_config
+from .passes import once
 from .plain import once_per_node
 
 DEFAULT = "classifier"  # a new head on one pooled vector of the encoder's output (each *ForSequenceClassification's)
@@ -50,7 +51,60 @@ class Objective:
     # Settings a null leaves to the task file (the cloze objective's prompt: the task's `cloze:` block): the run's
     # identity holds the task's value, its folder only a value given for the objective itself
     from_task: str | None = None
-    label: str = ""  # its name in tables and captions
+    # Why a run of these (resolved) settings cannot use a model of this config.json (a dict), or None: checked before
+    # torch where config.json can be read then (config.check_model_fit), else once the run has loaded it
+    misfit: Callable[[dict, dict], str | None] | None = None
+
+
+# ---------------------------------------------------------------- the classifier's pooling (issue 57, item 6)
+
+# What the classifier's head reads (objective.pooling). `auto`: the checkpoint's own where it says (a sentence-
+# transformers folder's Pooling module), else `head`; `head`: the architecture's own *ForSequenceClassification pooling
+# (architectures.head_pooling: BERT's pretrained pooler, RoBERTa's / ELECTRA's / DeBERTa's first token, ModernBERT's
+# config.classifier_pooling), what peltbench did before the setting existed; the others whatever the architecture.
+POOLINGS = ("auto", "head", "pooler", "first", "mean", "max")
+# sentence-transformers' Pooling config (its `pooling_mode_*` flags, or `pooling_mode` in newer versions): the modes
+# the classifier pools as that library does, by their peltbench names.
+SENTENCE_POOLINGS = {"cls_token": "first", "mean_tokens": "mean", "max_tokens": "max",
+                     "cls": "first", "mean": "mean", "max": "max"}
+SENTENCE_MODULES = "modules.json"  # a sentence-transformers folder's list of its modules (Transformer, Pooling, ...)
+
+
+def _classifier_pooling(settings: dict, model: str, strict: bool) -> dict:
+    """`pooling: auto` decided from the checkpoint (sentence_pooling), `head` where it says nothing."""
+    if settings.get("pooling") != "auto":
+        return settings
+    return {**settings, "pooling": sentence_pooling(model, strict) or "head"}
+
+
+def _pooling_misfit(settings: dict, model_config: dict) -> str | None:
+    from .architectures import ARCHITECTURES, NAMES
+
+    arch = ARCHITECTURES.get(model_config.get("model_type"))
+    if settings.get("pooling") != "pooler" or arch is None or arch.head.pool == "pooler":
+        return None
+    return (f"objective.pooling=pooler reads BERT's pretrained pooler, and {NAMES[arch.model_type]}'s "
+            f"*ForSequenceClassification has none; choose head (its own: {head_words(arch.model_type)}), first, "
+            f"mean or max")
+
+
+def classifier_pooling(node: dict | None) -> str:
+    """What a classifier run's head reads (its `pooling`, decided: head, pooler, first, mean or max; `head` for a config
+    from before objectives): what the runner builds its model with (methods.build_pelt_model's `poolings`)."""
+    node = node or LEGACY
+    if node.get("name") != "classifier":
+        raise ValueError(f"objective {node.get('name')}: it has no classifier pooling (its own head: a fused group holds "
+                         f"one objective)")
+    kind = str(node.get("pooling", "head"))
+    if kind == "auto":  # decided from the checkpoint before the model is built (resolved)
+        raise ValueError("objective.pooling=auto reached the model undecided")
+    return kind
+
+
+def head_words(model_type: str) -> str:
+    """How the architecture's own head pools, in words (docs, refusals)."""
+    return {"bert": "BERT's pretrained pooler", "modernbert": "the first token or the mean, as config.json's "
+            "classifier_pooling says"}.get(model_type, "the first token")
 
 
 def _optional(valid: Callable[[object], bool], must: str) -> Rule:
@@ -60,8 +114,11 @@ def _optional(valid: Callable[[object], bool], must: str) -> Rule:
 _LIMIT = _optional(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
                    "must be a positive number of tokens, or null (no limit)")
 OBJECTIVES: dict[str, Objective] = {
-    "classifier": Objective(label="classifier"),
-    # LM-BFF's prompt-based fine-tuning (peltbench/cloze.py, templates.py; docs/protocol.md §12)
+    "classifier": Objective(
+        settings={"pooling": Setting(choice(*POOLINGS, must=f"must be one of {', '.join(POOLINGS)}"),
+                                     "what the head reads (docs/protocol.md §12.1)")},
+        before={"pooling": "head"}, resolve=_classifier_pooling, misfit=_pooling_misfit),
+    # LM-BFF's prompt-based fine-tuning (peltbench/cloze.py, templates.py; docs/protocol.md §12.2)
     "cloze": Objective(settings={
         "template": Setting(_optional(lambda v: isinstance(v, str) and bool(v), "must be a template in LM-BFF's "
                                       "language, e.g. '*cls**sent_0*_It_was*mask*.*sep+*', or null (the task's)"),
@@ -75,7 +132,7 @@ OBJECTIVES: dict[str, Objective] = {
         "other_sent_limit": Setting(_LIMIT, "tokens kept of every other sentence (LM-BFF's --other_sent_limit)"),
         "truncate_head": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
                                  "cut a row that is too long at its head, not its tail (LM-BFF's --truncate_head)"),
-        # demonstrations (LM-BFF's prompt-demo; peltbench/demonstrations.py, docs/protocol.md §12, Demonstrations)
+        # demonstrations (LM-BFF's prompt-demo; peltbench/demonstrations.py, docs/protocol.md §12.3)
         "demonstrations": Setting(Rule(lambda v: isinstance(v, bool), "must be true or false"),
                                   "append one training row of each class to every input (LM-BFF's prompt-demo)"),
         "num_sample": Setting(_optional(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
@@ -93,19 +150,11 @@ OBJECTIVES: dict[str, Objective] = {
                                          and 0 < v <= 1, "must be a share in (0, 1]"),
                                     "the share of each class's training rows the filter keeps (LM-BFF's "
                                     "--demo_filter_rate)"),
-    }, before={"demonstrations": False, "demo_filter": None, "demo_filter_rate": 0.5}, from_task="cloze",
-        label="cloze"),
+    }, before={"demonstrations": False, "demo_filter": None, "demo_filter_rate": 0.5}, from_task="cloze"),
 }
 # What a config without an `objective` node ran (every record made before objectives existed): the default objective
 # at its `before` values. An identity without an `objective` part is this.
 LEGACY = {"name": DEFAULT, **OBJECTIVES[DEFAULT].before}
-
-
-def objective_name(config: Mapping | DictConfig | None) -> str:
-    """The objective a config (or a record's `config`) ran: `classifier` when it names none (records from before)."""
-    node = (config or {}).get("objective") if isinstance(config, (dict, Mapping, DictConfig)) else None
-    name = node.get("name") if isinstance(node, (dict, Mapping, DictConfig)) else None
-    return str(name) if name else DEFAULT
 
 
 def declared(name: str) -> Objective:
@@ -256,11 +305,140 @@ def group_key(cfg) -> tuple:
     return (str(node["name"]), *(repr(node.get(key)) for key in shared))
 
 
-def label(name: str) -> str:
-    """The objective's name in tables and captions."""
-    objective = OBJECTIVES.get(name)
-    return objective.label if objective is not None and objective.label else name
+def model_misfit(cfg, model_config: dict | None) -> str | None:
+    """Why the run's objective cannot use a model of `model_config` (its config.json), or None."""
+    node = resolved(cfg)
+    objective = OBJECTIVES.get(str(node.get("name"))) if node is not None else None
+    if objective is None or objective.misfit is None or model_config is None:
+        return None
+    return objective.misfit(node, model_config)
 
 
-__all__ = ["DEFAULT", "LEGACY", "OBJECTIVES", "Objective", "check_objective", "declared", "departures", "group_key", "identity",
-           "label", "objective_name", "resolved"]
+# ---------------------------------------------------------------- what a checkpoint says of its pooling
+
+def sentence_pooling(name: str, strict: bool = False) -> str | None:
+    """How a sentence-transformers checkpoint pools (sentence_modes), by the classifier's names: `first`, `mean` or
+    `max`; None for a checkpoint that is not one. Where the cache cannot tell, `strict` (a run, before its folder is
+    chosen) asks the Hub, and where it cannot be asked either, the run takes the architecture's head and the log says
+    so; not `strict` (a plan, peltbench-missing) it takes the head without asking. A mode the classifier does not pool
+    as sentence-transformers does (mean_sqrt_len, weighted mean, last token, several at once) is a UserError in one
+    line. Inside one_pass() (a sweep's check, the tables) asked once per model."""
+    return once("sentence_pooling", (name, strict), lambda key: _sentence_pooling(*key))
+
+
+def _sentence_pooling(name: str, strict: bool) -> str | None:
+    found = sentence_modes(name, strict)
+    if found is None:
+        return None
+    modes, where = found
+    kind = pooling_kind(modes)
+    if kind is None:
+        said = " + ".join(modes) or "no pooling mode"
+        raise UserError(f"model.name={name}: its sentence-transformers pooling ({where}: {said}) is not one the "
+                        f"classifier pools as it does (cls_token, mean_tokens or max_tokens alone); set "
+                        f"objective.pooling to one of {', '.join(POOLINGS[1:])}")
+    return kind
+
+
+def pooling_kind(modes: list[str]) -> str | None:
+    """The pooling (first, mean, max) of sentence-transformers' modes where peltbench pools as that library does
+    (one mode: cls_token, mean_tokens or max_tokens), else None."""
+    return SENTENCE_POOLINGS.get(modes[0]) if len(modes) == 1 else None
+
+
+def sentence_modes(name: str, strict: bool = False, key: str = "model.name") -> tuple[list[str], str] | None:
+    """The pooling modes a sentence-transformers checkpoint names (its modules.json's Pooling module's config.json: its
+    `pooling_mode_*` flags that are true, or newer versions' `pooling_mode`) and that file's path in the checkpoint;
+    None for a checkpoint that is not one (no modules.json, or none with a Pooling module: sentence-transformers
+    itself would pool it by the mean). Read from a local directory, or for a Hub id from the Hugging Face cache
+    (`strict`: asking the Hub where the cache cannot tell). The one reader of a checkpoint's pooling: the classifier's
+    `pooling: auto` (sentence_pooling) and the demonstration filter's encoder (sentence_encoder.sentence_pooling).
+    `key`: the setting that named the checkpoint, for a refusal of an unreadable file."""
+    if not name:
+        return None
+    found = _sentence_file(name, SENTENCE_MODULES, strict)
+    if found is None:
+        return None
+    modules = _read_json(found, f"{key}={name}")
+    paths = [str(module.get("path") or "") for module in modules if isinstance(module, dict)
+             and str(module.get("type", "")).endswith("Pooling")] if isinstance(modules, list) else []
+    if not paths:
+        return None
+    where = f"{paths[0]}/config.json" if paths[0] else "config.json"
+    config = _sentence_file(name, where, strict)
+    if config is None:
+        return None
+    config = _read_json(config, f"{key}={name}")
+    if not isinstance(config, dict):
+        raise UserError(f"{key}={name}: its {where} is not a sentence-transformers Pooling config")
+    if isinstance(config.get("pooling_mode"), str):
+        return [config["pooling_mode"]], where
+    return [key.removeprefix("pooling_mode_") for key, value in config.items()
+            if key.startswith("pooling_mode_") and value is True], where
+
+
+def _sentence_file(name: str, file: str, strict: bool) -> str | None:
+    """The path of `file` of checkpoint `name`: in its local directory, or the Hugging Face cache (strict: fetched from
+    the Hub where the cache cannot tell); None where it has none."""
+    import os
+
+    from .model import is_local
+
+    if is_local(name):
+        path = os.path.join(os.path.expanduser(name), file)
+        return path if os.path.isfile(path) else None
+    return _hub_file(name, file, strict)
+
+
+def _hub_file(name: str, file: str, strict: bool) -> str | None:
+    import logging
+
+    try:
+        from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+        from huggingface_hub.errors import EntryNotFoundError
+
+        cached = try_to_load_from_cache(name, file)
+    except Exception:  # an id the cache cannot hold, an unreadable cache: the model's load says what is wrong
+        return None
+    if isinstance(cached, str):
+        return cached
+    if cached is not None or not strict:  # the cache knows there is none; or a plan, which asks no Hub
+        return None
+    from .hub import use_hub
+
+    use_hub()
+    if constants.HF_HUB_OFFLINE:
+        logging.getLogger("peltbench").warning(
+            "model.name=%s: objective.pooling=auto cannot tell whether it is a sentence-transformers checkpoint (its "
+            "%s is not in the Hugging Face cache, and the Hub is offline): it reads the architecture's own head; "
+            "set objective.pooling to choose", name, file)
+        return None
+    try:
+        return hf_hub_download(name, file)
+    except EntryNotFoundError:  # the cache now knows it has none
+        return None
+    except Exception:  # the model's own load says what is wrong (no such repository, a gated one, ...)
+        return None
+
+
+def _read_json(path: str, given: str):
+    import os
+
+    try:
+        found = os.stat(path)
+        return _json_file(path, found.st_mtime_ns, found.st_size)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{given}: cannot read {path} ({error})") from None
+
+
+@lru_cache(maxsize=64)
+def _json_file(path: str, mtime_ns: int, size: int):
+    """The JSON file at `path` as it was at (`mtime_ns`, `size`): read again only when it changed. Never change what
+    it returns."""
+    with open(path) as handle:
+        return json.load(handle)
+
+
+__all__ = ["DEFAULT", "LEGACY", "OBJECTIVES", "Objective", "check_objective", "classifier_pooling", "declared",
+           "departures", "group_key", "identity", "model_misfit", "pooling_kind", "resolved", "sentence_modes",
+           "sentence_pooling"]

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-labels", type=int, default=2, help="classes of the head (1 for STS-B); default 2")
     parser.add_argument("--objective", choices=("classifier", "cloze"), default="classifier",
                         help="cloze: the head is the masked-LM head's label-word rows (one per class; 2 for a "
-                             "regression's poles) on the model's *ForMaskedLM (docs/protocol.md §12)")
+                             "regression's poles) on the model's *ForMaskedLM (docs/protocol.md §12.2)")
     parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
                         help="a config folder of your own (as hydra.searchpath=[file://DIR]): its methods "

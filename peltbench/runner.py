@@ -6,6 +6,7 @@ which runs are compatible); `run_experiment` is a group of one. Each run keeps i
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from . import UserError
 from . import checkpoint as checkpoints
@@ -41,6 +42,7 @@ from .record import (SCHEMA, DamagedRecord, RecordWriteError, changed_meaning, c
 from .allocator import kept_memory
 from .interrupts import interrupted
 from .halving import Halving, ledger_path, pruned_record
+from .objectives import classifier_pooling, resolved as resolved_objective
 from .protocols import protocol_name
 from .tasks import TaskSpec
 from .train import (EvaluationSet, GroupSettings, Member, MemberResult, ResumeError, TrainSettings, evaluate, fit,
@@ -144,6 +146,7 @@ class _Run:
     @classmethod
     def prepare(cls, cfg: DictConfig, results_dir: Path) -> _Run:
         check_config(cfg)
+        cfg = decided(cfg)
         path = record_path(cfg, results_dir)
         digest = config_hash(cfg)
         run = cls(cfg, path, digest, None, record=_identity(cfg, digest))
@@ -413,9 +416,24 @@ def available_memory() -> int | None:
     return min(limits) if limits else None
 
 
+def decided(cfg: DictConfig) -> DictConfig:
+    """The run's config with what its checkpoint decides decided (`objective.pooling: auto`: peltbench.objectives),
+    asking the Hub where the cache cannot tell: what its record's config holds, so that the record says what the run
+    computed and its identity is read from its config alone. The config itself where nothing is left to decide (a
+    cloze run's prompt is not decided here: a null setting stays the task file's, objectives.identity reads it there)."""
+    node = resolved_objective(cfg, strict=True)
+    if node is None or node == OmegaConf.to_container(cfg.objective, resolve=True):
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.objective = node
+    return cfg
+
+
 def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
-    """The runs' methods on one copy of the pretrained backbone, each run with the head its model seed draws (or, with
-    objective=cloze, the masked-LM head's rows of its label words)."""
+    """The runs' methods on one copy of the pretrained backbone, each run with the head its model seed draws reading
+    what its objective's pooling says, its value decided (a config not run by the runner, e.g. a check's, decides it
+    here); or, with objective=cloze (a fused group holds one objective), the masked-LM head's rows of its label words."""
     first = cfgs[0]
     if is_cloze(first):
         tokenizer = load_tokenizer(first.model.name)
@@ -425,7 +443,9 @@ def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
                                 [cfg.model_seed for cfg in cfgs], cloze=cloze).to(device)
     backbone = load_backbone(first.model.name, task.num_labels, first.model_seed)
     heads = [initial_head(cfg.model.name, task.num_labels, cfg.model_seed) for cfg in cfgs]
-    return build_pelt_model(backbone, [cfg.method for cfg in cfgs], [cfg.model_seed for cfg in cfgs], heads).to(device)
+    poolings = [classifier_pooling(resolved_objective(cfg, strict=True)) for cfg in cfgs]
+    return build_pelt_model(backbone, [cfg.method for cfg in cfgs], [cfg.model_seed for cfg in cfgs], heads,
+                            poolings).to(device)
 
 
 CPU_ROWS_PER_PASS = 64  # a CPU's training pass: the members whose rows make about this many (docs/fused.md, measured)
@@ -563,7 +583,7 @@ def _finish(run: _Run, result: MemberResult, model, slot: int, task: TaskSpec) -
             if run.cfg.save.weights:
                 weights = member_weights(model, slot, run.cfg.method, model.config)
                 saved += save_weights(run.path.parent, weights, run.cfg, model.arch,
-                                      member_frozen(model, slot, run.cfg.method))
+                                      member_frozen(model, slot, run.cfg.method), model.config)
             if run.cfg.save.predictions:
                 saved.append(save_predictions(run.path.parent, result.predictions, run.member.test.row_labels, task,
                                               result.logits, run.member.test_rows))

@@ -52,9 +52,10 @@ def member_weights(model, slot: int, method, config) -> dict[str, torch.Tensor]:
 
 
 def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
-                 frozen: dict[str, torch.Tensor] | None = None) -> list[str]:
+                 frozen: dict[str, torch.Tensor] | None = None, model_config=None) -> list[str]:
     """weights.safetensors (and peft/ for a run PEFT can load, see peft_refusal); the files written, relative to
-    run_dir. `frozen`: what a copy needs beside the trained tensors (methods.member_frozen: LoRA-FA's A, VeRA's A, B)."""
+    run_dir. `frozen`: what a copy needs beside the trained tensors (methods.member_frozen: LoRA-FA's A, VeRA's A, B).
+    `model_config`: the backbone's config (ModernBERT's classifier_pooling decides what its head pools)."""
     from omegaconf import OmegaConf
 
     metadata = {"peltbench": __version__, "model": str(cfg.model.name), "task": cfg.task.name,
@@ -64,6 +65,8 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     kind, refusal = peft_kind(cfg.method, arch)
     if kind is not None and is_cloze(cfg):
         kind, refusal, tensors = _cloze_peft(kind, cfg, tensors)
+    elif kind is not None and other_pooling(cfg, arch, model_config):
+        kind, refusal = None, other_pooling(cfg, arch, model_config)
     if kind is not None:
         [name] = cfg.method.components
         own = hasattr(component(str(name)), "peft_export")  # a component that writes its own PEFT form
@@ -95,6 +98,21 @@ def _for_masked_lm(folder: Path) -> None:
     config = json.loads(path.read_text())
     config.update(task_type=None, modules_to_save=None)
     write_file(path, json.dumps(config, indent=2) + "\n", TEMPORARY)
+
+
+def other_pooling(cfg, arch, model_config) -> str | None:
+    """Why a PEFT copy of the run would not be the run, where its head reads another pooling than the one PEFT's
+    SEQ_CLS model (the architecture's own `*ForSequenceClassification`) pools (objective.pooling, docs/saving.md);
+    None where it reads that one."""
+    from .architectures import head_pooling
+    from .objectives import resolved
+
+    node = resolved(cfg, strict=True) or {}
+    kind = node.get("pooling", "head")
+    if kind == "head" or kind == head_pooling(arch, model_config):
+        return None
+    return (f"objective.pooling={kind}: PEFT's SEQ_CLS model pools as {arch.name}'s own head does "
+            f"({head_pooling(arch, model_config)}); weights.safetensors holds the run (peltbench.load_run)")
 
 
 def peft_kind(method, arch) -> tuple[str | None, str | None]:

@@ -1,6 +1,7 @@
 """A sentence encoder's embeddings, as sentence-transformers computes them, without the package: the demonstration
 filter's (peltbench/demonstrations.py, LM-BFF's SBERT filter, `objective.demo_filter`). The encoder is a checkpoint
-folder (the installed all-MiniLM-L6-v2 serves offline); its pooling is read from its `1_Pooling/config.json`."""
+folder (the installed all-MiniLM-L6-v2 serves offline); its pooling is read as the classifier's `pooling: auto` reads
+it (peltbench.objectives.sentence_modes)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from . import UserError
+from .objectives import pooling_kind, sentence_modes
 from .progress import progress
-
-POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
 
 
 def row_text(texts: Sequence[str]) -> str:
@@ -24,16 +24,19 @@ def row_text(texts: Sequence[str]) -> str:
 
 
 def sentence_pooling(folder: Path) -> str:
-    """How a sentence encoder's folder pools its tokens: its sentence-transformers `1_Pooling/config.json` (mean, the
-    first token or the max), or the mean where it has none (LM-BFF's `*-nli-stsb-mean-tokens` encoders)."""
-    config = folder / "1_Pooling" / "config.json"
-    if not config.is_file():
+    """How a sentence encoder's folder pools its tokens (`first`, `mean` or `max`), as sentence-transformers reads it
+    (objectives.sentence_modes: its modules.json's Pooling module), or the mean where it names none (sentence-
+    transformers' own default for a plain checkpoint: LM-BFF's `*-nli-stsb-mean-tokens` encoders pool by it)."""
+    given = f"objective.demo_filter={folder}"
+    found = sentence_modes(str(folder), key="objective.demo_filter")
+    if found is None:
         return "mean"
-    modes = [mode for key, mode in POOLING_MODES.items() if json.loads(config.read_text()).get(key)]
-    if len(modes) != 1:
-        raise UserError(f"objective.demo_filter={folder}: its 1_Pooling/config.json pools by "
-                        f"{' and '.join(modes) or 'no mode peltbench reads'}; the filter reads one of mean, cls, max")
-    return modes[0]
+    modes, where = found
+    kind = pooling_kind(modes)
+    if kind is None:
+        raise UserError(f"{given}: its {where} pools by {' and '.join(modes) or 'no pooling mode'}; the filter pools "
+                        f"as sentence-transformers does by one of cls_token, mean_tokens, max_tokens alone")
+    return kind
 
 
 def sentence_embeddings(path: str, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
@@ -70,7 +73,7 @@ def sentence_embeddings(path: str, texts: Sequence[str], batch_size: int = 64) -
 def _pool(hidden, attention_mask, mode: str):
     """sentence-transformers' Pooling: the masked mean, the first token, or the masked max."""
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    if mode == "cls":
+    if mode == "first":
         return hidden[:, 0]
     if mode == "max":
         return hidden.masked_fill(mask == 0, -1e9).max(dim=1).values

@@ -1,4 +1,4 @@
-"""How long a run's demonstrations take to build (docs/protocol.md §12, Demonstrations): SST-2's LM-BFF split
+"""How long a run's demonstrations take to build (docs/protocol.md §12.3): SST-2's LM-BFF split
 (seed 13, K = 16 per class) from the shipped data/glue, LM-BFF's prompt, MiniLM's tokenizer (make install), 16
 evaluation sets of the 32 dev and 872 test rows, then 100 training steps' draws of 8 rows; with each sentence's
 tokens computed once

@@ -41,11 +41,15 @@ COMPONENTS = {name: component(name) for name in builtin_names()}
 
 
 def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictConfig], model_seed: int | Sequence[int],
-                     heads: Sequence[nn.Module] | None = None, cloze: Cloze | None = None) -> PeltModel:
-    """Attach the methods of a group's members to one `*ForSequenceClassification` model and freeze everything else.
+                     heads: Sequence[nn.Module] | None = None, poolings: Sequence[str] | None = None,
+                     cloze: Cloze | None = None) -> PeltModel:
+    """Attach the methods of a group's members to one `*ForSequenceClassification` model (objective=cloze: one
+    `*ForMaskedLM`) and freeze everything else.
 
     `methods` and `model_seed`: one per member (or a single method and seed: a separate run). `heads`: for each
     member, the model whose new head layers are its initial head (default: the backbone's own, for a group of one).
+    `poolings` (the classifier objective): what each member's head reads, decided (objectives.classifier_pooling:
+    head, pooler, first, mean or max; default head for all, as every record from before objectives ran).
     `cloze` (objective=cloze): the backbone is a `*ForMaskedLM`, each member's head its label words' decoder rows.
     Member m's new modules are drawn with the model seed set again before each of its components (App. B), so a
     member starts from the same weights alone, inside UniPELT, or inside any group.
@@ -58,7 +62,8 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     alone = [declaration(name).alone for name in used if declaration(name).alone]
     if len(methods) > 1 and alone:
         raise ValueError(alone[0])
-    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]), cloze)
+    model = PeltModel(backbone, Members(len(methods)), list(heads or [backbone]),
+                      None if poolings is None else list(poolings), cloze)
     model.members.padded_pooling = padded_pooling(methods)
     _own_attention(model)
     model.members.dropout_sites = randomness.install(model)

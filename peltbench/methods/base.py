@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..architectures import Architecture, activation_name, architecture, get, mlm_transform, pool, put, unwrapped
+from ..architectures import (Architecture, activation_name, architecture, get, head_input, head_pooling,
+                             mlm_transform, pooled, put, unwrapped)
 
 INIT_STD = 0.02  # BERT's init for new Linear weights (docs/protocol.md); biases start at 0
 
@@ -634,18 +635,26 @@ class PeltModel(nn.Module):
     `backbone` is a `*ForSequenceClassification` of one of the supported architectures (methods/architectures.py);
     its new head layers move into `head` (one per member), the rest is the pretrained, frozen backbone.
     The rows of `input_ids` are the active members' rows, member by member, the same number per member.
+    The classifier objective: `poolings` is what each member's head reads (objective.pooling, decided: head, pooler,
+    first, mean or max; default head for all), each member's own in one forward pass (the pooling follows the shared
+    encoder). objective=cloze (`cloze`): `backbone` is a `*ForMaskedLM`, the head scores each member's label words at
+    the mask (ClozeHead); a fused group holds one objective (peltbench.fusion), so a model has one kind of head.
     """
 
     def __init__(self, backbone: nn.Module, members: Members, heads: list[nn.Module],
-                 cloze: Cloze | None = None) -> None:
+                 poolings: list[str] | None = None, cloze: Cloze | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.arch = architecture(backbone.config.model_type)
         self.members = members
         self.mask_id = None if cloze is None else cloze.mask_id
         if cloze is not None:  # `backbone` is a *ForMaskedLM; each member scores its label words at the mask
-            self.head = ClozeHead(members, backbone, self.arch, cloze)
+            if poolings is not None:
+                raise ValueError("a cloze model reads each row's mask token: it has no classifier pooling")
+            self.head, self.poolings = ClozeHead(members, backbone, self.arch, cloze), []
         else:
+            own = head_pooling(self.arch, backbone.config)
+            self.poolings = [own if kind == "head" else kind for kind in (poolings or ["head"] * members.count)]
             self.head = self._classifier(backbone, members, heads)
         # The denominator of Table 4's "% of the backbone": the pretrained model without the new head layers.
         self.backbone_params = sum(p.numel() for p in backbone.parameters())
@@ -704,7 +713,7 @@ class PeltModel(nn.Module):
             attention_mask = self.members.token_mask = inputs["attention_mask"]  # a stage may widen it (prompts)
             output = self.encoder(**inputs)
             if self.mask_id is None:
-                return self.head(pool(self.arch, self.backbone, output, attention_mask))
+                return self.head(head_input(self.arch, self.backbone, self.pool(output, attention_mask)))
             hidden = output.last_hidden_state
             at_mask = mask_positions(input_ids, self.mask_id, hidden.shape[1] - input_ids.shape[1])
             masked = hidden[torch.arange(hidden.shape[0], device=hidden.device), at_mask]
@@ -714,6 +723,24 @@ class PeltModel(nn.Module):
             self.members.prefixes = None
             self.members.per_pass = None
             self.members.set_dropout_keys(None)
+
+    def pool(self, output, attention_mask: torch.Tensor) -> torch.Tensor:
+        """One vector per row, each active member's rows pooled as its own `poolings` entry says: one pooling for all
+        where they share it; else each kind the active members use on every row, the members' rows then taken from
+        their own (a mean over a row costs one masked sum, BERT's pooler a Linear on one token a row)."""
+        kinds = [self.poolings[slot] for slot in self.members.active_slots()]
+        if len(set(kinds)) == 1:
+            return pooled(kinds[0], output, attention_mask)
+        vectors = None
+        for kind in dict.fromkeys(kinds):
+            mine = pooled(kind, output, attention_mask)
+            if vectors is None:
+                vectors = mine
+                continue
+            users = tuple(slot for slot, own in enumerate(self.poolings) if own == kind)
+            selection = self.members.select(users, mine.device)
+            vectors = self.members.replace_rows(selection, vectors, self.members.gather(selection, mine))
+        return vectors
 
     def member_parameters(self) -> list[tuple[str, nn.Parameter, list[bool], bool]]:
         """(name, parameter, flags, stacked) for every trained parameter: flags say which members train it;

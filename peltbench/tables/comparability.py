@@ -71,7 +71,7 @@ def run_protocol(config, precision):
                else None)
         settings = {PROTOCOL: name, **{key: value for key, value in settings.items()
                                        if own is None or canonical(value) != canonical(own[key])}}
-    settings.update(objective_departures(config))  # another objective (or pooling) is never pooled with the classifier's
+    settings.update(objective_departures(config))  # another objective (or pooling): never pooled with the classifier
     settings[PRECISION] = precision
     return settings
 
