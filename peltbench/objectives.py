@@ -284,10 +284,13 @@ def departures(cfg) -> list[tuple[str, object]]:
 
 
 def _shown(value):
-    """A setting's value as a folder name and a table label hold it: itself where it is a plain word or number, else
-    (a template, label words: stars, commas, braces that a label `k=v,k=v` cannot carry) `sha-` and 8 hex digits of its
-    sha256; the record's config holds it whole."""
-    if isinstance(value, (bool, int, float)) or value is None:
+    """A setting's value as a folder name and a table label hold it: a truth value or null as Hydra's override takes it
+    (`true`, `false`, `null`: `objective.demonstrations=true`, as the tables' label spells it), itself where it is a
+    plain word or number, else (a template, label words: stars, commas, braces that a label `k=v,k=v` cannot carry)
+    `sha-` and 8 hex digits of its sha256; the record's config holds it whole."""
+    if isinstance(value, bool) or value is None:
+        return _show(value)
+    if isinstance(value, (int, float)):
         return value
     if isinstance(value, str) and re.fullmatch(r"[\w.\-]+", value):
         return value

@@ -127,6 +127,21 @@ def test_a_model_has_one_kind_of_head_its_objectives():
     assert masked(ids, torch.ones_like(ids)).shape == (4, 2)
 
 
+def test_a_folder_spells_a_truth_value_as_the_tables_label_and_hydras_override_do():
+    """`objective.demonstrations=true` in the folder as in the tables' label (never Python's `True`), and each part of
+    the folder's objective is an override that composes the same run."""
+    from peltbench.record import variant_name
+
+    cfg = compose_config("method=lora", "task=sst2", "objective=cloze", "objective.demonstrations=true",
+                         "objective.truncate_head=true")
+    folder = variant_name(cfg)
+    assert folder == "lora,objective=cloze,objective.truncate_head=true,objective.demonstrations=true"
+    label = protocol_label(run_protocol(OmegaConf.to_container(cfg, resolve=True), "fp32"))
+    assert label == "objective=cloze,objective.demonstrations=true,objective.truncate_head=true,precision=fp32"
+    again = compose_config("method=lora", "task=sst2", *folder.split(",")[1:])
+    assert config_hash(again) == config_hash(cfg) and variant_name(again) == folder
+
+
 def test_the_tables_never_pool_another_objective_with_the_classifier(probe):
     classifier = protocol_label(run_protocol(plain(), "fp32"))
     old = protocol_label(run_protocol(plain(drop=True), "fp32"))
