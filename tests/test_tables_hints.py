@@ -168,3 +168,48 @@ def test_hints_sweep_the_renders_tasks_from_its_data_dir(tmp_path):
         configs = [yaml.safe_load(part.split("\n", 1)[1]) for part in text.split("# run ")[1:]]
         assert {config["task"]["name"] for config in configs} == {"rte", "sst2"}, command
         assert {config["data"]["dir"] for config in configs} == {glue}
+
+
+CLOZE = ("objective=cloze", "objective.demonstrations=true", "objective.template='*cls**sent_0*_?*mask*,*+sentl_1**sep+*'",
+         "objective.label_words={entailment: 'Yes', not_entailment: No}")
+
+
+def test_a_cloze_renders_hints_repeat_its_prompt_whole_and_fill_its_cells(tmp_path):
+    """A label holds a template and label words only as digests (`objective.template=sha-...`, no value a run takes):
+    each hint writes them out whole, as the runs' records hold them, and its runs land in the render's label."""
+    for seed in (13, 21):
+        write_run(tmp_path / "runs", "lmbff", "lora", "rte", 16, seed, 60.0 + seed, *CLOZE)
+    config = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())["config"]
+    label = label_of({**config, "precision": "fp32"})
+    assert re.fullmatch(r"protocol=lmbff,objective=cloze,objective\.demonstrations=true,"
+                        r"objective\.label_words=sha-[0-9a-f]{8},objective\.template=sha-[0-9a-f]{8},precision=fp32", label)
+    out = tmp_path / "out"
+    assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(tmp_path),
+                 "--protocol", label]) == 0
+    found = hints(out)
+    assert found
+    for command in found:
+        assert "sha-" not in command, command
+        assert 'objective.template="*cls**sent_0*_?*mask*,*+sentl_1**sep+*"' in shlex.split(command), command
+        for run in jobs(command):
+            assert label_of(run) == label, command
+            assert run["objective"]["template"] == "*cls**sent_0*_?*mask*,*+sentl_1**sep+*"
+
+
+def test_a_digest_no_override_gives_back_is_left_out_of_a_hint_and_said(tmp_path):
+    import pandas as pd
+
+    from peltbench.tables.captions import written_out
+    from peltbench.tables.comparability import Selection
+    from peltbench.tables.outputs import Render, _sweep
+
+    label = "protocol=lmbff,objective=cloze,objective.template=sha-0123abcd,precision=fp32"
+    unwritable = {"objective": {"name": "cloze", "template": "*cls**sent_0*_${oops}*mask*.*sep+*"}}
+    assert written_out(label, [unwritable]) == {}  # Hydra would interpolate it
+    render = Render(Selection(MODEL, "", label, ""), 5, 1, None, pd.DataFrame())
+    command = _sweep("table1", render)
+    assert "objective=cloze" in command and "objective.template" not in command
+    assert render.notes == ["The sweep commands leave out objective.template: the label holds only a digest of the "
+                            "runs' value, which no override repeats; add it as their records' config holds it"]
+    assert written_out(label, [{"objective": {"template": 'a "quoted" *mask*'}}]) == {
+        "objective.template": 'objective.template="a \\"quoted\\" *mask*"'}

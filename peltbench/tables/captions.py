@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from ..packaged import options, packaged_config
 from ..protocols import DEFAULT, protocol_file, protocol_settings, run_defaults, sweep_seeds
 from .names import AVG, TASK_LABELS, TASKS, order_of
-from .comparability import PAPER_MODEL, label_protocol, parse_protocol
+from .comparability import PAPER_MODEL, canonical, label_protocol, parse_protocol
 
 # The experiment files that sweep few-shot K only (K = 100, 500, 1000): no full-data protocol runs them; and the one
 # that sweeps K = all only, which a protocol of K rows per class (lmbff) cannot run.
@@ -174,14 +174,15 @@ def metric_words(metrics):
              f"number" if own else ""))
 
 
-def sweep_command(sweep, selection, ks=None, extra=(), tasks=None, data_dir=None):
+def sweep_command(sweep, selection, ks=None, extra=(), tasks=None, data_dir=None, written=None):
     """The sweep that fills an output for the model and protocol this render pools, e.g. `peltbench -m
     +experiment=table1 protocol=lmbff k=16 seed=13,21,42,87,100`; None where the protocol cannot run that sweep
     (a few-shot table under a full-data protocol: `not_under`). `ks`: the K of the cells shown (default: the
     experiment file's, or the protocol's K where the protocol fixes it). `tasks`: the tasks the render shows (the
     sweep runs those of its own tasks, or these where it has none of them; all of its own without `tasks`);
     `data_dir`: the local GLUE directory the pooled runs read (`data.dir`; None: the Hub), so that the sweep runs
-    where they did, offline too."""
+    where they did, offline too. `written`: the overrides that repeat the label's parts it holds only as a digest
+    (written_out); a digest without one is left out (`sha-...` is no value a run can be given)."""
     name = named(selection)
     ks = None if sweep in FULL_DATA_SWEEPS else ks
     model = selection.model.rpartition("#")[0] or selection.model  # records.split_architectures' PATH#roberta
@@ -200,8 +201,68 @@ def sweep_command(sweep, selection, ks=None, extra=(), tasks=None, data_dir=None
     words += _tasks(sweep, tasks)
     words += [] if model == PAPER_MODEL else [f"model.name={model}"]
     words += [] if data_dir is None else [f"data.dir={data_dir}"]
-    words += [f"{key}={value}" for key, value in departures.items() if key != "protocol"]
+    written = written or {}
+    words += [written.get(key) or f"{key}={value}" for key, value in departures.items()
+              if key != "protocol" and (key in written or not is_digest(value))]
     return shlex.join(words)
+
+
+DIGEST = "sha-"  # a label's value held as a digest (objectives._shown: a template, label words, a folder's path)
+
+
+def is_digest(value):
+    return str(value).startswith(DIGEST)
+
+
+def unwritten(selection, written):
+    """The parts of the render's label held only as a digest that no override repeats (sweep_command leaves them out)."""
+    return [key for key, value in parse_protocol(selection.protocol).items() if is_digest(value) and key not in written]
+
+
+def written_out(label, configs):
+    """{key: override} for each part of `label` it holds only as a digest (`objective.template=sha-1f3a9c2e`): the
+    value whole, as the pooled runs' records hold it (`configs`: their configs, which share the label), written as a
+    Hydra override (`objective.template="*cls**sent_0*_It_was*mask*.*sep+*"`) that Hydra's parser reads back as that
+    value, so a hint's command repeats it. A value no override gives back is left out."""
+    keys = [key for key, value in parse_protocol(label).items() if is_digest(value)]
+    written = {}
+    for config in configs if keys else ():
+        for key in keys:
+            word = _override(key, _dotted(config, key))
+            if word is not None:
+                written.setdefault(key, word)
+        if len(written) == len(keys):
+            break
+    return written
+
+
+def _dotted(config, key):
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+def _override(key, value):
+    """`key=VALUE` in Hydra's override syntax (strings double-quoted, a mapping as `{k: "v", ...}`), or None where
+    Hydra's parser would not read `value` back from it (or it holds `${`, which Hydra would interpolate)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if value is None or "${" in str(value):
+        return None
+    text = f"{key}={_hydra_value(value)}"
+    try:
+        parsed = OverridesParser.create().parse_override(text).value()
+    except Exception:  # noqa: BLE001 - Hydra's grammar refuses it: no override repeats this value
+        return None
+    return text if canonical(parsed) == canonical(value) else None
+
+
+def _hydra_value(value):
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_hydra_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    return canonical(value)
 
 
 def sweep_tasks(sweep):

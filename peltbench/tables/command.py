@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import UserError
+from .captions import written_out
 from .cost import write_cost
 from .figures import swept_paths
 from .models import NAME as MODELS
@@ -145,6 +146,7 @@ def _render(args, records, unreadable):
     render_context.ks = tuple(sorted({k for k in runs["k"] if k != "all"}, key=int))  # the K a hint's sweep fills
     render_context.tasks = tuple(sorted(set(chosen["task"]), key=lambda task: order_of(task, TASKS)))  # and its tasks
     render_context.data_dir = data_dir(chosen)  # and where it reads them: a hint runs offline where the runs did
+    render_context.written = written_out(selection.protocol, chosen["config"])  # and a template, not its digest
     ledger = account(chosen, duplicates, len(known[same]), known[~same], unknown, unreadable, runs,
                      args.select_keys if selected is not None else ())
     _say_selection(selection, ledger, args, render_context)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from . import latex, markdown
 from .captions import (benchmark_words, k_words, main_metrics, metric_words, not_under, reported_heading, reported_rows,
-                       selection_rows, statistic_words, sweep_command)
+                       selection_rows, statistic_words, sweep_command, unwritten)
 from .captions import settings as protocol_node
 from .efficiency import efficiency_table, is_fused, machines, without_units
 from .figures import bottleneck_figure, gate_figure, gate_runs, lora_scale_figure, most_runs_k
@@ -120,6 +120,7 @@ class Render:
     select_label: str = ""  # with --select: the keys chosen on dev, `method.lr` (selection.Chosen.label)
     tasks: tuple = ()      # the tasks of the pooled runs: the ones a hint's sweep runs
     data_dir: str | None = None  # the local GLUE directory the pooled runs read (`data.dir`), None: the Hub
+    written: dict = field(default_factory=dict)  # overrides repeating the label's digests (captions.written_out)
 
 
 def write_missing(out, name, title, command, why="No runs for this table yet", below=""):
@@ -400,8 +401,13 @@ def _sweep(sweep, render, ks=None, extra=()):
     shows; under a protocol of K per class (whose K no experiment file has), at the K of the pooled runs; on the
     render's tasks, from the GLUE directory its runs read (so that it runs offline where they did)."""
     per_class = protocol_node(render.selection)["k"] == "per_class"
+    left_out = unwritten(render.selection, render.written)
+    note = (f"The sweep commands leave out {', '.join(left_out)}: the label holds only a digest of the runs' value, "
+            f"which no override repeats; add it as their records' config holds it")
+    if left_out and note not in render.notes:
+        render.notes.append(note)
     return sweep_command(sweep, render.selection, ks or (render.ks if per_class else None) or None, extra,
-                         render.tasks, render.data_dir)
+                         render.tasks, render.data_dir, render.written)
 
 
 def _any_k_sweep(render, extra=()):
