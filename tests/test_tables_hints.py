@@ -97,6 +97,7 @@ def test_every_hint_is_accepted_and_fills_the_cells_shown(tmp_path, protocol):
         text = (out / name).read_text()
         assert "peltbench -m" not in text and "cannot be run under it" in text
     assert any("+experiment=table3" in command for command in found) == (protocol != "lmbff")
+    assert any("method=ln save.weights=true" in command for command in found)  # the classifier's LN figure
     assert any("+experiment=table1" in command for command in found) == (protocol != "full_median")
 
 
@@ -188,6 +189,9 @@ def test_a_cloze_renders_hints_repeat_its_prompt_whole_and_fill_its_cells(tmp_pa
                  "--protocol", label]) == 0
     found = hints(out)
     assert found
+    assert not any("method=ln" in command for command in found)  # LN-tuning's figure is of classifier runs
+    assert "| `fig_ln_change.png` | not drawn: the LN-tuning paper's Figure 3 is of classifier runs" in \
+        (out / "README.md").read_text()
     for command in found:
         assert "sha-" not in command, command
         assert 'objective.template="*cls**sent_0*_?*mask*,*+sentl_1**sep+*"' in shlex.split(command), command

@@ -20,7 +20,7 @@ from .layernorm import layernorm_changes, layernorm_figure, mean_changes, saved_
 from .names import TABLE1_METHODS, TABLE3_METHODS, k_label
 from .ledger import other_settings_markdown
 from .paper import diff_cells, diff_upper_bounds
-from .comparability import Selection, label_protocol
+from .comparability import Selection, label_protocol, parse_protocol
 from .scores import score_table, statistic, upper_bounds
 from .significance import significance
 
@@ -310,8 +310,13 @@ def _name_the_runs(figure, selection):
 def write_layernorm_figure(out, runs, render):
     """The LN-tuning paper's Figure 3 on GLUE from LN runs that saved their weights, and its numbers as CSV."""
     saved = saved_ln_runs(runs[runs["changed"].map(len) == 0])
+    objective = parse_protocol(render.selection.protocol).get("objective")  # none: the classifier
     why = None
-    if saved.empty:
+    if objective is not None:  # no sweep of this render's runs fills it
+        why = (f"the LN-tuning paper's Figure 3 is of classifier runs, whose every trained LayerNorm is the encoder's, "
+               f"one of its rows; under objective={objective} LN-tuning trains a head's LayerNorm too (cloze: the "
+               f"masked-LM head's), which the figure has no row for, so no sweep of these runs is proposed for it")
+    elif saved.empty:
         why = f"no LN-tuning run saved its weights; `{_any_k_sweep(render, LN_SWEEP_SETTINGS)}` fills it"
     else:
         changes = layernorm_changes(saved, render.say)
