@@ -93,8 +93,8 @@ def classifier_pooling(node: dict | None) -> str:
     from before objectives): what the runner builds its model with (methods.build_pelt_model's `poolings`)."""
     node = node or LEGACY
     if node.get("name") != "classifier":
-        raise ValueError(f"objective {node.get('name')}: it has no classifier pooling (its own head: a fused group holds "
-                         f"one objective)")
+        raise ValueError(f"objective {node.get('name')}: it has no classifier pooling (its own head: a fused group "
+                         f"holds one objective)")
     kind = str(node.get("pooling", "head"))
     if kind == "auto":  # decided from the checkpoint before the model is built (resolved)
         raise ValueError("objective.pooling=auto reached the model undecided")

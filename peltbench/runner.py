@@ -420,7 +420,8 @@ def decided(cfg: DictConfig) -> DictConfig:
     """The run's config with what its checkpoint decides decided (`objective.pooling: auto`: peltbench.objectives),
     asking the Hub where the cache cannot tell: what its record's config holds, so that the record says what the run
     computed and its identity is read from its config alone. The config itself where nothing is left to decide (a
-    cloze run's prompt is not decided here: a null setting stays the task file's, objectives.identity reads it there)."""
+    cloze run's prompt is not decided here: a null setting stays the task file's, objectives.identity reads it
+    there)."""
     node = resolved_objective(cfg, strict=True)
     if node is None or node == OmegaConf.to_container(cfg.objective, resolve=True):
         return cfg
@@ -433,7 +434,8 @@ def decided(cfg: DictConfig) -> DictConfig:
 def group_model(cfgs: list[DictConfig], task: TaskSpec, device: torch.device):
     """The runs' methods on one copy of the pretrained backbone, each run with the head its model seed draws reading
     what its objective's pooling says, its value decided (a config not run by the runner, e.g. a check's, decides it
-    here); or, with objective=cloze (a fused group holds one objective), the masked-LM head's rows of its label words."""
+    here); or, with objective=cloze (a fused group holds one objective), the masked-LM head's rows of its label
+    words."""
     first = cfgs[0]
     if is_cloze(first):
         tokenizer = load_tokenizer(first.model.name)

@@ -65,8 +65,9 @@ def save_weights(run_dir: Path, tensors: dict[str, torch.Tensor], cfg, arch,
     kind, refusal = peft_kind(cfg.method, arch)
     if kind is not None and is_cloze(cfg):
         kind, refusal, tensors = _cloze_peft(kind, cfg, tensors)
-    elif kind is not None and other_pooling(cfg, arch, model_config):
-        kind, refusal = None, other_pooling(cfg, arch, model_config)
+    elif kind is not None:  # the classifier: PEFT's SEQ_CLS model pools as the architecture's own head
+        refusal = other_pooling(cfg, arch, model_config)
+        kind = None if refusal else kind
     if kind is not None:
         [name] = cfg.method.components
         own = hasattr(component(str(name)), "peft_export")  # a component that writes its own PEFT form

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import UserError
+from .architectures import pooled
 from .objectives import pooling_kind, sentence_modes
 from .progress import progress
 
@@ -63,18 +64,7 @@ def sentence_embeddings(path: str, texts: Sequence[str], batch_size: int = 64) -
             rows = order[start : start + batch_size]
             batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True,
                               max_length=max_length or min(tokenizer.model_max_length, 512), return_tensors="pt")
-            hidden = model(**batch).last_hidden_state
-            out[rows] = _pool(hidden, batch["attention_mask"], mode).float().numpy()
+            out[rows] = pooled(mode, model(**batch), batch["attention_mask"]).float().numpy()  # as the classifier pools
             bar.update(len(rows))
     bar.close()
     return out
-
-
-def _pool(hidden, attention_mask, mode: str):
-    """sentence-transformers' Pooling: the masked mean, the first token, or the masked max."""
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    if mode == "first":
-        return hidden[:, 0]
-    if mode == "max":
-        return hidden.masked_fill(mask == 0, -1e9).max(dim=1).values
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)

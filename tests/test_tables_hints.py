@@ -171,7 +171,8 @@ def test_hints_sweep_the_renders_tasks_from_its_data_dir(tmp_path):
         assert {config["data"]["dir"] for config in configs} == {glue}
 
 
-CLOZE = ("objective=cloze", "objective.demonstrations=true", "objective.template='*cls**sent_0*_?*mask*,*+sentl_1**sep+*'",
+CLOZE = ("objective=cloze", "objective.demonstrations=true",
+         "objective.template='*cls**sent_0*_?*mask*,*+sentl_1**sep+*'",
          "objective.label_words={entailment: 'Yes', not_entailment: No}")
 
 
@@ -182,8 +183,8 @@ def test_a_cloze_renders_hints_repeat_its_prompt_whole_and_fill_its_cells(tmp_pa
         write_run(tmp_path / "runs", "lmbff", "lora", "rte", 16, seed, 60.0 + seed, *CLOZE)
     config = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())["config"]
     label = label_of({**config, "precision": "fp32"})
-    assert re.fullmatch(r"protocol=lmbff,objective=cloze,objective\.demonstrations=true,"
-                        r"objective\.label_words=sha-[0-9a-f]{8},objective\.template=sha-[0-9a-f]{8},precision=fp32", label)
+    assert re.fullmatch(r"protocol=lmbff,objective=cloze,objective\.demonstrations=true,objective\.label_words="
+                        r"sha-[0-9a-f]{8},objective\.template=sha-[0-9a-f]{8},precision=fp32", label)
     out = tmp_path / "out"
     assert main(["--results-dir", str(tmp_path / "runs"), "--out", str(out), "--paper-dir", str(tmp_path),
                  "--protocol", label]) == 0

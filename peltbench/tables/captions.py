@@ -215,7 +215,8 @@ def is_digest(value):
 
 
 def unwritten(selection, written):
-    """The parts of the render's label held only as a digest that no override repeats (sweep_command leaves them out)."""
+    """The parts of the render's label held only as a digest that no override repeats (sweep_command leaves them
+    out)."""
     return [key for key, value in parse_protocol(selection.protocol).items() if is_digest(value) and key not in written]
 
 
