@@ -20,7 +20,7 @@ from ..architectures import SUPPORTED, architecture
 from ..component import builtin_names, declaration, install_order, module_name
 from . import randomness
 from .attention import ATTENTION_NAME, install_relative_attention
-from .base import Members, PeltModel, freeze_all_but_trained, mark
+from .base import Members, PeltModel, check_marks, freeze_all_but_trained, mark
 
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
@@ -63,14 +63,17 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     model.members.dropout_sites = randomness.install(model)
     for name in used:
         users = {m: method for m, method in enumerate(methods) if name in method.components}
+        model._installing = name  # what it marks is its (check_marks names it)
         component(name).install(model, users)
         model.components.append(name)
     for slot, (method, seed) in enumerate(zip(methods, seeds)):
         for name in method.components:
             torch.manual_seed(seed)
+            model._installing = str(name)
             component(str(name)).init_member(model, slot, method)
+        model._installing = None
         mark(model, _head_parameters(model, method.head), [slot])
-    freeze_all_but_trained(model)
+    check_marks(model, freeze_all_but_trained(model), lambda name: declaration(name).alone)
     return model
 
 
