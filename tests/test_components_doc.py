@@ -51,7 +51,8 @@ def low_rank(tmp_path, monkeypatch):
 
 
 def test_its_complete_component_trains_fused_as_alone(low_rank, tmp_path, tiny_checkpoint, glue_dir):
-    """Two members of different ranks (4 and 2, other seeds) in one group, dropout on: each record is its run alone's."""
+    """Two members of different ranks (4 and 2, other seeds) in one group, dropout on: each record is its run
+    alone's."""
     from peltbench.runner import run_group
 
     def run(rank: int, seed: int, folder: str, fuse: bool):

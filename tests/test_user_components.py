@@ -273,8 +273,8 @@ def test_a_change_of_a_users_code_is_another_run_named_in_one_line(tmp_path, tin
 # The reviewers' case (issue 58): a LoRA of the user's own that also trains each layer's base query weight, one tensor
 # for every member (mark(..., stacked=False)). Fused, MemberAdamW would move it through member 0 only, and the fused
 # records were plain LoRA's (test 50.92 fused against 58.83 alone, "6 done, 0 failed").
-TRAINS_BASE = ("        mark(model, lora.coefficient.gate_parameters(), [m for m in on_target if on_target[m].get(\"gated\", "
-               "False)])\n")
+TRAINS_BASE = ("        mark(model, lora.coefficient.gate_parameters(), "
+               "[m for m in on_target if on_target[m].get(\"gated\", False)])\n")
 BASE_MARK = ("    for layer in model.layers:  # the base query weight trains too: one tensor for every member\n"
              "        mark(model, [frozen_projection(model, layer, \"query\").weight], users, stacked=False)\n")
 

@@ -718,9 +718,9 @@ def check_marks(model: PeltModel, marked_by: dict[str, str | None], alone) -> No
         elif not shape or shape[0] != model.members.count:
             count = model.members.count
             raise ComponentError(
-                f"component {component} marks {tensor} (shape {shape}) as one slot per member (mark's default), but its "
-                f"first dimension is not the group's {count} member{'s' if count > 1 else ''}: give it a leading member "
-                f"dimension, one slot per member (docs/components.md)")
+                f"component {component} marks {tensor} (shape {shape}) as one slot per member (mark's default), but "
+                f"its first dimension is not the group's {count} member{'s' if count > 1 else ''}: give it a leading "
+                f"member dimension, one slot per member (docs/components.md)")
 
 
 def ffn_output(model: PeltModel, layer: nn.Module) -> FfnOutput:
