@@ -264,6 +264,18 @@ def test_what_cannot_be_checked_is_one_line_and_exit_status_2(arguments, says, c
     assert err.startswith(f"peltbench-check-method: error: {says}"), err
 
 
+def test_a_component_python_cannot_import_is_one_line_and_exit_status_2(tmp_path, capsys):
+    """No step registers a component: the method file names its module, which must be importable (docs)."""
+    (tmp_path / "method").mkdir()
+    (tmp_path / "method" / "mine.yaml").write_text(LORA_YAML.replace("components: [lora]", "components: [nolab.lora]"))
+    with pytest.raises(SystemExit) as exit:
+        main(["mine", "--config-dir", str(tmp_path)])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == (
+        "peltbench-check-method: error: method.components=[nolab.lora]: component nolab.lora: its module is not on "
+        "this Python's path (pip install its package, or add the folder above it to PYTHONPATH)\n")
+
+
 def test_a_method_yaml_is_named_by_its_path_or_its_config_folder(tmp_path):
     """`DIR/method/NAME.yaml`, `NAME --config-dir DIR` and `NAME hydra.searchpath=[file://DIR]` are the same method."""
     (tmp_path / "method").mkdir()
