@@ -6,7 +6,8 @@ to max length) and the settings their components say a group shares (`group_by`:
 puts P embeddings in front of every row, shifting its tokens' positions). Anything else forms a group of its own. A
 component declared `alone` always trains alone: fine-tuning, and any that trains a tensor every member would share
 (`mark(..., stacked=False)`), which a model build refuses without that declaration (methods.base.check_marks: the plan
-is made before torch, from declarations, and cannot see what a component marks). A group holds at most `fuse_members` runs (the runner may split it further to fit the device's free memory: runner.memory_cap).
+is made before torch, from declarations, and cannot see what a component marks). A group holds at most
+`fuse_members` runs (the runner may split it further to fit the device's free memory: runner.memory_cap).
 
 This module imports nothing heavy: launchers call it before any model loads.
 """
