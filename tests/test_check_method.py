@@ -77,6 +77,15 @@ def test_every_builtin_method_passes_the_quick_checks(method, bench_root):
                                             for v in verdicts], "\n".join(v.line() for v in verdicts)
 
 
+def test_an_init_that_follows_the_backbone_is_not_taken_for_a_generator_of_its_own(bench_root):
+    """PiSSA's A and B are the same under every model seed, and not constants: W's singular vectors, which move with
+    the backbone's weights (`seed` builds it again on a backbone moved a little)."""
+    pissa = Request("lora", settings=["method.lora_init=pissa"], encoders=["bert"])
+    [verdict] = run_checks(pissa, bench_root, ("seed",))
+    assert verdict.line() == ("PASS  seed      nothing it starts from is drawn (bert: its 16 tensors start at "
+                              "constants or the checkpoint's)")
+
+
 def test_a_fused_fail_is_taken_only_as_the_known_rounding_on_every_encoder_it_fails_on():
     from peltbench.check_method import Verdict
 
