@@ -13,19 +13,22 @@ weights, dropout 0.1, a tokenizer saved beside) and a small sentiment task (pelt
   trains    the train loss falls (at the method's learning rate or 10 or 100 times it, `--lr` one rate instead, on the
             encoder with dropout off), and every tensor it trains moves;
   fused     a member's record (every epoch's train loss and dev score, its test scores) equals its run alone, fused
-            with another seed of itself and with other methods (lora, adapter, prefix, bitfit), dropout on;
+            with another seed of itself and with other methods (lora, adapter, prefix, bitfit), dropout on; where it
+            does not, a probe says what lets the members see each other (a shared tensor, a batch statistic);
   slot      its initial weights do not depend on its slot in a group, nor on the members beside it;
+  seed      its drawn initial weights depend on the run's model seed (not on a generator of its own);
   backbone  the pretrained backbone stays frozen and unchanged: a member without components beside it computes the
             pretrained model's logits before and after training steps, and every tensor nothing trains stays equal;
   count     its parameter counts agree where they are made (the meta device, as `peltbench-params` and the record
             count, and the model) and with the optimiser; every Parameter it adds is trained (marked) or declared frozen;
+            what a module says it stores (stored_numel) is what it stores;
   device    alone and fused under bf16 autocast with a GPU's batch shapes, inside the host-tensor net
             (peltbench.devicecheck; on a CUDA machine, on the GPU itself): no tensor made on the host meets the device;
   reload    its saved weights reload (`peltbench.load_run`) and predict its test rows as the run did.
 
-One line per check, PASS or FAIL with its reason (SKIP where a check cannot apply: fine-tuning trains alone and trains
-the backbone); exit status 0 when no check fails, 1 when one fails, 2 for a METHOD or setting that cannot be checked
-(one line on stderr, before any run: docs/check-method.md).
+One line per check, PASS or FAIL with its reason on every encoder (SKIP where a check cannot apply: fine-tuning trains
+alone and trains the backbone); exit status 0 when no check fails, 1 when one fails, 2 for a METHOD or setting that
+cannot be checked (one line on stderr, before any run: docs/check-method.md).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import UserError
 from .packaged import use_searchpath
 
-CHECKS = ("trains", "fused", "slot", "backbone", "count", "device", "reload")
+CHECKS = ("trains", "fused", "slot", "seed", "backbone", "count", "device", "reload")
 COMPANIONS = ("lora", "adapter", "prefix", "bitfit")  # the built-ins a member is fused with (docstring: fused)
 EPOCHS = 4           # of 4 steps each (k=32, batch 8): 16 steps
 BATCH = 8
@@ -57,6 +60,10 @@ LR_FACTORS = (1, 10, 100)  # `trains`: the method's learning rate times these (a
 FALL = 0.9           # `trains`: the last epoch's train loss at most this share of the first's
 RELATIVE = 1e-5      # `fused`: train losses fused and alone to float rounding (tests/conftest.assert_trained_alike)
 ABSOLUTE = 1e-6      # `fused`: dev and test scores; `reload`: test scores
+FOUND = "found: "    # `fused`: what lets the members see each other, as a probe found it (_what_members_share)
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a model's inputs, in the order PeltModel takes them
+MOVED = 0.02         # `fused`'s probe moves every trained tensor off its init, `seed` the backbone, by N(0, this²)
+DRAWN_VALUES = 2     # `seed`: a tensor with more distinct values than this, the same under two model seeds, was drawn
 SCALE = 1e-5         # `backbone`: logits computed two ways, to this share of their scale
 TASK_ROWS = {"k": 32, "dev_size": 16}
 NAME_MAX = 255       # bytes of a file name (a run folder's), on the file systems peltbench runs on
@@ -67,21 +74,29 @@ USAGE = "peltbench-check-method METHOD [method.KEY=VALUE ...] [--config-dir DIR 
 @dataclass
 class Verdict:
     """One check's outcome over the encoders: its failures ("encoder: reason"), what passed ((encoder, what, detail)),
-    or why it was skipped."""
+    or why it was skipped (and on which encoders)."""
 
     check: str
     passed: list[tuple[str, str, str | None]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     note: str | None = None  # said after what passed (the count on bert-base-uncased's shape)
+    skipped_on: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
         return "FAIL" if self.failures else "PASS" if self.passed else "SKIP"
 
     def line(self) -> str:
-        if self.failures or not self.passed:
-            return f"{self.status}  {self.check:<9} {'; '.join(self.failures or self.skipped)}"
+        """One line: a FAIL names every encoder's failure and the encoders it passed or skipped on (a crash on one
+        encoder hides none of the others)."""
+        if self.failures:
+            others = [f"passed on {', '.join(encoder for encoder, _, _ in self.passed)}"] if self.passed else []
+            if self.skipped_on:
+                others.append(f"skipped on {', '.join(self.skipped_on)} ({'; '.join(self.skipped)})")
+            return f"FAIL  {self.check:<9} {'; '.join([*self.failures, *others])}"
+        if not self.passed:
+            return f"SKIP  {self.check:<9} {'; '.join(self.skipped)}"
         said = "; ".join(dict.fromkeys(what for _, what, _ in self.passed))
         details = [f"{encoder}: {detail}" if detail else encoder for encoder, _, detail in self.passed]
         note = f"; {self.note}" if self.note else ""
@@ -331,8 +346,94 @@ def check_fused(subject: Subject) -> tuple[str, str | None]:
         raise CheckFailed(f"it did not train fused (record `fused`: {fused.get('fused')})")
     difference = _record_difference(record, fused)
     if difference:
-        raise CheckFailed(f"fused with {_members(cfgs, group)}, its record differs from its run alone: {difference}")
+        shared = _what_members_share([cfgs[i] for i in group], bench)
+        raise CheckFailed(f"fused with {_members(cfgs, group)}, its record differs from its run alone: {difference}"
+                          f"{f'; {FOUND}{shared}' if shared else ''}")
     return f"its record equals its run alone's, fused with {_members(cfgs, group)}, dropout on", None
+
+
+def _what_members_share(cfgs: list[DictConfig], bench: Bench) -> str | None:
+    """Where a fused member's record differs from its run alone, what lets the members see each other, where a probe
+    finds it: the group built as `cfgs` on the encoder without dropout, every trained tensor moved off its init (a
+    delta that starts at zero hides what it reads), in training mode, every member given the same rows. A member
+    whose logits change when the other members' rows change (something computed over every member's rows: a batch
+    statistic); else a member whose loss has a gradient in another member's slot of a tensor (a tensor the members
+    share); else a buffer a forward pass changes (a statistic kept across batches). None where none is found."""
+    from .runner import group_model
+
+    runs = [copy.deepcopy(cfg) for cfg in cfgs]
+    for run in runs:
+        run.model.name = str(bench.quiet)
+    model = group_model(runs, _task(runs[0]), _cpu())
+    _move(parameter for _, parameter, _, _ in model.member_parameters())
+    model.train()
+    names = [run.method.name if i else f"{run.method.name} (the method checked)" for i, run in enumerate(runs)]
+    buffers = {name: tensor.detach().clone() for name, tensor in model.named_buffers()}
+    same, other = _two_batches(bench)
+    logits = model(*(_repeat(same[key], len(runs)) for key in INPUTS))
+    # the rows first: another member's rows reach a member's logits through every slot of the layers above them too
+    found = _rows_seen(model, logits, same, other, names) or _slots_reached(model, logits, names)
+    written = [name for name, tensor in model.named_buffers() if name in buffers and not _equal(tensor, buffers[name])]
+    if found is None and written:
+        found = f"a forward pass changes {_names(written)}: a statistic the members share?"
+    return found
+
+
+def _move(parameters) -> None:
+    """Each of `parameters` moved by N(0, MOVED²), a fixed draw."""
+    import torch
+
+    draw = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in parameters:
+            parameter.add_(torch.randn(parameter.shape, generator=draw, dtype=parameter.dtype) * MOVED)
+
+
+def _rows_seen(model, logits, same: dict, other: dict, names: list[str]) -> str | None:
+    """A member whose logits change when every other member's rows change (`same` → `other`)."""
+    import torch
+
+    count, rows = len(names), same["input_ids"].shape[0]
+    with torch.no_grad():
+        for member in range(count):
+            mine = slice(member * rows, (member + 1) * rows)
+            changed = model(*(_member_rows(same[key], other[key], member, count) for key in INPUTS))[mine]
+            difference = float((changed - logits[mine]).abs().max())
+            if not difference <= SCALE * max(float(logits.abs().max()), 1.0):
+                return (f"the logits of member {member} ({names[member]}) change by {difference:.3g} when the other "
+                        f"members' rows change: something is computed over every member's rows (a batch statistic?)")
+    return None
+
+
+def _slots_reached(model, logits, names: list[str]) -> str | None:
+    """A member whose logits have a gradient in another member's slot of a trained tensor."""
+    import torch
+
+    count, rows = len(names), logits.shape[0] // len(names)
+    trained = model.member_parameters()
+    for member in range(count):
+        grads = torch.autograd.grad(logits[member * rows : (member + 1) * rows].sum(), [p for _, p, _, _ in trained],
+                                    retain_graph=True, allow_unused=True)
+        for (name, _, _, stacked), grad in zip(trained, grads):
+            reached = [] if grad is None or not stacked else \
+                [slot for slot in range(count) if slot != member and bool(grad[slot].abs().max() > 0)]
+            if reached:
+                return (f"the loss of member {member} ({names[member]}) has a gradient in member {reached[0]}'s slot "
+                        f"of {model.stored_name(name)} ({names[reached[0]]}'s): its members share that tensor")
+    return None
+
+
+def _member_rows(same, other, member: int, count: int):
+    """`same`'s rows for `member`, `other`'s for every other member, member after member."""
+    import torch
+
+    return torch.cat([same if m == member else other for m in range(count)])
+
+
+def _two_batches(bench: Bench):
+    """Two sets of six rows of the task, padded to one width: (the first's inputs, the second's)."""
+    inputs, _ = _batch(bench, 12)
+    return ({key: value[:6] for key, value in inputs.items()}, {key: value[6:] for key, value in inputs.items()})
 
 
 def check_slot(subject: Subject) -> tuple[str, str | None]:
@@ -359,6 +460,59 @@ def check_slot(subject: Subject) -> tuple[str, str | None]:
     return f"its initial tensors equal its run alone's in slot {slot} of a group of {len(cfgs)}", f"{len(expected)} tensors"
 
 
+def check_seed(subject: Subject) -> tuple[str, str | None]:
+    """Built alone under model seeds 42 and 43, the tensors it starts from (those it trains, but the head, and its
+    `frozen_state`) differ wherever they are drawn: the run's model seed draws every component (peltbench seeds
+    torch's generator before each component's `init_member`). A tensor the same under both seeds is not drawn where
+    it has at most DRAWN_VALUES distinct values (zeros, ones, a constant) or changes with the backbone's weights (DoRA's
+    magnitudes, PiSSA's factors); otherwise it was drawn from a generator of the component's own."""
+    cfg = subject.cfg
+    initial = _initial_tensors(cfg, subject.bench)
+    if not initial:
+        return "it trains the head only (drawn from the model seed)", None
+    other = copy.deepcopy(cfg)
+    other.model_seed = 43
+    drawn = _initial_tensors(other, subject.bench)
+    same = [name for name in initial if _equal(initial[name], drawn[name])]
+    looks_drawn = [name for name in same if _distinct(initial[name]) > DRAWN_VALUES]
+    if looks_drawn:
+        moved = _initial_tensors(cfg, subject.bench, moved=True)
+        fixed = [name for name in looks_drawn if _equal(initial[name], moved[name])]
+        if fixed:
+            raise CheckFailed(f"its initial {_names(fixed)} are the same under model seeds 42 and 43, and do not "
+                              f"follow the backbone's weights: drawn from a generator of its own? The run's model "
+                              f"seed draws every component (docs/components.md: draw with base.draw)")
+    if len(same) == len(initial):
+        return "nothing it starts from is drawn", f"its {len(initial)} tensors start at constants or the checkpoint's"
+    return "its drawn tensors follow the model seed", \
+        f"{len(initial) - len(same)} of {len(initial)} tensors differ between model seeds 42 and 43"
+
+
+def _initial_tensors(cfg: DictConfig, bench: Bench, moved: bool = False) -> dict:
+    """The tensors the method's member starts from, built alone: those it trains (but the head) and its
+    `frozen_state`. `moved`: on the backbone with every weight moved a little (a fixed draw: `_move`)."""
+    from .methods import build_pelt_model, member_frozen
+    from .model import initial_head, load_backbone
+    from .saving import member_weights
+
+    task = _task(cfg)
+    backbone = load_backbone(str(cfg.model.name), task.num_labels, cfg.model_seed)
+    if moved:
+        _move(backbone.parameters())
+    model = build_pelt_model(backbone, cfg.method, cfg.model_seed,
+                             [initial_head(str(cfg.model.name), task.num_labels, cfg.model_seed)])
+    head = _head_names(model)
+    trained = {name: tensor for name, tensor in member_weights(model, 0, cfg.method, model.config).items()
+               if name not in head}
+    return {**trained, **member_frozen(model, 0, cfg.method)}
+
+
+def _distinct(tensor) -> int:
+    import torch
+
+    return int(torch.unique(tensor.detach().float().cpu()).numel())
+
+
 def check_backbone(subject: Subject) -> tuple[str, str | None]:
     """Built, every pretrained tensor under its own name equals the checkpoint's; trained a few steps, every parameter
     and buffer nothing trains is unchanged, bit for bit; and a member with no components (and a frozen head) beside
@@ -379,8 +533,9 @@ def check_backbone(subject: Subject) -> tuple[str, str | None]:
     beside = group_key(_fused_run(plain, subject.bench, "x")) == group_key(_fused_run(cfg, subject.bench, "x"))
     cfgs = [cfg, plain] if beside else [cfg]
     model = group_model(cfgs, task, _cpu())
-    if model.unstacked:
-        raise Skip(f"it trains the backbone's own tensors ({len(model.unstacked)} of them, as fine-tuning)")
+    if model.unstacked:  # only a component declared `alone` may (methods.base.check_marks refuses the others)
+        raise Skip(f"it trains the backbone's own tensors ({len(model.unstacked)} of them) and trains alone, as its "
+                   f"declaration says (`alone`), as fine-tuning")
     reference = load_backbone(str(cfg.model.name), task.num_labels, plain.model_seed).eval()
     differing = _differing_from_pretrained(model, reference)
     if differing:
@@ -399,7 +554,7 @@ def check_backbone(subject: Subject) -> tuple[str, str | None]:
     model.train()
     rows = inputs["input_ids"].shape[0]
     for step in range(steps):
-        logits = model(*(_repeat(inputs[key], members) for key in ("input_ids", "attention_mask", "token_type_ids")))
+        logits = model(*(_repeat(inputs[key], members) for key in INPUTS))
         loss = torch.nn.functional.cross_entropy(logits, labels.repeat(members), reduction="none")
         loss = loss.view(members, rows).mean(1)
         extra = regulariser(model)
@@ -630,7 +785,7 @@ def _same_as_pretrained(model, reference, inputs: dict, when: str) -> None:
 
     model.eval()
     with torch.no_grad():
-        logits = model(*(_repeat(inputs[key], 2) for key in ("input_ids", "attention_mask", "token_type_ids")))
+        logits = model(*(_repeat(inputs[key], 2) for key in INPUTS))
         rows = inputs["input_ids"].shape[0]
         plain = {key: value for key, value in inputs.items() if value is not None}
         if not model.token_types:
@@ -670,17 +825,17 @@ def _head_roots(model) -> set[str]:
     return {path.split(".")[0] for path in (head.out, head.dense) if path}
 
 
-def _batch(bench: Bench):
-    """A few rows of the task, tokenised with the encoder's tokenizer: (inputs, labels)."""
+def _batch(bench: Bench, rows: int = 6):
+    """The task's first `rows` rows, tokenised with the encoder's tokenizer: (inputs, labels)."""
     import torch
 
     from .model import load_tokenizer
 
     tokenizer = load_tokenizer(str(bench.checkpoint))
-    lines = (bench.data / "SST-2" / "train.tsv").read_text().splitlines()[1:7]
+    lines = (bench.data / "SST-2" / "train.tsv").read_text().splitlines()[1 : rows + 1]
     sentences, labels = zip(*(line.split("\t") for line in lines))
     encoded = tokenizer(list(sentences), padding=True, return_tensors="pt")
-    inputs = {key: encoded.get(key) for key in ("input_ids", "attention_mask", "token_type_ids")}
+    inputs = {key: encoded.get(key) for key in INPUTS}
     if inputs["token_type_ids"] is None:
         inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
     return inputs, torch.tensor([int(label) for label in labels])
@@ -790,7 +945,7 @@ def _first_line(error: BaseException) -> str:
 
 
 CHECK_FUNCTIONS: dict[str, Callable[[Subject], tuple[str, str | None]]] = {
-    "trains": check_trains, "fused": check_fused, "slot": check_slot, "backbone": check_backbone,
+    "trains": check_trains, "fused": check_fused, "slot": check_slot, "seed": check_seed, "backbone": check_backbone,
     "count": check_count, "device": check_device, "reload": check_reload,
 }
 
@@ -852,6 +1007,7 @@ def run_checks(request: Request, root: Path, checks: Sequence[str] = CHECKS,
             except Skip as skip:
                 if str(skip) not in verdict.skipped:
                     verdict.skipped.append(str(skip))
+                verdict.skipped_on.append(subject.bench.encoder)
             except CheckFailed as failure:
                 verdict.failures.append(f"{subject.bench.encoder}: {failure}")
             except UserError as error:

@@ -4,8 +4,10 @@ Compatible = the same backbone, task, K, protocol (its split and its evaluation 
 read from the same data, on the same device and precision, with the same gate pooling (padded pooling pads every batch
 to max length) and the settings their components say a group shares (`group_by`: prompt tuning's prompt length, as it
 puts P embeddings in front of every row, shifting its tokens' positions). Anything else forms a group of its own. A
-component that changes the backbone (fine-tuning: its declaration's `alone`) always trains alone. A group holds at
-most `fuse_members` runs (the runner may split it further to fit the device's free memory: runner.memory_cap).
+component declared `alone` always trains alone: fine-tuning, and any that trains a tensor every member would share
+(`mark(..., stacked=False)`), which a model build refuses without that declaration (methods.base.check_marks: the plan
+is made before torch, from declarations, and cannot see what a component marks). A group holds at most
+`fuse_members` runs (the runner may split it further to fit the device's free memory: runner.memory_cap).
 
 This module imports nothing heavy: launchers call it before any model loads.
 """

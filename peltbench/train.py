@@ -801,8 +801,11 @@ class _Bank:
         for index, (parameter, flags, stacked) in enumerate(entries):
             if stacked:  # the slots from the first member that trains it to the last
                 start, stop = flags.index(True), len(flags) - flags[::-1].index(True)
-            else:        # a backbone weight (fine-tuning, a group of one): one slot, member 0's
+            elif len(flags) == 1:  # a backbone weight (fine-tuning, a group of one): one slot, member 0's
                 start, stop = 0, 1
+            else:  # build_pelt_model refuses it (methods.base.check_marks): member 0 alone would move the tensor
+                raise ValueError(f"a trained tensor of shape {tuple(parameter.shape)} has no member dimension in a "
+                                 f"group of {len(flags)} members: it would move through member 0 only")
             self.slots.append((start, stop))
             self.cuts.append(slice(start, stop) if stacked and stop - start < parameter.shape[0] else None)
             size = parameter[0].numel() if stacked else parameter.numel()

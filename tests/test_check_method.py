@@ -16,7 +16,7 @@ import pytest
 
 import peltbench.methods.lora
 from conftest import REPO, TINY_METHOD_SETTINGS
-from peltbench.check_method import CHECKS, Request, main, parse, run_checks
+from peltbench.check_method import CHECKS, FOUND, Request, main, parse, run_checks
 from peltbench.packaged import options
 from peltbench.tiny import ENCODERS
 
@@ -25,7 +25,7 @@ FAMILIES = list(ENCODERS)
 # make test's sweep: the checks that build models but train no run (about 1 CPU s a method); every check on every
 # encoder is the slow sweep's (every built-in's fused, bf16 and reloaded runs are also tests/test_encoders.py's and
 # tests/test_devices.py's, and the broken components below run every check)
-QUICK = ("slot", "backbone", "count")
+QUICK = ("slot", "seed", "backbone", "count")
 FUSED_APART = {  # docs/check-method.md: beside runs of other rows, padding widths round otherwise
     "fourierft": "fused beside runs of other data seeds: the backbone's sums at another padding width round otherwise "
                  "(others within 2.2e-7 of a loss), which FourierFT's update, not zero at the start, grows (BERT: epoch 2 train loss 0.8462061 "
@@ -43,7 +43,7 @@ def known_difference(verdict) -> bool:
     """Whether a FAIL of `fused` is the known rounding alone, on every encoder it fails on."""
     def known(failure: str) -> bool:
         differs = RECORD_DIFFERS.search(failure)
-        if differs is None:
+        if differs is None or FOUND in failure:  # a probe found what lets the members see each other
             return False
         loss = TRAIN_LOSS.match(differs[1])
         return loss is None or abs(float(loss[1]) - float(loss[2])) <= 0.01 * abs(float(loss[1]))
@@ -77,6 +77,15 @@ def test_every_builtin_method_passes_the_quick_checks(method, bench_root):
                                             for v in verdicts], "\n".join(v.line() for v in verdicts)
 
 
+def test_an_init_that_follows_the_backbone_is_not_taken_for_a_generator_of_its_own(bench_root):
+    """PiSSA's A and B are the same under every model seed, and not constants: W's singular vectors, which move with
+    the backbone's weights (`seed` builds it again on a backbone moved a little)."""
+    pissa = Request("lora", settings=["method.lora_init=pissa"], encoders=["bert"])
+    [verdict] = run_checks(pissa, bench_root, ("seed",))
+    assert verdict.line() == ("PASS  seed      nothing it starts from is drawn (bert: its 16 tensors start at "
+                              "constants or the checkpoint's)")
+
+
 def test_a_fused_fail_is_taken_only_as_the_known_rounding_on_every_encoder_it_fails_on():
     from peltbench.check_method import Verdict
 
@@ -95,6 +104,32 @@ def test_a_fused_fail_is_taken_only_as_the_known_rounding_on_every_encoder_it_fa
     assert not known_difference(crashed)
     assert not known_difference(Verdict("fused", failures=["bert: its record says fused size 5, expected 6"]))
     assert not known_difference(Verdict("fused", passed=[("bert", "its record equals its run alone's", None)]))
+    assert not known_difference(failed(f"{rounded}; {FOUND}the logits of member 0 (fourierft) change by 0.1 when the "
+                                       f"other members' rows change"))
+
+
+def test_a_check_that_fails_on_one_encoder_says_what_it_did_on_every_other():
+    """Issue 58: a crash on one encoder hid the others' results."""
+    from peltbench.check_method import Verdict
+
+    verdict = Verdict("count", passed=[("bert", "its counts agree", "1,024 stored"), ("electra", "its counts agree",
+                                                                                         None)],
+                      failures=["roberta: RuntimeError: shape mismatch"], skipped=["it trains alone"],
+                      skipped_on=["modernbert"])
+    assert verdict.line() == ("FAIL  count     roberta: RuntimeError: shape mismatch; passed on bert, electra; "
+                              "skipped on modernbert (it trains alone)")
+
+
+def test_a_crash_on_one_encoder_leaves_the_others_checked(tmp_path, monkeypatch):
+    """A component whose install raises on RoBERTa only: `count` fails there, with the error, and its line says it
+    passed on BERT, checked after it."""
+    change = ("def install(model: PeltModel, users: dict[int, DictConfig]) -> None:\n",
+              "def install(model: PeltModel, users: dict[int, DictConfig]) -> None:\n"
+              "    if model.config.model_type == \"roberta\":\n        raise RuntimeError(\"not on RoBERTa\")\n")
+    conf = user_component(tmp_path, monkeypatch, "b_roberta", change)
+    [verdict] = run_checks(Request("b_roberta", search=[f"file://{conf}"], encoders=["roberta", "bert"]),
+                           tmp_path / "checks", ("count",))
+    assert verdict.line() == "FAIL  count     roberta: RuntimeError: not on RoBERTa; passed on bert"
 
 
 @pytest.mark.slow
@@ -161,8 +196,8 @@ def test_a_component_of_the_users_own_passes_every_check(tmp_path, monkeypatch, 
     out = capsys.readouterr().out
     assert exit.value.code == 0, out
     lines = out.splitlines()
-    assert [line.split()[:2] for line in lines[1:8]] == [["PASS", check] for check in CHECKS], out
-    assert lines[-1].startswith("7 checks: 7 passed, 0 failed, 0 skipped"), out
+    assert [line.split()[:2] for line in lines[1 : len(CHECKS) + 1]] == [["PASS", check] for check in CHECKS], out
+    assert lines[-1].startswith("8 checks: 8 passed, 0 failed, 0 skipped"), out
 
 
 # Each broken component (its module's name kept short: a method of the user's own lists every setting in its run
@@ -172,7 +207,8 @@ BROKEN = {
     "b_slot": (  # seeds each member's draw with its slot instead of the model seed
         ("            draw(self.lora_a.weight[slot, : method.lora_rank], kaiming)",
          "            torch.manual_seed(slot)\n            draw(self.lora_a.weight[slot, : method.lora_rank], kaiming)"),
-        "slot", {"fused"}),  # in its group's slot it starts elsewhere than alone: its record differs too
+        "slot", {"fused", "seed"}),  # in its group's slot it starts elsewhere than alone: its record differs too;
+    # and alone (slot 0) every model seed starts from the same A
     "b_mark": (  # A is drawn, never trained (LoRA-FA without saying so)
         ("        mark(model, [*lora.lora_a.parameters()], trains_a)\n", ""),
         "count", set()),
@@ -214,7 +250,7 @@ def test_the_command_fails_a_host_tensor_naming_its_line_with_exit_status_1(tmp_
     [failed] = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert failed.startswith(f"FAIL  {named}") and f"{tmp_path}/code/mylab/b_host.py:" in failed, out
     assert "a tensor on the host (shape (32,)" in failed and "torch.ones(rows.shape[-1])" in failed
-    assert out.splitlines()[-1].startswith("7 checks: 6 passed, 1 failed, 0 skipped"), out
+    assert out.splitlines()[-1].startswith("8 checks: 7 passed, 1 failed, 0 skipped"), out
 
 
 @pytest.mark.parametrize("arguments,says", [
@@ -237,6 +273,18 @@ def test_what_cannot_be_checked_is_one_line_and_exit_status_2(arguments, says, c
     assert err.startswith(f"peltbench-check-method: error: {says}"), err
 
 
+def test_a_component_python_cannot_import_is_one_line_and_exit_status_2(tmp_path, capsys):
+    """No step registers a component: the method file names its module, which must be importable (docs)."""
+    (tmp_path / "method").mkdir()
+    (tmp_path / "method" / "mine.yaml").write_text(LORA_YAML.replace("components: [lora]", "components: [nolab.lora]"))
+    with pytest.raises(SystemExit) as exit:
+        main(["mine", "--config-dir", str(tmp_path)])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == (
+        "peltbench-check-method: error: method.components=[nolab.lora]: component nolab.lora: its module is not on "
+        "this Python's path (pip install its package, or add the folder above it to PYTHONPATH)\n")
+
+
 def test_a_method_yaml_is_named_by_its_path_or_its_config_folder(tmp_path):
     """`DIR/method/NAME.yaml`, `NAME --config-dir DIR` and `NAME hydra.searchpath=[file://DIR]` are the same method."""
     (tmp_path / "method").mkdir()
@@ -246,3 +294,60 @@ def test_a_method_yaml_is_named_by_its_path_or_its_config_folder(tmp_path):
     by_search = parse(["mine", f"hydra.searchpath=[file://{tmp_path}]", "method.lora_rank=4"])
     assert by_path == by_folder == by_search
     assert by_path.overrides() == ["method=mine", f"hydra.searchpath=[file://{tmp_path}]", "method.lora_rank=4"]
+
+
+# Components that break the contract in ways issue 58 found, each held to the check that must name it (the checks run
+# are those it concerns; each line must say why): (the change to lora.py, the checks run, {check: what its FAIL says})
+TRAINS_BASE = ("        mark(model, lora.coefficient.gate_parameters(), "
+               "[m for m in on_target if on_target[m].get(\"gated\", False)])\n")
+CONTRACT = {
+    "b_seed": (  # A drawn from a generator of its own: every model seed starts from the same A
+        ("            draw(self.lora_a.weight[slot, : method.lora_rank], kaiming)",
+         "            draw(self.lora_a.weight[slot, : method.lora_rank], lambda t: nn.init.kaiming_uniform_(\n"
+         "                t, a=math.sqrt(5), generator=torch.Generator().manual_seed(0)))"),
+        ("seed", "slot"), {"seed": "its initial bert.encoder.layer.0.attention.self.query.lora_a.weight, "
+                                   "bert.encoder.layer.0.attention.self.value.lora_a.weight, bert.encoder.layer.1."
+                                   "attention.self.query.lora_a.weight and 1 more are the same under model seeds 42 "
+                                   "and 43, and do not follow the backbone's weights"}),
+    "b_stored": (  # says it stores half of what it trains (peltbench-params printed 294,912 for 589,824)
+        ("    def frozen(self) -> tuple[torch.Tensor, torch.Tensor | None]:\n",
+         "    def stored_numel(self, slot: int) -> int:\n"
+         "        return (self.lora_a.weight[slot].numel() + self.lora_b.weight[slot].numel()) // 2\n\n"
+         "    def frozen(self) -> tuple[torch.Tensor, torch.Tensor | None]:\n"),
+        ("count",), {"count": "component mylab.b_stored: bert.encoder.layer.0.attention.self.query.stored_numel(0) "
+                              "says 256 stored per task, but the member trains of it (a module that stores something "
+                              "else says what: stored_state(slot)) 512"}),
+    "b_shared": (  # also trains each layer's base query weight, one tensor for every member (the reviewers' LoHa)
+        (TRAINS_BASE, TRAINS_BASE + "    for layer in model.layers:\n        mark(model, [frozen_projection(model, "
+                                    "layer, \"query\").weight], users, stacked=False)\n"),
+        ("backbone",), {"backbone": "bert: component mylab.b_shared trains bert.encoder.layer.0.attention.self.query."
+                                    "weight without a member dimension (mark(..., stacked=False)) but does not declare "
+                                    "`alone`"}),
+    "b_stat": (  # centres the rows it adapts over every member's rows at once (alone: over its own only)
+        ("        grouped = rows.reshape(selection.count, -1, rows.shape[-1])\n",
+         "        grouped = rows.reshape(selection.count, -1, rows.shape[-1])\n"
+         "        grouped = grouped - grouped.mean(dim=(0, 1), keepdim=True)\n"),
+        ("fused",), {"fused": "its record differs from its run alone: "}),
+    "b_share": (  # every member reads slot 0's A
+        ("        product = self.lora_b.grouped(self.lora_a.grouped(grouped, selection), selection)\n",
+         "        first = self.lora_a.weight[:1].expand(selection.count, -1, -1)\n"
+         "        product = self.lora_b.grouped(torch.bmm(grouped, first.transpose(1, 2)), selection)\n"),
+        ("fused",), {"fused": "found: the loss of member 1 (b_share) has a gradient in member 0's slot of "
+                              "bert.encoder.layer.0.attention.self.query.lora_a.weight (b_share (the method "
+                              "checked)'s): its members share that tensor"}),
+}
+
+
+@pytest.mark.parametrize("broken", list(CONTRACT))
+def test_a_component_that_breaks_the_contract_fails_the_check_that_sees_it_saying_why(broken, tmp_path, monkeypatch):
+    change, checks, says = CONTRACT[broken]
+    conf = user_component(tmp_path, monkeypatch, broken, change)
+    verdicts = run_checks(Request(broken, search=[f"file://{conf}"], encoders=["bert"]), tmp_path / "checks", checks)
+    report = "\n".join(verdict.line() for verdict in verdicts)
+    assert {verdict.check: verdict.status for verdict in verdicts} == \
+        {check: "FAIL" if check in says else "PASS" for check in checks}, report
+    for verdict in verdicts:
+        assert verdict.check not in says or says[verdict.check] in verdict.line(), report
+    if broken == "b_stat":  # the probe names what a member sees of the others
+        assert re.search(r"found: the logits of member \d \(b_stat[^)]*\)+ change by \S+ when the other members' rows "
+                         r"change: something is computed over every member's rows", report), report

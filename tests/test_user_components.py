@@ -414,3 +414,78 @@ def test_the_tables_name_a_users_method_as_its_component_declares_it(tmp_path, u
     rows = [line.split("|")[1].strip() for line in (out / "table1.md").read_text().splitlines()
             if line.startswith("| ") and "(n=1)" in line]
     assert rows == ["LoRA", "lora_copy", "LoHa", "DoRA", "loha_big"]
+
+
+# The reviewers' case (issue 58): a LoRA of the user's own that also trains each layer's base query weight, one tensor
+# for every member (mark(..., stacked=False)). Fused, MemberAdamW would move it through member 0 only, and the fused
+# records were plain LoRA's (test 50.92 fused against 58.83 alone, "6 done, 0 failed").
+TRAINS_BASE = ("        mark(model, lora.coefficient.gate_parameters(), "
+               "[m for m in on_target if on_target[m].get(\"gated\", False)])\n")
+BASE_MARK = ("    for layer in model.layers:  # the base query weight trains too: one tensor for every member\n"
+             "        mark(model, [frozen_projection(model, layer, \"query\").weight], users, stacked=False)\n")
+
+
+def write_base_trainer(code: Path, alone: bool) -> None:
+    """mylab.base_lora: lora.py, also training the base query weights with stacked=False; `alone`: declared so."""
+    module = write_lora_copy(code, module="base_lora")
+    source = module.read_text()
+    assert source.count(TRAINS_BASE) == 1
+    source = source.replace(TRAINS_BASE, TRAINS_BASE + BASE_MARK)
+    if alone:
+        source = source.replace('    label="LoRA",', '    alone="it trains the base query weights", label="LoRA",', 1)
+        assert "alone=" in source
+    module.write_text(source)
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_component_that_trains_a_tensor_every_member_shares_never_fuses_silently(alone, user, user_path, in_process):
+    """Undeclared, it is refused when its model is built, fused or alone (one line naming the component and the tensor,
+    a failed record; the lora run planned beside it trains without it, as its run alone); declared `alone`, the plan
+    keeps it out of every group and it trains alone, its base weights counted."""
+    write_base_trainer(user / "code", alone)
+    write_method(user / "conf", "my_base", "mylab.base_lora")
+    user_path(user / "code")
+    result = in_process("-m", "method=lora,my_base", "fuse=true", *common(user), cwd=user)
+    records = {json.loads(path.read_text())["method"]: json.loads(path.read_text())
+               for path in (user / "results").rglob("result.json")}
+    lora, mine = records["lora"], records["my_base"]
+    if not alone:
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert mine["status"] == "failed" and mine["test"] is None
+        assert mine["error"] == (
+            "component mylab.base_lora trains bert.encoder.layer.0.attention.self.query.weight without a member "
+            "dimension (mark(..., stacked=False)) but does not declare `alone`: the runs of a fused group would share "
+            "that one tensor; declare alone=\"<why>\" in its COMPONENT (its runs then always train alone, as "
+            "fine-tuning's), or give the tensor a member dimension (docs/components.md)")
+        assert lora["status"] == "ok" and lora["fused"] is None  # the group went on without it: lora alone
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert mine["status"] == lora["status"] == "ok" and mine["fused"] is None
+    assert mine["trainable_params"] == lora["trainable_params"] + 2 * 32 * 32  # two layers' 32 × 32 query weights
+
+
+def test_a_tensor_marked_per_member_without_a_slot_per_member_is_refused_when_built(tmp_path, user_path):
+    """A Parameter every member would share (no leading member dimension), marked with mark's default: refused when the
+    model is built (peltbench-params builds it too, on the meta device), naming the component and the tensor."""
+    from peltbench.component import ComponentError
+    from peltbench.methods import build_pelt_model
+
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "shared.py").write_text(
+        "import torch\nfrom torch import nn\nfrom peltbench.component import Component\n"
+        "from peltbench.methods.base import mark\n"
+        "COMPONENT = Component(stage='module')\n"
+        "def install(model, users):\n"
+        "    model.shared_scale = nn.Parameter(torch.zeros(4))  # one tensor for every member\n"
+        "    mark(model, [model.shared_scale], users)\n"
+        "def init_member(model, slot, method):\n    pass\n")
+    user_path(tmp_path)
+    from conftest import tiny_backbone
+
+    method = compose_config("method=lora", "task=rte").method
+    method.components = ["mylab.shared"]
+    with pytest.raises(ComponentError, match=re.escape(
+            "component mylab.shared marks shared_scale (shape (4,)) as one slot per member (mark's default), but its "
+            "first dimension is not the group's 3 members: give it a leading member dimension")):
+        build_pelt_model(tiny_backbone(), [method] * 3, [1, 2, 3])

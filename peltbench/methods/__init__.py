@@ -17,10 +17,10 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..architectures import SUPPORTED, architecture
-from ..component import builtin_names, declaration, install_order, module_name
+from ..component import ComponentError, builtin_names, declaration, install_order, module_name
 from . import randomness
 from .attention import ATTENTION_NAME, install_relative_attention
-from .base import Cloze, Members, PeltModel, freeze_all_but_trained, mark
+from .base import Cloze, Members, PeltModel, check_marks, freeze_all_but_trained, mark
 
 HEAD_CHOICES = ("train", "bias", "frozen")
 GATE_POOLING = ("masked", "padded")
@@ -69,14 +69,19 @@ def build_pelt_model(backbone: nn.Module, methods: DictConfig | Sequence[DictCon
     model.members.dropout_sites = randomness.install(model)
     for name in used:
         users = {m: method for m, method in enumerate(methods) if name in method.components}
+        model._installing = name  # what it marks is its (check_marks names it)
         component(name).install(model, users)
         model.components.append(name)
     for slot, (method, seed) in enumerate(zip(methods, seeds)):
         for name in method.components:
             torch.manual_seed(seed)
+            model._installing = str(name)
             component(str(name)).init_member(model, slot, method)
+        model._installing = None
         mark(model, _head_parameters(model, method.head), [slot])
-    freeze_all_but_trained(model)
+    marked_by = freeze_all_but_trained(model)
+    check_marks(model, marked_by, lambda name: declaration(name).alone)
+    check_stored(model, marked_by)
     return model
 
 
@@ -187,8 +192,8 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
     """Counts as docs/protocol.md defines them, for the member in `slot` of a model built for it alone.
 
     `trainable_params`: what must be stored per task, head excluded; a module that stores something other than its
-    parameters says what with `stored_numel(slot)` (the prefix encoder: its final L × 2 × layers × H tensor, not its
-    MLP), counted instead of them for its `users`.
+    parameters says how much with `stored_numel(slot)` (the prefix encoder: its final L × 2 × layers × H tensor, not
+    its MLP), counted instead of them for its `users` (and held to what it stores when built: `check_stored`).
     `head_params`: trainable head parameters. `optimizer_params`: everything the optimiser updates.
     """
     counts = {"trainable_params": 0, "head_params": 0, "optimizer_params": 0, "backbone_params": model.backbone_params}
@@ -206,6 +211,31 @@ def parameter_counts(model: PeltModel, slot: int = 0) -> dict[str, int]:
         if slot in module.users:
             counts["trainable_params"] += module.stored_numel(slot)
     return counts
+
+
+@torch.no_grad()
+def check_stored(model: PeltModel, marked_by: dict[str, str | None]) -> None:
+    """A module's `stored_numel(slot)`, what the counts say a member stores per task (parameter_counts), is what it
+    stores: the tensors its `stored_state(slot)` gives (the prefix encoder: the member's prefix its MLP computes), or,
+    where it has none, the tensors of it that the member trains. ComponentError naming the component and the module
+    where they differ (a count in the record, peltbench-params and Table 4 that no tensor backs)."""
+    trained = model.member_parameters()
+    for name, module in model.named_modules():
+        if not hasattr(module, "stored_numel"):
+            continue
+        own = [(key, parameter, flags, stacked) for key, parameter, flags, stacked in trained
+               if key.startswith(f"{name}.")]
+        owner = next((marked_by.get(key) for key, *_ in own if marked_by.get(key)), type(module).__module__)
+        for slot in module.users:
+            declared = module.stored_numel(slot)
+            if hasattr(module, "stored_state"):
+                stored, what = sum(t.numel() for t in module.stored_state(slot).values()), "its stored_state gives"
+            else:
+                stored = sum((p[slot] if stacked else p).numel() for _, p, flags, stacked in own if flags[slot])
+                what = "the member trains of it (a module that stores something else says what: stored_state(slot))"
+            if declared != stored:
+                raise ComponentError(f"component {owner}: {model.stored_name(name)}.stored_numel({slot}) says "
+                                     f"{declared:,} stored per task, but {what} {stored:,} (docs/components.md)")
 
 
 def layout_key(method: DictConfig) -> tuple:

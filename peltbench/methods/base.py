@@ -25,6 +25,7 @@ from torch import nn
 
 from ..architectures import (Architecture, activation_name, architecture, get, head_input, head_pooling,
                              mlm_transform, pooled, put, unwrapped)
+from ..component import ComponentError
 
 INIT_STD = 0.02  # BERT's init for new Linear weights (docs/protocol.md); biases start at 0
 
@@ -668,6 +669,8 @@ class PeltModel(nn.Module):
         self.unstacked: set[str] = set()  # trained parameters without a member dimension (fine-tuning's backbone)
         self._marked: dict[int, list[bool]] = {}
         self._unstacked: set[int] = set()
+        self._installing: str | None = None  # the component being attached (build_pelt_model), which `mark` notes
+        self._marked_by: dict[int, str | None] = {}  # parameter → the component that marked it first
 
     def _classifier(self, backbone: nn.Module, members: Members, heads: list[nn.Module]) -> MemberHead:
         head = self.arch.head
@@ -767,25 +770,59 @@ def mark(model: PeltModel, what, slots, stacked: bool = True) -> None:
     """The members in `slots` train `what`: a module (all its parameters) or a list of parameters.
 
     Kept by parameter while components are attached (a later wrapper renames them); `freeze_all_but_trained`
-    turns it into `model.trains`, by name."""
+    turns it into `model.trains`, by name. A parameter's first dimension is the member dimension (one slot per member
+    of the group); `stacked=False`: it has none (fine-tuning's backbone weights), one tensor for every member, which
+    only a component declared `alone` may train (`check_marks`)."""
     for parameter in (what.parameters() if isinstance(what, nn.Module) else what):
         flags = model._marked.setdefault(id(parameter), [False] * model.members.count)
+        model._marked_by.setdefault(id(parameter), model._installing)
         for slot in slots:
             flags[slot] = True
         if not stacked:
             model._unstacked.add(id(parameter))
 
 
-def freeze_all_but_trained(model: PeltModel) -> None:
-    """The one place that decides requires_grad: what some member trains trains, nothing else does."""
+def freeze_all_but_trained(model: PeltModel) -> dict[str, str | None]:
+    """The one place that decides requires_grad: what some member trains trains, nothing else does. Returns the
+    component that marked each parameter some member trains, by name (None: the head, which build_pelt_model marks)."""
+    marked_by = {}
     for name, parameter in model.named_parameters():
         flags = model._marked.get(id(parameter))
         parameter.requires_grad_(flags is not None and any(flags))
         if flags is not None:
             model.trains[name] = flags
+            if any(flags):
+                marked_by[name] = model._marked_by.get(id(parameter))
             if id(parameter) in model._unstacked:
                 model.unstacked.add(name)
-    model._marked, model._unstacked = {}, set()
+    model._marked, model._unstacked, model._marked_by = {}, set(), {}
+    return marked_by
+
+
+def check_marks(model: PeltModel, marked_by: dict[str, str | None], alone) -> None:
+    """What `mark` was told holds in the model built: a tensor without a member dimension (`stacked=False`) is trained
+    only by a component declared `alone` (`alone(component)`: its declaration's reason, or None), whose runs never
+    share a backbone; any other has one slot per member. Otherwise the members of a fused group would share one
+    tensor, which the optimiser moves through one member only, and their records would silently depend on the group
+    (issue 58): ComponentError, naming the component and the tensor."""
+    parameters = dict(model.named_parameters())
+    for name, component in marked_by.items():
+        if component is None:
+            continue
+        tensor, shape = model.stored_name(name), tuple(parameters[name].shape)
+        if name in model.unstacked:
+            if not alone(component):
+                raise ComponentError(
+                    f"component {component} trains {tensor} without a member dimension (mark(..., stacked=False)) "
+                    f"but does not declare `alone`: the runs of a fused group would share that one tensor; declare "
+                    f"alone=\"<why>\" in its COMPONENT (its runs then always train alone, as fine-tuning's), or give "
+                    f"the tensor a member dimension (docs/components.md)")
+        elif not shape or shape[0] != model.members.count:
+            count = model.members.count
+            raise ComponentError(
+                f"component {component} marks {tensor} (shape {shape}) as one slot per member (mark's default), but "
+                f"its first dimension is not the group's {count} member{'s' if count > 1 else ''}: give it a leading "
+                f"member dimension, one slot per member (docs/components.md)")
 
 
 def ffn_output(model: PeltModel, layer: nn.Module) -> FfnOutput:

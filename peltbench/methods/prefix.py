@@ -149,6 +149,13 @@ class PrefixEncoder(nn.Module):
         training; P-tuning v2 trains that tensor itself)."""
         return self.member_lengths[slot] * 2 * self.layers * self.attention_size
 
+    def stored_state(self, slot: int) -> dict[str, torch.Tensor]:
+        """What `stored_numel` counts: the member's prefix P' (L × 2·layers·H), as its MLP computes it or its own
+        `key_values` (methods.check_stored holds the two equal)."""
+        selection = self.members.select((slot,), self.device)
+        prefix = self._compute(selection, slot in self.projected)
+        return {"prefix": prefix[0, : self.member_lengths[slot]]}
+
 
 class PrefixSelfAttention(nn.Module):
     """Wraps a layer's attention module and hands it this layer's (gated) prefix for every row."""
