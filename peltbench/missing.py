@@ -822,7 +822,14 @@ def report(sweep: Sweep, limit: int | None = None, logs: bool = False, skips: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `peltbench-missing ... | head` ends quietly
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `peltbench-missing ... | head` ends quietly
+    try:
+        return _main(argv)
+    finally:  # a caller in this process (a notebook, a test, a sweep after it) keeps its own: Python's makes a closed
+        signal.signal(signal.SIGPIPE, previous)  # pipe an OSError (a sweep's worker that ended), never the process's death
+
+
+def _main(argv: list[str] | None) -> int:
     arguments = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg not in ("-m", "--multirun")]
     if not arguments or any(arg in ("-h", "--help") for arg in arguments):
         print(USAGE, file=sys.stdout if arguments else sys.stderr)

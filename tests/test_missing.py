@@ -417,3 +417,15 @@ def test_a_sweeps_sets_of_choices_compose_what_hydra_composes_alone(launcher, mo
     assert [_nodes(cfg) for cfg in [again, *once[1:]]] == [_nodes(cfg) for cfg in alone]
     hydra_files = [path for path in loads if path.startswith("hydra/")]
     assert "hydra/config" in hydra_files and len(hydra_files) == len(set(hydra_files))  # each once for all the sets
+
+
+def test_the_command_leaves_its_callers_sigpipe_as_it_found_it(tmp_path, capsys):
+    """`peltbench-missing ... | head` dies quietly of SIGPIPE, but only while it runs: a process that called main() (a
+    test, a notebook) keeps Python's handling, where a closed pipe is an OSError. Left at the default, a sweep started
+    in that process later died of SIGPIPE when it told a worker that had ended that there was no more (issue 59)."""
+    import signal
+
+    before = signal.getsignal(signal.SIGPIPE)
+    assert main(["method=lora", "task=rte", f"results_dir={tmp_path}"]) == 1
+    assert signal.getsignal(signal.SIGPIPE) == before == signal.SIG_IGN
+    assert "missing" in capsys.readouterr().out

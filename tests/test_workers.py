@@ -137,8 +137,8 @@ def test_a_sweep_on_two_cpu_workers_writes_the_records_of_one_device(workdir, in
     assert finished[-1].endswith("now: cpu-0 idle, cpu-1 idle")
     assert "peltbench sweep: 6 runs: 6 done (0 of them skipped as already done), 0 failed, 0 missing" in output
     assert "epoch 1/3" not in output  # the training's own lines are in each group's job log, not on the screen
-    logs = sorted((workdir / "sweeps" / "two").glob("*/*.log"))
-    assert sum("epoch 1/3" in log.read_text() for log in logs) == 4  # each group's log in its job folder, as before
+    logs = sorted((workdir / "sweeps" / "two").glob("[0-9]*/*.log"))  # the job folders (not .workers)
+    assert sum(" - epoch 1" in log.read_text() for log in logs) == 4  # each group's log in its job folder, as before
     assert sorted(path.name for path in (workdir / "sweeps" / "two" / ".workers").iterdir()) == ["0_cpu.log", "1_cpu.log"]
 
 
