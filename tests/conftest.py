@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -155,6 +156,15 @@ def write_glue(root: Path, train_rows: int = TRAIN_ROWS, test_rows: int = TEST_R
 def glue_dir(tmp_path_factory) -> Path:
     """Small GLUE files in the classic glue_data layout: 60 train and 24 dev rows per task."""
     return write_glue(tmp_path_factory.mktemp("glue_data"))
+
+
+@pytest.fixture
+def workdir(tmp_path, tiny_checkpoint) -> Path:
+    """A user's working folder for the `peltbench` command: GLUE files in glue/ and the tiny BERT in tiny-bert/ (the
+    overrides `data.dir=glue model.name=tiny-bert`)."""
+    write_glue(tmp_path / "glue")
+    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
+    return tmp_path
 
 
 def _parse_each_yaml_text_once() -> None:

@@ -8,22 +8,15 @@ Tiny encoders with O(1) weights, tolerances as test_encoders.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from conftest import assert_trained_alike
-from test_encoders import assert_members_equal_their_own_models, build, method
+from test_encoders import (assert_a_mixed_group_is_its_members_alone, assert_fused_as_alone, build, method, normal,
+                           off_start, reloaded)
 from test_oft import O1
 
 
 def randomised(model, scale: float = 0.3) -> None:
     """Non-identity rotations and scales: R random, s around 1."""
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("boft_R.weight"):
-                parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
-            elif name.endswith("boft_R.scale"):
-                parameter.copy_(1 + 0.2 * torch.randn(parameter.shape, generator=generator))
+    off_start(model, 5, {"boft_R.weight": normal(scale), "boft_R.scale": normal(0.2, mean=1)})
 
 
 def test_a_block_size_that_does_not_fit_and_bitfit_inside_are_refused():
@@ -41,19 +34,13 @@ MIXED = [("boft", {"boft_block_size": 4}), ("oft", {"oft_block_size": 8}), ("bit
 def test_a_group_with_boft_and_other_methods_computes_each_members_logits_and_gradients(model_type):
     """BOFT members of several shapes beside OFT, HRA, BitFit and LoRA on one shared backbone: each member's logits
     and gradients equal those of its own model."""
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
-    randomised(group)
-    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
+    assert_a_mixed_group_is_its_members_alone(model_type, MIXED, [randomised], **O1)
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
 def test_boft_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_dir):
     """Through peltbench: BOFT fused with HRA gives its separate run's record; save.weights=true keeps R and s, and
     load_run predicts what the run scored."""
-    import peltbench
-
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
     from test_encoders import sweep
@@ -62,11 +49,7 @@ def test_boft_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_
     extra = ("method.lr=5e-2", "save.weights=true")
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["boft"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["hra", "boft"], True, *extra))
-    assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
-    assert_trained_alike(alone.record, fused[1].record)
-    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    assert_fused_as_alone(alone, fused, 2)
+    _, loaded = reloaded(tmp_path / "alone", alone)
     trained = [p for n, p in loaded.model.named_parameters() if n.endswith("boft_R.scale")]
     assert trained and all((p - 1).abs().max() > 0 for p in trained)

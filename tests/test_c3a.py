@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ENCODERS, assert_close_to_scale, assert_trained_alike, tiny_encoder
+from conftest import ENCODERS, assert_close_to_scale, tiny_encoder
 from peltbench.methods import member_state
 from peltbench.methods.c3a import C3ALinear, MemberCircularConvolution
-from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
+from test_encoders import (assert_fused_as_alone, assert_members_equal_their_own_models,
+                           assert_peft_copy_computes_alike, batch, build, method, mixed_group, model_inputs, reloaded)
 
 O1 = {"initializer_range": 0.2}
 SEED = 42  # test_encoders.build's model seed
@@ -91,9 +92,7 @@ def test_a_group_with_c3a_of_several_block_sizes_computes_each_members_logits_an
     """C3A members of block sizes 4, 8 and 16 (one delta per size on a projection) and other targets beside LoRA,
     FourierFT and (IA)³ on one backbone: each member starts as its separate run draws it, and its logits and gradients
     equal its own model's."""
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
+    group, methods, seeds = mixed_group(model_type, MIXED, **O1)
     for slot, (config, seed) in enumerate(zip(methods, seeds)):
         for name, tensor in member_state(build(model_type, config, seed, **O1), 0).items():
             assert torch.equal(member_state(group, slot)[name], tensor), (slot, name)
@@ -144,10 +143,6 @@ def test_c3a_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_pat
     save.weights=true keeps the kernels, load_run predicts what the run scored, and peft/ loads in PEFT with the same
     logits (ModernBERT: one C3A on Wqkv)."""
     pytest.importorskip("peft")
-    import peltbench
-    from peft import PeftModel
-    from transformers import AutoModelForSequenceClassification
-
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
     from test_encoders import sweep
@@ -158,20 +153,10 @@ def test_c3a_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, tmp_pat
     fused = run_group([*sweep(checkpoint, glue_dir, tmp_path / "fused", ["lora"], True),
                        *sweep(checkpoint, glue_dir, tmp_path / "fused", ["c3a"], True, *extra),
                        *sweep(checkpoint, glue_dir, tmp_path / "fused", ["c3a"], True, "method.c3a_block_size=16")])
-    assert [o.status for o in [alone, *fused]] == ["ok"] * 4 and fused[1].record["fused"]["size"] == 3
-    assert_trained_alike(alone.record, fused[1].record)
+    assert_fused_as_alone(alone, fused, 3)
     assert alone.record["trainable_params"] == 2 * 2 * 32 * 32 // B
-    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
-    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
-    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
-    ids, mask, types = batch(model_type)
-    with torch.no_grad():
-        logits = loaded.model(ids, mask, types)
-        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits, logits,
-                                   rtol=1e-5, atol=1e-6)
+    run_dir, loaded = reloaded(tmp_path / "alone", alone)
+    assert_peft_copy_computes_alike(model_type, checkpoint, run_dir, loaded)
     start = build(model_type, method("c3a", c3a_block_size=B), **O1)
     moved = [(a - b).abs().max() for (name, a), b in zip(member_state(loaded.model, 0).items(),
                                                          member_state(start, 0).values()) if "c3a_kernel" in name]

@@ -23,13 +23,6 @@ def peltbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([PELTBENCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture
-def workdir(tmp_path, tiny_checkpoint):
-    write_glue(tmp_path / "glue")
-    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
-    return tmp_path
-
-
 def common(workdir: Path) -> list[str]:
     return ["model.name=tiny-bert", "data.dir=glue", "k=16", "dev_size=20", "train.epochs=2"]
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_close_to_scale, assert_trained_alike
+from conftest import assert_close_to_scale
 from peltbench.methods import member_state
 from peltbench.methods.delora import DeLoRALinear
-from test_encoders import assert_members_equal_their_own_models, build, method
+from test_encoders import (assert_fused_as_alone, assert_members_equal_their_own_models,
+                           assert_members_start_as_their_own_models, build, method, mixed_group, normal, off_start,
+                           reloaded)
 
 O1 = {"initializer_range": 0.2}
 H = 32
@@ -22,13 +24,7 @@ H = 32
 
 def spread(model) -> None:
     """B non-zero and λ away from its start (each member and projection its own), so that the update matters."""
-    generator = torch.Generator().manual_seed(8)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("delora_B"):
-                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
-            elif name.endswith("delora_lambda"):
-                parameter.add_(torch.rand(parameter.shape, generator=generator))
+    off_start(model, 8, {"delora_B": normal(0.5), "delora_lambda": lambda p, g: p + torch.rand(p.shape, generator=g)})
 
 
 @pytest.mark.parametrize("block", ["query", "value"])
@@ -91,10 +87,8 @@ def test_a_group_with_delora_and_other_methods_computes_each_members_logits_and_
     and gradients equal its own model's (a smaller rank padded to the group's: no gradient in the padding)."""
     from test_road import turned
 
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
-    initial = [member_state(group, slot) for slot in range(len(methods))]
+    group, methods, seeds = mixed_group(model_type, MIXED, **O1)
+    assert_members_start_as_their_own_models(model_type, group, methods, seeds, **O1)
     spread(group)
     turned(group)
     with torch.no_grad():  # B spread over its own rank only: the padding stays as the group holds it, zero
@@ -102,9 +96,6 @@ def test_a_group_with_delora_and_other_methods_computes_each_members_logits_and_
             if isinstance(module, DeLoRALinear):
                 for slot in module.users:
                     module.delora_B[slot, :, methods[slot].delora_rank :] = 0
-    for slot, (config, seed) in enumerate(zip(methods, seeds)):
-        for name, tensor in member_state(build(model_type, config, seed, **O1), 0).items():
-            assert torch.equal(initial[slot][name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
     assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
     for module in group.modules():
         if isinstance(module, DeLoRALinear):
@@ -120,7 +111,6 @@ def test_delora_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glu
     the run scored."""
     import json
 
-    import peltbench
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
     from test_encoders import sweep
@@ -129,15 +119,11 @@ def test_delora_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glu
     extra = ("method.lr=5e-3", "save.weights=true")
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["delora"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["road", "delora", "lora"], True, *extra))
-    assert [o.status for o in [alone, *fused]] == ["ok"] * 4 and fused[1].record["fused"]["size"] == 3
-    assert_trained_alike(alone.record, fused[1].record)
+    assert_fused_as_alone(alone, fused, 3)
     assert alone.record["trainable_params"] == 2 * 2 * (8 * H + H * 8 + 1)
-    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
+    run_dir, loaded = reloaded(tmp_path / "alone", alone)
     config = json.loads((run_dir / "peft" / "adapter_config.json").read_text())
     assert (config["peft_type"], config["r"], config["delora_lambda"]) == ("DELORA", 8, 4.0)
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
     assert any(t.abs().max() > 0 for n, t in member_state(loaded.model, 0).items() if n.endswith("delora_B"))
 
 

@@ -70,6 +70,50 @@ def build(model_type: str, methods, seeds=42, dropout: float = 0.0, **changes):
     return build_pelt_model(copy.deepcopy(source), methods, seeds, [source] * len(methods)).eval()
 
 
+def mixed_group(model_type: str, mixed, **changes):
+    """One group of the members `mixed` ((method, its changes) pairs), model seeds 42, 43, ..., on `model_type`: the
+    group, the members' configs and their seeds."""
+    methods = [method(name, **settings) for name, settings in mixed]
+    seeds = [42 + i for i in range(len(methods))]
+    return build(model_type, methods, seeds, **changes), methods, seeds
+
+
+def assert_members_start_as_their_own_models(model_type: str, group, methods, seeds, **changes) -> None:
+    """Each member of `group` starts from what its separate run draws: its own model's tensors, at the start of the
+    group's where a larger member pads them."""
+    for slot, (config, seed) in enumerate(zip(methods, seeds)):
+        start = member_state(group, slot)
+        for name, tensor in member_state(build(model_type, config, seed, **changes), 0).items():
+            assert torch.equal(start[name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
+
+
+def assert_a_mixed_group_is_its_members_alone(model_type: str, mixed, moves=(), **changes) -> None:
+    """One group of `mixed` (mixed_group): each member starts as its separate run draws it, and once moved off that
+    start (each of `moves` applied to the group) computes the logits and gradients of its own model."""
+    group, methods, seeds = mixed_group(model_type, mixed, **changes)
+    assert_members_start_as_their_own_models(model_type, group, methods, seeds, **changes)
+    for move in moves:
+        move(group)
+    assert_members_equal_their_own_models(model_type, group, methods, seeds, **changes)
+
+
+def off_start(model, seed: int, draws: dict) -> None:
+    """Trained tensors moved off where a method starts them (B = 0, R = I, ...), so that every factor of its update
+    matters: each parameter whose name ends with a key of `draws` becomes draws[key](parameter, generator), in the
+    order of named_parameters, from one generator seeded `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            draw = next((draws[end] for end in draws if name.endswith(end)), None)
+            if draw is not None:
+                parameter.copy_(draw(parameter, generator))
+
+
+def normal(scale: float, mean: float = 0.0):
+    """off_start's draw of N(mean, scale²) in the parameter's shape."""
+    return lambda parameter, generator: mean + scale * torch.randn(parameter.shape, generator=generator)
+
+
 def randomise(model, names=("lora_b", "up.weight", "parallel_adapter.up")) -> None:
     """Non-zero values where a method starts at zero (LoRA's B, the parallel adapter's Up), so that it matters."""
     generator = torch.Generator().manual_seed(3)
@@ -428,6 +472,37 @@ def sweep(checkpoint, glue, results, methods, fuse: bool, *extra: str):
             for name in methods]
 
 
+def assert_fused_as_alone(alone, fused, size: int) -> None:
+    """The run `alone` and the outcomes of one group of `size` members all ok, and member 1's record that of `alone`."""
+    assert [o.status for o in [alone, *fused]] == ["ok"] * (1 + size) and fused[1].record["fused"]["size"] == size
+    assert_trained_alike(alone.record, fused[1].record)
+
+
+def reloaded(results, outcome):
+    """The one run saved under `results`, rebuilt by load_run, predicts what it scored: its folder and the loaded run."""
+    import peltbench
+
+    run_dir = next(results.rglob("result.json")).parent
+    loaded = peltbench.load_run(run_dir)
+    scores, _ = loaded.predict()
+    assert scores == pytest.approx(outcome.record["test"], abs=1e-9)
+    return run_dir, loaded
+
+
+def assert_peft_copy_computes_alike(model_type: str, checkpoint, run_dir, loaded) -> None:
+    """The run's peft/ copy, loaded in PEFT on its checkpoint, gives the logits of the run load_run rebuilt (`loaded`)
+    on the test batch."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
+    ids, mask, types = batch(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits,
+                                   loaded.model(ids, mask, types), rtol=1e-5, atol=1e-6)
+
+
 # make test runs BERT's; the other encoders' are make test-slow's (8-11 s each): what they check beyond BERT's is make
 # test's too, per encoder: every method's count (test_peltbench_params_counts_any_model_from_its_config), a mixed group's
 # logits and gradients those of its members alone (test_a_mixed_group_computes_each_members_logits_and_gradients), what
@@ -467,18 +542,13 @@ def test_every_method_runs_through_peltbench_alone_and_fused(model_type, tmp_pat
 def test_a_saved_lora_run_reloads(model_type, tmp_path, glue_dir):
     """weights.safetensors rebuilds the run (load_run), which predicts what it scored. (Its peft/ copy loads in PEFT
     with our logits: tests/test_peft_matrix.py, every method on every encoder.)"""
-    import peltbench
-
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
 
     checkpoint = save_tiny_encoder(model_type, tmp_path / "ckpt", dropout=0.0)
     [outcome] = run_group(sweep(checkpoint, glue_dir, tmp_path / "runs", ["lora"], False, "save.weights=true",
                                 "train.epochs=3"))
-    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(outcome.record["test"], abs=1e-9)
+    reloaded(tmp_path / "runs", outcome)
 
 
 def test_a_deberta_v3_checkpoint_with_only_its_sentencepiece_model_loads_and_trains(tmp_path, glue_dir):

@@ -5,20 +5,11 @@ stays as it is, so `method=road` keeps its meaning, hash and folder."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from conftest import compose_config, write_glue
+from conftest import compose_config
 from peltbench.config import FEW_SHOT, few_shot_warning
 from peltbench.record import config_hash, variant_name
-
-
-@pytest.fixture
-def workdir(tmp_path, tiny_checkpoint):
-    write_glue(tmp_path / "glue")
-    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
-    return tmp_path
 
 
 def test_a_few_shot_run_at_the_published_setting_is_warned_at_its_start(workdir, in_process):

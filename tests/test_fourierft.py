@@ -14,10 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close_to_scale, assert_trained_alike, tiny_encoder
+from conftest import assert_close_to_scale, tiny_encoder
 from peltbench.methods import count_method, member_state, parameter_counts
 from peltbench.methods.fourierft import FourierFTLinear
-from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
+from test_encoders import (assert_fused_as_alone, assert_members_equal_their_own_models,
+                           assert_peft_copy_computes_alike, batch, build, method, mixed_group, model_inputs, reloaded)
 
 O1 = {"initializer_range": 0.2}
 SEED = 42  # test_encoders.build's model seed
@@ -125,9 +126,7 @@ MIXED = [("fourierft", {"fourierft_n_frequency": N, "fourierft_scaling": ALPHA})
 def test_a_group_with_fourierft_and_other_methods_computes_each_members_logits_and_gradients(model_type):
     """FourierFT members of several n, scalings, entry seeds and targets beside LoRA, VeRA and C3A on one backbone:
     each member starts as its separate run draws it, and its logits and gradients equal its own model's."""
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
+    group, methods, seeds = mixed_group(model_type, MIXED, **O1)
     for slot, (config, seed) in enumerate(zip(methods, seeds)):
         alone = build(model_type, config, seed, **O1)
         initial = member_state(group, slot)
@@ -200,10 +199,6 @@ def test_fourierft_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, t
     pytest.importorskip("peft")
     import logging
 
-    import peltbench
-    from peft import PeftModel
-    from transformers import AutoModelForSequenceClassification
-
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
     from test_encoders import sweep
@@ -215,24 +210,14 @@ def test_fourierft_alone_and_fused_saves_reloads_and_loads_in_peft(model_type, t
         [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["fourierft"], False, *extra))
     fused = run_group([*sweep(checkpoint, glue_dir, tmp_path / "fused", ["lora"], True),
                        *sweep(checkpoint, glue_dir, tmp_path / "fused", ["fourierft"], True, *extra)])
-    assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
-    assert_trained_alike(alone.record, fused[1].record)
+    assert_fused_as_alone(alone, fused, 2)
     assert alone.record["trainable_params"] == 2 * 2 * N
-    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    run_dir, loaded = reloaded(tmp_path / "alone", alone)
     if model_type == "modernbert":
         assert not (run_dir / "peft").exists()
         assert "PEFT's FourierFT adapts ModernBERT's whole fused Wqkv" in caplog.text
         return
-    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
-    peft_model = PeftModel.from_pretrained(base, run_dir / "peft").eval()
-    ids, mask, types = batch(model_type)
-    with torch.no_grad():
-        logits = loaded.model(ids, mask, types)
-        torch.testing.assert_close(peft_model(**model_inputs(model_type, ids, mask, types)).logits, logits,
-                                   rtol=1e-5, atol=1e-6)
+    assert_peft_copy_computes_alike(model_type, checkpoint, run_dir, loaded)
     trained = loaded.model.layers[0].attention.self.query.fourierft_spectrum[0]
     initial = build(model_type, tiny_fourierft(), **O1).layers[0].attention.self.query
     assert (trained - initial.fourierft_spectrum[0]).abs().max() > 1e-3  # the coefficients trained

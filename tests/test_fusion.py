@@ -77,7 +77,21 @@ def member_inputs(seed: int, rows: int = 3):
 def test_a_group_computes_each_members_logits_and_gradients():
     """All methods in one group, each member its own rows: logits and gradients equal the separate models'."""
     methods = [method(name, changes) for name, changes in MEMBERS]
-    seeds = [42 + i % 3 for i in range(len(methods))]  # members with different model seeds, too
+    assert_members_compute_as_alone(methods, [42 + i % 3 for i in range(len(methods))])  # other model seeds, too
+
+
+def test_a_group_of_prompt_runs_computes_each_members_logits_and_gradients():
+    """Prompt runs of one length (the only ones that fuse with them), other seeds, inits and components beside the
+    prompts: each member's logits and gradients equal its separate model's."""
+    members = [method("prompt", {}), method("prompt", {"prompt_init": "random"}),
+               method("prompt", {"components": ["prompt", "ia3"]}), method("prompt", {"components": ["prompt", "bitfit"]})]
+    assert_members_compute_as_alone(members, [42, 43, 44, 42])
+
+
+def assert_members_compute_as_alone(methods, seeds) -> None:
+    """`methods` with their model `seeds` in one group, each member its own rows of a batch: each member starts as its
+    separate model, and its logits and gradients equal that model's (a smaller member's tensors at the start of the
+    group's padded ones, no gradient in the padding)."""
     group = build_pelt_model(no_dropout_backbone(), methods, seeds, [no_dropout_backbone()] * len(methods))
     inputs = [member_inputs(i) for i in range(len(methods))]
     width = max(ids.shape[1] for ids, _ in inputs)
@@ -103,33 +117,6 @@ def test_a_group_computes_each_members_logits_and_gradients():
             padding = grad.clone()
             padding[own] = 0
             assert not padding.any(), f"{slot} {name}: a padded slot got a gradient"
-
-
-def test_a_group_of_prompt_runs_computes_each_members_logits_and_gradients():
-    """Prompt runs of one length (the only ones that fuse with them), other seeds, inits and components beside the
-    prompts: each member's logits and gradients equal its separate model's."""
-    members = [method("prompt", {}), method("prompt", {"prompt_init": "random"}),
-               method("prompt", {"components": ["prompt", "ia3"]}), method("prompt", {"components": ["prompt", "bitfit"]})]
-    seeds = [42, 43, 44, 42]
-    group = build_pelt_model(no_dropout_backbone(), members, seeds, [no_dropout_backbone()] * len(members))
-    inputs = [member_inputs(i) for i in range(len(members))]
-    width = max(ids.shape[1] for ids, _ in inputs)
-    ids = torch.cat([F.pad(ids, (0, width - ids.shape[1])) for ids, _ in inputs])
-    mask = torch.cat([F.pad(mask, (0, width - mask.shape[1])) for _, mask in inputs])
-    labels = torch.randint(0, 2, (ids.shape[0],), generator=torch.Generator().manual_seed(7))
-    logits = group(ids, mask, torch.zeros_like(ids))
-    F.cross_entropy(logits, labels, reduction="none").view(len(members), -1).mean(1).sum().backward()
-    gradients = {group.stored_name(name): p.grad for name, p, _, _ in group.member_parameters()}
-    for slot, (config, seed, (member_ids, member_mask)) in enumerate(zip(members, seeds, inputs)):
-        alone = build_pelt_model(no_dropout_backbone(), config, seed)
-        alone_logits = alone(member_ids, member_mask, torch.zeros_like(member_ids))
-        assert_close_to_scale(logits[3 * slot : 3 * slot + 3], alone_logits)
-        F.cross_entropy(alone_logits, labels[3 * slot : 3 * slot + 3]).backward()
-        start = member_state(group, slot)
-        for name, parameter, _, _ in alone.member_parameters():
-            name = alone.stored_name(name)
-            torch.testing.assert_close(start[name], parameter[0].detach(), rtol=0, atol=0, msg=f"{slot} {name} init")
-            assert_close_to_scale(gradients[name][slot], parameter.grad[0], msg=f"{slot} {name} grad")
 
 
 def torch_references(group, lrs, totals):

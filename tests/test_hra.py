@@ -9,20 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_trained_alike, tiny_encoder
+from conftest import tiny_encoder
 from peltbench.methods import member_state
 from peltbench.methods.hra import reflections
-from test_encoders import assert_members_equal_their_own_models, batch, build, method, model_inputs
+from test_encoders import (assert_a_mixed_group_is_its_members_alone, assert_fused_as_alone, batch, build, method,
+                           model_inputs, normal, off_start, reloaded)
 from test_oft import O1
 
 
 def unpaired(model) -> None:
     """Non-identity products: the paired columns of PEFT's init (H_i H_i = I) replaced by independent ones."""
-    generator = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("hra_u.weight"):
-                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    off_start(model, 4, {"hra_u.weight": normal(1.0)})
 
 
 def test_hra_starts_as_the_identity_and_its_init_is_peft_symmetric_one():
@@ -47,24 +44,13 @@ def test_a_group_with_hra_and_other_methods_computes_each_members_logits_and_gra
     and gradients equal those of its own model."""
     from test_oft import skewed
 
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
-    initial = [member_state(group, slot) for slot in range(len(methods))]
-    unpaired(group)
-    skewed(group)
-    for slot, (config, seed) in enumerate(zip(methods, seeds)):  # drawn as a separate run draws them
-        for name, tensor in member_state(build(model_type, config, seed, **O1), 0).items():
-            assert torch.equal(initial[slot][name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
-    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
+    assert_a_mixed_group_is_its_members_alone(model_type, MIXED, [unpaired, skewed], **O1)
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
 def test_hra_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_dir):
     """Through peltbench: HRA fused with OFT gives its separate run's record; save.weights=true keeps the reflection
     vectors, load_run predicts what the run scored, and the reflections trained."""
-    import peltbench
-
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
     from test_encoders import reference_head, sweep
@@ -73,13 +59,9 @@ def test_hra_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_d
     extra = ("method.lr=5e-2", "save.weights=true")
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["hra"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["oft", "hra"], True, *extra))
-    assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
-    assert_trained_alike(alone.record, fused[1].record)
+    assert_fused_as_alone(alone, fused, 2)
     assert alone.record["trainable_params"] == 2 * 32 * 8 * (1 if model_type == "modernbert" else 2)
-    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    _, loaded = reloaded(tmp_path / "alone", alone)
     ids, mask, types = batch(model_type)
     with torch.no_grad():
         logits = loaded.model(ids, mask, types)

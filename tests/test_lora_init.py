@@ -19,8 +19,8 @@ from conftest import assert_close_to_scale, assert_trained_alike, compose_config
 from peltbench.methods import check_method, member_frozen, member_state, parameter_counts
 from peltbench.record import config_hash, record_path
 from test_devices import as_on_a_gpu  # noqa: F401 (a fixture: the GPU's path on this CPU)
-from test_encoders import (assert_members_equal_their_own_models, build, method,
-                           same_logits_then_backward)
+from test_encoders import (assert_members_equal_their_own_models, assert_members_start_as_their_own_models, build,
+                           method, mixed_group, same_logits_then_backward)
 
 O1 = {"initializer_range": 0.2}
 UNFUSED = ["bert", "deberta-v2", "electra", "roberta"]
@@ -175,13 +175,8 @@ MIXED = [("lora", {"lora_init": "pissa"}), ("lora", {}), ("lora", {"lora_init": 
 def test_a_group_mixing_inits_computes_each_members_logits_and_gradients(model_type):
     """PiSSA, OLoRA and kaiming LoRA members (ranks, scales, targets, LoRA-FA) beside RoAd and DeLoRA share one W: each
     member's logits and gradients equal its own model's, and each starts from its own model's A and B."""
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
-    for slot, (config, seed) in enumerate(zip(methods, seeds)):
-        start = member_state(group, slot)
-        for name, tensor in member_state(build(model_type, config, seed, **O1), 0).items():
-            assert torch.equal(start[name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
+    group, methods, seeds = mixed_group(model_type, MIXED, **O1)
+    assert_members_start_as_their_own_models(model_type, group, methods, seeds, **O1)
     moved(group)
     with torch.no_grad():  # the padding of a smaller rank stays zero, as the group holds it
         for module in group.modules():

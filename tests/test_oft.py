@@ -10,20 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_trained_alike
 from peltbench.methods.oft import cayley, skew
-from test_encoders import assert_members_equal_their_own_models, build, method
+from test_encoders import (assert_a_mixed_group_is_its_members_alone, assert_fused_as_alone, build, method, normal,
+                           off_start, reloaded)
 
 O1 = {"initializer_range": 0.2}
 
 
 def skewed(model, scale: float = 0.3) -> None:
     """Non-identity rotations: random skew parameters where OFT starts at zero (R = I)."""
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("oft_R.weight"):
-                parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
+    off_start(model, 3, {"oft_R.weight": normal(scale)})
 
 
 def test_cayley_neumann_is_peft_series_and_exact_is_orthogonal():
@@ -52,19 +48,14 @@ MIXED = [("oft", {"oft_block_size": 8}), ("lora", {}), ("oft", {"oft_block_size"
 def test_a_group_with_oft_and_other_methods_computes_each_members_logits_and_gradients(model_type):
     """OFT members of several block sizes, targets and Cayley forms beside LoRA, adapters and prefixes on one shared
     backbone: each member's logits and gradients equal those of its own model."""
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
-    skewed(group, 0.1)  # ‖Q‖ < 1 for b = 16 too: 0.3 makes its 5-term R far from orthogonal, with O(10) gradients
-    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
+    # ‖Q‖ < 1 for b = 16 too: 0.3 makes its 5-term R far from orthogonal, with O(10) gradients
+    assert_a_mixed_group_is_its_members_alone(model_type, MIXED, [lambda group: skewed(group, 0.1)], **O1)
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "modernbert"])  # every encoder: test_encoders.py's run test
 def test_oft_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_dir):
     """Through peltbench: OFT fused with LoRA gives its separate run's record; save.weights=true keeps the rotations,
     and load_run predicts what the run scored."""
-    import peltbench
-
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
     from test_encoders import sweep
@@ -74,12 +65,8 @@ def test_oft_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_d
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["oft"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["oft", "lora"], True, "save.weights=true",
                             "method.lr=5e-2")[1:] + sweep(checkpoint, glue_dir, tmp_path / "fused", ["oft"], True, *extra))
-    assert [o.status for o in [alone, *fused]] == ["ok"] * 3 and fused[1].record["fused"]["size"] == 2
-    assert_trained_alike(alone.record, fused[1].record)
+    assert_fused_as_alone(alone, fused, 2)
     assert alone.record["trainable_params"] == 2 * 4 * 28 * (1 if model_type == "modernbert" else 2)
-    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
+    _, loaded = reloaded(tmp_path / "alone", alone)
     trained = [p for n, p in loaded.model.named_parameters() if n.endswith("oft_R.weight")]
     assert trained and all(p.abs().max() > 0 for p in trained)  # the rotations trained away from R = I, and came back

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_trained_alike
 from peltbench.methods import member_state
-from test_encoders import assert_members_equal_their_own_models, build, method
+from test_encoders import (assert_a_mixed_group_is_its_members_alone, assert_fused_as_alone, build, method, normal,
+                           off_start, reloaded)
 
 O1 = {"initializer_range": 0.2}
 H = 32  # the tiny encoders' hidden size: q, k, v are H × H (ModernBERT: H-row blocks of Wqkv)
@@ -21,13 +21,7 @@ H = 32  # the tiny encoders' hidden size: q, k, v are H × H (ModernBERT: H-row 
 
 def turned(model) -> None:
     """θ and α away from 0 and 1, so that the rotation is not the identity."""
-    generator = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("road_theta"):
-                parameter.copy_(0.7 * torch.randn(parameter.shape, generator=generator))
-            elif name.endswith("road_alpha"):
-                parameter.copy_(1 + 0.3 * torch.randn(parameter.shape, generator=generator))
+    off_start(model, 6, {"road_theta": normal(0.7), "road_alpha": normal(0.3, mean=1)})
 
 
 def test_road_starts_as_the_pretrained_model_and_rotates_pairs():
@@ -105,18 +99,9 @@ def test_a_group_with_road_and_other_methods_computes_each_members_logits_and_gr
     """RoAd members of every variant, group size and target beside DeLoRA, LoRA, OFT, (IA)³, and AdaLoRA, the adapter
     and BitFit on the same FFN and attention-output Linears, on one backbone: each member's logits and gradients equal
     its own model's, and each starts from its own model's values."""
-    methods = [method(name, **changes) for name, changes in MIXED]
-    seeds = [42 + i for i in range(len(methods))]
-    group = build(model_type, methods, seeds, **O1)
-    initial = [member_state(group, slot) for slot in range(len(methods))]
-    turned(group)
     from test_delora import spread
 
-    spread(group)
-    for slot, (config, seed) in enumerate(zip(methods, seeds)):
-        for name, tensor in member_state(build(model_type, config, seed, **O1), 0).items():
-            assert torch.equal(initial[slot][name][tuple(slice(0, s) for s in tensor.shape)], tensor), (slot, name)
-    assert_members_equal_their_own_models(model_type, group, methods, seeds, **O1)
+    assert_a_mixed_group_is_its_members_alone(model_type, MIXED, [turned, spread], **O1)
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "modernbert"])
@@ -126,7 +111,6 @@ def test_road_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_
     load_run predicts what the run scored."""
     import json
 
-    import peltbench
     from conftest import save_tiny_encoder
     from peltbench.runner import run_group
     from test_encoders import sweep
@@ -135,13 +119,9 @@ def test_road_runs_alone_and_fused_saves_and_reloads(model_type, tmp_path, glue_
     extra = ("method.lr=5e-2", "save.weights=true")
     [alone] = run_group(sweep(checkpoint, glue_dir, tmp_path / "alone", ["road"], False, *extra))
     fused = run_group(sweep(checkpoint, glue_dir, tmp_path / "fused", ["delora", "road", "lora"], True, *extra))
-    assert [o.status for o in [alone, *fused]] == ["ok"] * 4 and fused[1].record["fused"]["size"] == 3
-    assert_trained_alike(alone.record, fused[1].record)
+    assert_fused_as_alone(alone, fused, 3)
     assert alone.record["trainable_params"] == 2 * (5 * H + (4 if model_type == "modernbert" else 2) * H)
-    run_dir = next((tmp_path / "alone").rglob("result.json")).parent
+    run_dir, loaded = reloaded(tmp_path / "alone", alone)
     config = json.loads((run_dir / "peft" / "adapter_config.json").read_text())
     assert (config["peft_type"], config["variant"], config["group_size"]) == ("ROAD", "road_1", 2)
-    loaded = peltbench.load_run(run_dir)
-    scores, _ = loaded.predict()
-    assert scores == pytest.approx(alone.record["test"], abs=1e-9)
     assert any((t - 1).abs().max() > 1e-3 for n, t in member_state(loaded.model, 0).items() if n.endswith("road_alpha"))

@@ -21,8 +21,6 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from conftest import write_glue
-
 PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 # The local node has no GPU and little else: no GPU, one core and 1 GB per job, and a time limit of 10 minutes.
@@ -77,13 +75,6 @@ def cluster():
     reason = slurm_unavailable()
     if reason:
         pytest.skip(reason)
-
-
-@pytest.fixture
-def workdir(tmp_path, tiny_checkpoint):
-    write_glue(tmp_path / "glue")
-    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
-    return tmp_path
 
 
 def tiny(workdir: Path, epochs: int) -> list[str]:

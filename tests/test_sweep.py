@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,20 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_glue
 from peltbench import missing
 
 PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 TINY = ["model.name=tiny-bert", "data.dir=glue", "dev_size=20", "train.patience=50", "results_dir=results"]
 GRID = ["-m", "method=adapter,lora", "task=rte", "k=16", "seed=111,222", "train.epochs=10", *TINY]
-
-
-@pytest.fixture
-def workdir(tmp_path, tiny_checkpoint):
-    write_glue(tmp_path / "glue")
-    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
-    return tmp_path
 
 
 def records(workdir: Path) -> list[Path]:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import SHIPPED_GLUE, compose_config
+from conftest import SHIPPED_GLUE, a_record, compose_config
 
 from peltbench import UserError
 
@@ -356,14 +356,10 @@ def test_every_metric_a_task_may_name_is_computed():
     assert scores["f1"] == pytest.approx(100 * 0.8) and scores["f1_macro"] == pytest.approx(100 * (2 / 3 + 0.8) / 2)
 
 
-def test_a_task_of_its_own_gets_a_column_without_a_paper_number(small_jsonl, tmp_path):
-    """peltbench-tables: the user's task beside GLUE's, its metric named in the caption, no paper delta."""
-    from omegaconf import OmegaConf
-
-    from peltbench.record import identity_hash, semantic_config
-    from peltbench.tables.command import main
-
-    search = write_task(tmp_path / "conf", "reviews", f"""text: [sentence]
+def reviews_task(conf: Path, small_jsonl: Path) -> str:
+    """The user's task `reviews` (macro F1 its main metric) on small_jsonl, in a config folder; the override that finds
+    it."""
+    return write_task(conf, "reviews", f"""text: [sentence]
 label: label
 num_labels: 2
 label_names: [negative, positive]
@@ -372,20 +368,27 @@ main_metric: f1_macro
 max_length: 128
 files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
 """)
+
+
+def made_up_run(runs: Path, score: float, *overrides: str) -> None:
+    """The record of the run `overrides` configure, made up (no training) as conftest.a_record makes it, `score` its
+    test and dev main metric (and test macro F1), in its folder under `runs`."""
+    from peltbench.record import record_path, write_record
+
+    record = a_record(*overrides, test={"main": score, "f1_macro": score}, dev_best={"main": score})
+    write_record(record_path(compose_config(*overrides), runs), record)
+
+
+def test_a_task_of_its_own_gets_a_column_without_a_paper_number(small_jsonl, tmp_path):
+    """peltbench-tables: the user's task beside GLUE's, its metric named in the caption, no paper delta."""
+    from peltbench.tables.command import main
+
+    search = reviews_task(tmp_path / "conf", small_jsonl)
     runs = tmp_path / "runs"
     for task, extra in (("sst2", [f"data.dir={SHIPPED_GLUE}"]), ("reviews", [search])):
         for method, score in (("lora", 80.0), ("adapter", 75.0)):
-            cfg = compose_config(f"method={method}", f"task={task}", "seed=111", "model.name=bert-base-uncased", *extra)
-            config = OmegaConf.to_container(cfg, resolve=True)
-            config.pop("hydra", None)
-            identity = semantic_config(cfg)
-            folder = runs / method / task / "k100" / "seed111"
-            folder.mkdir(parents=True)
-            (folder / "result.json").write_text(json.dumps({
-                "schema": 1, "method": method, "variant": method, "task": task, "k": 100, "seed": 111,
-                "model": "bert-base-uncased", "status": "ok", "protocol": "unipelt", "precision": "fp32",
-                "test": {"main": score, "f1_macro": score}, "dev_best": {"main": score}, "config": config,
-                "identity": identity, "config_hash": identity_hash(identity)}))
+            made_up_run(runs, score, f"method={method}", f"task={task}", "seed=111", "model.name=bert-base-uncased",
+                        *extra)
     out = tmp_path / "out"
     assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path / "none")]) == 0
     table = (out / "table1.md").read_text()
@@ -400,35 +403,14 @@ def test_tables_of_a_users_task_alone_name_its_own_test_set(small_jsonl, tmp_pat
     """Issue 58, item 8: where every run is of a task of the user's own, no caption, heading or assumption says GLUE:
     Table 1 reports on its task file's test set, Table 3 (K = all, selected on its test set) too, paired.md pairs on
     it."""
-    from omegaconf import OmegaConf
-
-    from peltbench.record import identity_hash, record_path, semantic_config, variant_name
     from peltbench.tables.command import main
 
-    search = write_task(tmp_path / "conf", "reviews", f"""text: [sentence]
-label: label
-num_labels: 2
-label_names: [negative, positive]
-metrics: [f1_macro, accuracy]
-main_metric: f1_macro
-max_length: 128
-files: {{train: {small_jsonl}/train.jsonl, test: {small_jsonl}/dev.jsonl}}
-""")
+    search = reviews_task(tmp_path / "conf", small_jsonl)
     runs = tmp_path / "runs"
     for k in (100, "all"):
         for method, lr, score in (("lora", 5e-4, 80.0), ("lora", 1e-3, 82.0), ("adapter", 1e-4, 75.0)):
-            cfg = compose_config(f"method={method}", "task=reviews", "seed=111", f"k={k}", f"method.lr={lr}",
-                                 "model.name=bert-base-uncased", search)
-            config = OmegaConf.to_container(cfg, resolve=True)
-            config.pop("hydra", None)
-            identity = semantic_config(cfg)
-            path = record_path(cfg, runs)
-            path.parent.mkdir(parents=True)
-            path.write_text(json.dumps({
-                "schema": 1, "method": method, "variant": variant_name(cfg), "task": "reviews", "k": k, "seed": 111,
-                "model": "bert-base-uncased", "status": "ok", "protocol": "unipelt", "precision": "fp32",
-                "test": {"main": score, "f1_macro": score}, "dev_best": {"main": score}, "config": config,
-                "identity": identity, "config_hash": identity_hash(identity)}))
+            made_up_run(runs, score, f"method={method}", "task=reviews", "seed=111", f"k={k}", f"method.lr={lr}",
+                        "model.name=bert-base-uncased", search)
     out = tmp_path / "out"
     assert main(["--results-dir", str(runs), "--out", str(out), "--paper-dir", str(tmp_path / "none"),
                  "--baseline", "lora", "--select", "method.lr"]) == 0

@@ -8,18 +8,24 @@ import csv
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, compose_config, tiny_run_overrides, write_glue
+from conftest import REPO, compose_config, tiny_run_overrides
 from peltbench import UserError
 from peltbench.component import ComponentError, declaration, install_order, read_declaration
 
 PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
+
+
+def write_package(root: Path, files: dict[str, str]) -> None:
+    """A user's code: each file of `files` (its path under `root`: its text), its folders made."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
 
 
 def write_lora_copy(root: Path, package: str = "mylab", module: str = "lora_copy") -> Path:
@@ -73,13 +79,11 @@ def user_path(monkeypatch):
 
 
 @pytest.fixture
-def user(tmp_path, tiny_checkpoint):
+def user(workdir):
     """A working folder with a tiny BERT, GLUE files, the user's package `mylab` (on PYTHONPATH) and config folder."""
-    write_glue(tmp_path / "glue")
-    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
-    write_lora_copy(tmp_path / "code")
-    write_method(tmp_path / "conf", "my_lora", "mylab.lora_copy")
-    return tmp_path
+    write_lora_copy(workdir / "code")
+    write_method(workdir / "conf", "my_lora", "mylab.lora_copy")
+    return workdir
 
 
 def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -174,13 +178,13 @@ def test_a_users_method_file_named_as_a_packaged_one_is_refused(user):
 
 def test_a_declaration_is_read_without_running_its_module_or_package(tmp_path, user_path):
     """The package's __init__ and the module itself would fail to import here: the declaration is still read."""
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "__init__.py").write_text("raise RuntimeError('never run')\n")
-    (tmp_path / "broken" / "thing.py").write_text(
-        "import torch_that_is_not_installed\n"
-        "from peltbench.component import Component, POSITIVE_INT, Setting\n"
-        "HELP = 'the width'\n"
-        "COMPONENT = Component(stage='module', settings={'width': Setting(POSITIVE_INT, HELP)}, after=('adapter',))\n")
+    write_package(tmp_path, {
+        "broken/__init__.py": "raise RuntimeError('never run')\n",
+        "broken/thing.py": "import torch_that_is_not_installed\n"
+                           "from peltbench.component import Component, POSITIVE_INT, Setting\n"
+                           "HELP = 'the width'\n"
+                           "COMPONENT = Component(stage='module', settings={'width': Setting(POSITIVE_INT, HELP)}, "
+                           "after=('adapter',))\n"})
     user_path(tmp_path)
     component = declaration("broken.thing")
     assert component.settings["width"].help == "the width" and component.stage == "module"
@@ -202,10 +206,9 @@ def test_a_declaration_that_cannot_be_read_is_one_line(source, message):
 
 
 def test_two_components_may_share_a_setting_only_as_they_declare_it_alike(tmp_path, user_path):
-    (tmp_path / "mylab").mkdir()
-    (tmp_path / "mylab" / "wide.py").write_text(
-        "from peltbench.component import Component, POSITIVE_NUMBER, Setting\n"
-        "COMPONENT = Component(stage='projection', settings={'lora_rank': Setting(POSITIVE_NUMBER, 'a width')})\n")
+    write_package(tmp_path, {"mylab/wide.py": "from peltbench.component import Component, POSITIVE_NUMBER, Setting\n"
+                                              "COMPONENT = Component(stage='projection', settings={'lora_rank': "
+                                              "Setting(POSITIVE_NUMBER, 'a width')})\n"})
     user_path(tmp_path)
     from peltbench.config import check_method
 
@@ -282,12 +285,6 @@ PACKAGE = {
     "mylab/common.py": "def helper(x):\n    return 2 * x\n",
 }
 BY_SOURCE_RULE = "source 1bf056dd660ad033"
-
-
-def write_package(root: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
 
 
 def test_a_users_code_is_every_module_importing_it_runs_read_for_what_it_computes(tmp_path, user_path):
@@ -470,16 +467,15 @@ def test_a_tensor_marked_per_member_without_a_slot_per_member_is_refused_when_bu
     from peltbench.component import ComponentError
     from peltbench.methods import build_pelt_model
 
-    (tmp_path / "mylab").mkdir()
-    (tmp_path / "mylab" / "__init__.py").write_text("")
-    (tmp_path / "mylab" / "shared.py").write_text(
-        "import torch\nfrom torch import nn\nfrom peltbench.component import Component\n"
-        "from peltbench.methods.base import mark\n"
-        "COMPONENT = Component(stage='module')\n"
-        "def install(model, users):\n"
-        "    model.shared_scale = nn.Parameter(torch.zeros(4))  # one tensor for every member\n"
-        "    mark(model, [model.shared_scale], users)\n"
-        "def init_member(model, slot, method):\n    pass\n")
+    write_package(tmp_path, {
+        "mylab/__init__.py": "",
+        "mylab/shared.py": "import torch\nfrom torch import nn\nfrom peltbench.component import Component\n"
+                           "from peltbench.methods.base import mark\n"
+                           "COMPONENT = Component(stage='module')\n"
+                           "def install(model, users):\n"
+                           "    model.shared_scale = nn.Parameter(torch.zeros(4))  # one tensor for every member\n"
+                           "    mark(model, [model.shared_scale], users)\n"
+                           "def init_member(model, slot, method):\n    pass\n"})
     user_path(tmp_path)
     from conftest import tiny_backbone
 

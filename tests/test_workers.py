@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_glue
 from peltbench import UserError
 from peltbench.workers import check_run_device, hand_out_order, sweep_devices, worker_environment, worker_threads
 
@@ -89,13 +87,6 @@ def test_the_longest_group_goes_first_and_one_of_unknown_length_before_it():
 
 
 # ---------------------------------------------------------------- a sweep on two CPU workers
-
-
-@pytest.fixture
-def workdir(tmp_path, tiny_checkpoint):
-    write_glue(tmp_path / "glue")
-    shutil.copytree(tiny_checkpoint, tmp_path / "tiny-bert")
-    return tmp_path
 
 
 def records(root: Path) -> dict[str, dict]:
