@@ -11,9 +11,9 @@ config.json). What a run asks of the file system about its model (its real path,
 name alike, and so taken as it was when first asked in the pass. Every pass asks afresh: a user's component or task
 file changed since the last command (or test) is checked as it is now.
 
-A value is told apart by its repr (1, 1.0 and True apart, 0.0 and -0.0 too; worked out once per Plain node, which is
-never changed once made), a tuple of texts by equality (a key structure; a name and a flag). Anything else (a
-DictConfig, a dict or a list, which may change) is asked every time. An answer is kept, None too; a question that
+Values are told apart by type and value (1, 1.0 and True apart; a float by its repr: 0.0 and -0.0 apart), a Plain
+node by its repr (worked out once per node: a Plain is never changed once made), a tuple by equality (of texts: a key
+structure; a name and a flag). Anything else (a DictConfig, a dict or a list, which may change) is asked every time. An answer is kept, None too; a question that
 raises is asked again next time. `question` is the function asked (answer = question(value)), or a name where the
 answer is worked out by `answer` (then a function of the value alone)."""
 
@@ -25,8 +25,9 @@ from typing import Any, Callable
 from .plain import Plain
 
 _answers: dict | None = None  # (question, the value's key) -> answer, inside one_pass()
-_spelt: dict[int, tuple[Plain, str]] = {}  # id(node) -> (node, its repr), inside one_pass(): held, so ids stay theirs
-_TEXTS = frozenset((str, int, float, bool, type(None)))  # told apart by repr
+_spelt: dict[int, str] = {}  # id(node) -> its repr, for the Plain nodes in _held: inside one_pass()
+_held: list[Plain] = []  # held, so that their ids stay theirs
+_BY_EQUALITY = frozenset((str, int, bool, type(None), tuple))  # told apart by type and equality (a float: by repr)
 
 
 @contextmanager
@@ -40,7 +41,7 @@ def one_pass():
     finally:
         _answers = outer
         if outer is None:
-            _spelt.clear()
+            _forget_nodes()
 
 
 def once(question: Any, value: Any, answer: Callable | None = None) -> Any:
@@ -51,23 +52,32 @@ def once(question: Any, value: Any, answer: Callable | None = None) -> Any:
         return (answer or question)(value)
     kind = type(value)
     if kind is Plain:
-        known = _spelt.get(id(value))
-        key = (question, known[1] if known is not None and known[0] is value else _spell(value))
-    elif kind in _TEXTS:
-        key = (question, repr(value))
-    elif kind is tuple:
-        key = (question, value)
+        try:  # (a subscript: a sweep asks ~40 times a run, nearly always a node seen before)
+            key = question, _spelt[id(value)]
+        except KeyError:
+            key = question, _spell(value)
+    elif kind in _BY_EQUALITY:
+        key = question, kind, value
+    elif kind is float:
+        key = question, repr(value)  # 0.0 and -0.0 apart
     else:
         return (answer or question)(value)
-    found = answers.get(key, answers)
-    if found is answers:
-        found = answers[key] = (answer or question)(value)
+    try:
+        return answers[key]
+    except KeyError:
+        pass  # asked outside the handler: a refusal raised by the question is not "during" a KeyError
+    found = answers[key] = (answer or question)(value)
     return found
 
 
 def _spell(node: Plain) -> str:
-    text = repr(node)
-    if len(_spelt) >= 4096:  # nodes of one run each (a record's own) come once: the texts keep their answers
-        _spelt.clear()
-    _spelt[id(node)] = node, text
+    if len(_held) >= 4096:  # nodes of one run each (a record's own) come once: their texts keep their answers
+        _forget_nodes()
+    text = _spelt[id(node)] = repr(node)
+    _held.append(node)
     return text
+
+
+def _forget_nodes() -> None:
+    _spelt.clear()
+    _held.clear()

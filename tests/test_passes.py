@@ -75,8 +75,9 @@ def test_a_question_that_raises_is_asked_again_and_questions_are_apart():
     negative, node = Plain(lr=-1), Plain(lr=1e-3)
     with one_pass():
         for _ in range(2):
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError) as raised:
                 once(check, negative)
+            assert raised.value.__context__ is None  # a refusal's traceback is its own
         assert once(check, node) == "fine" and once("another question", node, lambda _: 7) == 7
         assert once("another question", Plain(lr=1e-3), lambda _: 8) == 7  # a name and its answer: one meaning
     assert asked == [negative, negative, node]
