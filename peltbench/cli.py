@@ -33,7 +33,7 @@ from .launchers import register_launchers
 from .loggers import check_can_start
 from .overrides import pin_group_settings
 from .packaged import options, packaged_config, shadowing, use_searchpath
-from .plain import once_per_node
+from .passes import once, one_pass
 from .protocols import protocol_name, run_defaults, sweep_seeds
 from .missing import forget_compositions
 from .record import container
@@ -200,7 +200,11 @@ def _plan(loader, config: DictConfig, check) -> list:
 
 def _spelt(node) -> str:
     """A config node as JSON text with sorted keys: equal nodes, equal texts (once per node a sweep's runs share)."""
-    return once_per_node(_spelt, node, lambda node: json.dumps(container(node), sort_keys=True))
+    return once(_json_text, node)
+
+
+def _json_text(node) -> str:
+    return json.dumps(container(node), sort_keys=True)
 
 
 def sweep_overrides(config: DictConfig) -> tuple:
@@ -271,10 +275,11 @@ def preflight(arguments: list[str]) -> str | None:
                 if mode == RunMode.MULTIRUN and args.cfg is None and _launched_here(config):
                     planned = _plan(loader, config, check)  # its launcher takes the plan (checked_plan)
                 else:
-                    for overrides, job in _jobs(loader, config, mode, plain=not sweep_cfg):
-                        check(job)
-                        if sweep_cfg:
-                            shown.append((overrides, job))
+                    with one_pass():  # a sweep's runs share their nodes: each checked once (peltbench.passes)
+                        for overrides, job in _jobs(loader, config, mode, plain=not sweep_cfg):
+                            check(job)
+                            if sweep_cfg:
+                                shown.append((overrides, job))
                 check_protocol_sweep(sorted(protocols), list(args.overrides))
                 if args.cfg is None:  # runs will start: their loggers must be able to, their data files be there
                     for logger in loggers.values():

@@ -20,7 +20,6 @@ from .component import (LAYER_LINEARS, PROJECTION_NAMES, Component, ComponentErr
 from .objectives import check_objective, model_misfit as objective_misfit
 from .packaged import options, packaged_config
 from .passes import once
-from .plain import Plain, once_per_node
 from .protocols import DEV_SOURCES, K_COUNTS, SELECTION, STATISTICS, protocol_settings, run_defaults
 from .cloze import check_architecture as check_cloze_model, check_prompt, is_cloze, prompt_of
 from .tasks import CLOZE_KEYS, DATASET_KEYS, FILES_KEYS, FORMATS, METRICS, REGRESSION_METRICS, TASK_KEYS, files_layouts
@@ -199,31 +198,35 @@ class ModelMisfit(UserError):
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise UserError, in one line naming the key, for a value or key that a run cannot have."""
+    """Raise UserError, in one line naming the key, for a value or key that a run cannot have.
+
+    A check of one node (the task, the method, train, a top-level value, the protocol, the objective, the loggers)
+    is asked through passes.once: in a sweep's pass, once per distinct node, which the sweep's runs share; what
+    relates a run's nodes (k and the protocol, halving and fuse, the method and the model's config.json) is checked
+    for every run."""
     for key in ("method", "task"):
         if cfg.get(key) is None or cfg[key].get("name") is None:  # a protocol may set method.head without a method
             raise UserError(f"{key}= is required: one of {', '.join(options(key))}")
     check_known_keys(cfg)
     plain = isinstance(cfg, dict)
-    for top, settings in _SETTING_GROUPS:
-        node = cfg.get(top) if plain else None
-        if type(node) is Plain:  # a node of the composed config a sweep's runs share (train, save, ...): once
-            once_per_node(("settings", top), node, lambda _, settings=settings: _check_settings(cfg, settings, True))
-        elif not (plain and _valid_value(settings, node)):
-            _check_settings(cfg, settings, plain)
-    _once(check_task, cfg.task, _VALID_TASKS)
-    once_per_node(check_schedule, cfg.train, check_schedule)
+    for top, settings, check in _SETTING_GROUPS:
+        if plain:  # a top-level node (train, save, ...) or value (k, seed, ...)
+            once(check, cfg.get(top, _ABSENT))
+        else:
+            _check_settings(cfg, settings)
+    once(check_task, cfg.task)
+    once(check_schedule, cfg.train)
     check_protocol(cfg)
     check_objective(cfg)
     check_halving(cfg)
     if cfg.get("precision") == "bf16" and cfg.get("device") == "cpu":  # device=auto: runner.resolve_device
         raise UserError(CPU_BF16)
-    _once(check_method, cfg.method, _VALID_METHODS)
+    once(check_method, cfg.method)
     check_planned_steps(cfg)
     check_model_fit(cfg, local_model_config(str(cfg.get("model", {}).get("name", ""))))
     if is_cloze(cfg):
         check_cloze(cfg)
-    once_per_node(check_logger, cfg.get("logger"), check_logger)
+    once(check_logger, cfg.get("logger"))
 
 
 def check_cloze(cfg: DictConfig) -> None:
@@ -231,73 +234,58 @@ def check_cloze(cfg: DictConfig) -> None:
     torch (peltbench.cloze); its label words' being one token each is checked with the tokenizer (runner)."""
     from .tasks import TaskSpec
 
-    task = once_per_node("cloze task", cfg.task, TaskSpec.from_config)
+    task = once(TaskSpec.from_config, cfg.task)
     check_prompt(prompt_of(cfg, task), task)
     if cfg.objective.get("demonstrations"):
         from .demonstrations import check_demonstrations  # the data's side of the objective: no torch
 
         check_demonstrations(cfg, task)
     name = str(cfg.get("model", {}).get("name", ""))
-    once("cloze model", name, lambda name: check_cloze_model(name, local_model_config(name)))
+    once(_check_cloze_model, name)
 
 
-def _valid_value(settings: list, value) -> bool:
-    """Whether a top-level value of plain data (k=500, seed=3: `settings`, the one rule of its key) was found valid
-    before (_check_settings), without a call per key (a sweep checks 100,000 runs)."""
-    try:
-        return len(settings) == 1 and (settings[0][0], type(value), value) in _VALID
-    except TypeError:  # a list
-        return False
+def _check_cloze_model(name: str) -> None:
+    check_cloze_model(name, local_model_config(name))
 
 
-def _check_settings(cfg: DictConfig, settings: list, plain: bool) -> None:
-    """The SETTINGS under one top-level key of `cfg`."""
-    for key, path, (valid, must) in settings:
-        value = _at(cfg, path) if plain else _select(cfg, key)
-        if value is _ABSENT:
-            continue
-        try:  # a value found valid once is valid (a sweep checks 100,000 runs of a few hundred values)
-            seen = (key, type(value), value)
-            if seen in _VALID:
-                continue
-        except TypeError:  # a list: checked each time
-            seen = None
-        if not valid(value):
-            raise UserError(f"{key}={_show(value)}: {must}")
-        if seen is not None and len(_VALID) < 65536:
-            _VALID.add(seen)
+def _check_settings(cfg: DictConfig, settings: list) -> None:
+    """The SETTINGS under one top-level key of a DictConfig."""
+    for key, _, rule in settings:
+        _check_setting(key, _select(cfg, key), rule)
 
 
-_SETTING_PATHS = [(key, tuple(key.split(".")), rule) for key, rule in SETTINGS.items()]
-_SETTING_GROUPS = [(top, [entry for entry in _SETTING_PATHS if entry[1][0] == top])  # by top-level key, in order
-                   for top in dict.fromkeys(path[0] for _, path, _ in _SETTING_PATHS)]
-_VALID: set = set()          # (key, type, value) of setting values found valid (SETTINGS' rules are pure)
-_VALID_METHODS: set = set()  # repr of plain method settings check_method found valid
-_VALID_TASKS: set = set()    # and of plain task nodes check_task found valid
+def _check_setting(key: str, value, rule: Rule) -> None:
+    valid, must = rule
+    if value is not _ABSENT and not valid(value):
+        raise UserError(f"{key}={_show(value)}: {must}")
 
 
-def _once(check: Callable, node, valid: set) -> None:
-    """check(node), once per distinct node of plain data (a sweep's runs share a few hundred): its rules are pure."""
-    if not isinstance(node, dict):
-        check(node)
-        return
-    once_per_node(check, node, lambda node: _checked_by_text(check, node, valid))
+def _settings_check(settings: list) -> Callable:
+    """The check of the SETTINGS under one top-level key of plain data, given the value there (_ABSENT: none)."""
+    def check(node) -> None:
+        for key, path, rule in settings:
+            _check_setting(key, _at(node, path[1:]), rule)
+    return check
 
 
-def _checked_by_text(check: Callable, node: dict, valid: set) -> None:
-    """check(node) unless a node of the same text passed it (its runs' own nodes: a method with its lr)."""
-    text = repr(node)
-    if text not in valid:
-        check(node)
-        if len(valid) < 4096:
-            valid.add(text)
+def _setting_groups() -> list[tuple[str, list, Callable]]:
+    """(top-level key, its SETTINGS as (key, path, rule), their check on plain data), in SETTINGS' order."""
+    paths = [(key, tuple(key.split(".")), rule) for key, rule in SETTINGS.items()]
+    groups = []
+    for top in dict.fromkeys(path[0] for _, path, _ in paths):
+        group = [entry for entry in paths if entry[1][0] == top]
+        groups.append((top, group, _settings_check(group)))
+    return groups
+
+
+_SETTING_GROUPS = _setting_groups()
 
 
 def local_model_config(name: str) -> dict | None:
     """The model's config.json, read without torch and without the network: a local checkpoint's, or a Hub model's
     where the Hugging Face cache holds it; None otherwise (then check_model_fit runs when the run has loaded the
     config, before any weights). Inside one_pass() (a sweep's check) looked up once per name."""
-    return once("local_model_config", name, _local_model_config)
+    return once(_local_model_config, name)
 
 
 def _local_model_config(name: str) -> dict | None:
@@ -568,7 +556,7 @@ def check_planned_steps(cfg: DictConfig) -> None:
     leaves a budgeting phase; methods/adalora_budget.py plans the same rounding): refused before torch, naming the run,
     rather than when its group is planned."""
     method = cfg.method
-    declared = once_per_node(_scheduled, method, _scheduled)  # a sweep's runs share their method node per lr
+    declared = once(_scheduled, method)  # a sweep's runs share their method node per lr
     total = planned_steps(cfg) if declared else None
     if total is None:
         return
@@ -743,7 +731,7 @@ def check_protocol(cfg: DictConfig) -> None:
     node = cfg.get("protocol")
     if node is None:  # a config from before protocols (a record's): unipelt
         return
-    once_per_node(_check_protocol_node, node, _check_protocol_node)  # a sweep's runs share it
+    once(_check_protocol_node, node)  # a sweep's runs share it
     name, k = node.get("name"), cfg.get("k")
     if node.get("k") == "all" and k != "all":
         raise UserError(f"k={k}: protocol={name} trains on the whole train split (k=all)")
@@ -804,14 +792,13 @@ def _logger_settings(name: str) -> tuple[str, ...] | None:
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse keys peltbench does not read, added with `+` (`+train.epoch=3` would otherwise run 50 epochs), and
     keys it needs that were removed with `~`. `method` and `logger` are checked by their own functions."""
-    shape = _shape(cfg) if isinstance(cfg, dict) else None  # plain data (a sweep's run): its keys, checked once
-    if shape is None or shape not in _KNOWN_SHAPES:
+    if isinstance(cfg, dict):  # plain data (a sweep's run): checked once per key structure
+        once("known keys", _shape(cfg), lambda _: _check_leaves(cfg))
+    else:
         _check_leaves(cfg)
-        if shape is not None and len(_KNOWN_SHAPES) < 1024:
-            _KNOWN_SHAPES.add(shape)
-    once_per_node(_check_task_keys, cfg.task, _check_task_keys)
+    once(_check_task_keys, cfg.task)
     if cfg.get("protocol") is not None:
-        once_per_node(_check_protocol_keys, cfg.protocol, _check_protocol_keys)
+        once(_check_protocol_keys, cfg.protocol)
 
 
 def _check_task_keys(task) -> None:
@@ -837,7 +824,6 @@ def _check_protocol_keys(protocol) -> None:
 
 # checked by their own functions, or Hydra's
 SKIPPED_NODES = ("hydra", "method", "task", "logger", "protocol", "objective")
-_KNOWN_SHAPES: set = set()  # the key structures (_shape) of plain configs whose keys _check_leaves found right
 
 
 def _shape(node: dict, skip: tuple[str, ...] = SKIPPED_NODES) -> tuple:
@@ -847,7 +833,7 @@ def _shape(node: dict, skip: tuple[str, ...] = SKIPPED_NODES) -> tuple:
         if key not in skip:
             keys.append(key)
             if isinstance(child, dict):
-                children.append((key, once_per_node(_child_shape, child, _child_shape)))
+                children.append((key, once(_child_shape, child)))
     return tuple(keys), tuple(children)
 
 

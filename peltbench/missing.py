@@ -630,7 +630,7 @@ class _PlainBase:
         """Put in place of each dict this job's values were written into (a copy of the composed one: `_writable`) the
         one an earlier job of these choices got from the same values (`writes`: where, and each value's `_mark`),
         deepest first: a sweep's runs then share their method node per learning rate, their data node
-        where every job sets data.dir, and what is answered once per node (plain.once_per_node) serves them all. Its
+        where every job sets data.dir, and the checks' memo (peltbench.passes) spells each shared node once. Its
         content is the composed one's with these values in it, the same for every job that wrote them; a Plain is never
         changed once made. A job that put a dict or a list somewhere keeps its own copies."""
         if any(mark is None for _, mark in writes):

@@ -29,7 +29,6 @@ from . import UserError
 from .component import Rule, Setting, choice
 from .packaged import options, packaged_config
 from .passes import once
-from .plain import once_per_node
 
 DEFAULT = "classifier"  # a new head on one pooled vector of the encoder's output (each *ForSequenceClassification's)
 
@@ -193,7 +192,7 @@ def check_objective(cfg) -> None:
     node = cfg.get("objective")
     if node is None:  # a config from before objectives (a record's): the classifier
         return
-    once_per_node(check_objective_node, node, check_objective_node)  # a sweep's runs share it
+    once(check_objective_node, node)  # a sweep's runs share it
 
 
 def check_objective_node(node) -> None:
@@ -230,7 +229,7 @@ def resolved(cfg, strict: bool = False) -> dict | None:
     node = cfg.get("objective")
     if node is None:
         return None
-    settings = once_per_node(resolved, node, _plain)
+    settings = once(_plain, node)
     objective = OBJECTIVES.get(str(settings.get("name")))
     if objective is None or objective.resolve is None:
         return dict(settings)
@@ -326,10 +325,11 @@ def sentence_pooling(name: str, strict: bool = False) -> str | None:
     so; not `strict` (a plan, peltbench-missing) it takes the head without asking. A mode the classifier does not pool
     as sentence-transformers does (mean_sqrt_len, weighted mean, last token, several at once) is a UserError in one
     line. Inside one_pass() (a sweep's check, the tables) asked once per model."""
-    return once("sentence_pooling", (name, strict), lambda key: _sentence_pooling(*key))
+    return once(_sentence_pooling, (name, strict))
 
 
-def _sentence_pooling(name: str, strict: bool) -> str | None:
+def _sentence_pooling(asked: tuple[str, bool]) -> str | None:
+    name, strict = asked
     found = sentence_modes(name, strict)
     if found is None:
         return None

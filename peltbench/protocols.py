@@ -14,7 +14,7 @@ from functools import lru_cache
 from omegaconf import DictConfig, OmegaConf
 
 from .packaged import options, packaged_config
-from .plain import once_per_node
+from .passes import once
 
 DEFAULT = "unipelt"       # today's protocol: records without a `protocol` field ran it
 GLUE_MAX_LENGTH = 128     # App. B; every GLUE task file's max_length, and every record's from before task files had one
@@ -122,7 +122,7 @@ def identity(cfg: DictConfig) -> dict | None:
     node = cfg.get("protocol")
     if node is None:
         return None
-    found = once_per_node(identity, node, _identity_of)  # a sweep's runs share their protocol node
+    found = once(_identity_of, node)  # a sweep's runs share their protocol node
     return None if found is None else dict(found)  # the caller's own dict
 
 

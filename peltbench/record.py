@@ -31,7 +31,7 @@ from .model import is_local
 from .packaged import method_file, packaged_config, user_config_dirs
 from .passes import once, one_pass  # noqa: F401  (one_pass: readers of records import it from here)
 from .objectives import LEGACY as LEGACY_OBJECTIVE, departures as objective_departures, identity as objective_identity
-from .plain import Plain, once_per_node
+from .plain import Plain
 from .protocols import (DEFAULT as DEFAULT_PROTOCOL, default_values, identity as protocol_identity, lmbff_chain,
                         method_overrides, protocol_name)
 from .tasks import RESULT_KEYS
@@ -58,7 +58,7 @@ def model_identity(name: str) -> str:
     """One spelling per model: a local directory as its real absolute path (DIR, DIR/, a relative path to it and a
     symlink to it are one model), a Hub id as given. A record written with the absolute real path keeps its hash.
     Inside one_pass() each name is resolved once, as it was when first asked."""
-    return once("model_identity", name, _model_identity)
+    return once(_model_identity, name)
 
 
 def _model_identity(name: str) -> str:
@@ -157,7 +157,7 @@ def task_identity(cfg: DictConfig | Mapping, rows: str | None = None) -> dict | 
 def is_packaged_task(task: DictConfig | Mapping) -> bool:
     """Whether a task node is a packaged task file's (conf/task/), as this version ships it or as records from before
     task files took their present form hold it (`hub` and `tsv`), in what decides results (tasks.RESULT_KEYS)."""
-    return once_per_node(is_packaged_task, task, _is_packaged_task)  # a sweep's runs share their task node
+    return once(_is_packaged_task, task)  # a sweep's runs share their task node
 
 
 def _is_packaged_task(task: DictConfig | Mapping) -> bool:

@@ -83,7 +83,7 @@ def test_unknown_keys_and_groups_are_rejected_by_hydra():
         compose_config("method=adaptr", "task=cola")
 
 
-@pytest.mark.parametrize("override,message", [
+BAD_VALUES = [
     ("k=abc", "k=abc: must be a positive number"), ("k=0", "k=0"), ("k=-1", "k=-1"), ("k=1.5", "k=1.5"),
     ("k=true", "k=true"), ("seed=-1", "seed=-1"), ("seed=1.5", "seed=1.5"), ("model_seed=x", "model_seed=x"),
     ("dev_size=0", "dev_size=0"), ("train.batch_size=0", "train.batch_size=0"), ("train.epochs=2.5", "train.epochs=2.5"),
@@ -101,7 +101,10 @@ def test_unknown_keys_and_groups_are_rejected_by_hydra():
     ("method.gated=1", "method.gated=1"), ("method.components=[adapter,wings]", "method.components=[adapter,wings]"),
     ("method.components=[]", "method.components=[]"), ("method.components=[adapter,adapter]", "[adapter,adapter]"),
     ("method.gate_pooling=mean", "method.gate_pooling=mean: must be masked or padded"),
-])
+]
+
+
+@pytest.mark.parametrize("override,message", BAD_VALUES)
 def test_bad_values_are_user_errors(override, message):
     with pytest.raises(UserError, match=re.escape(message)):
         check_config(compose_config("method=adapter", "task=cola", override))
@@ -144,7 +147,7 @@ def test_good_values_pass(overrides):
     check_config(compose_config("method=adapter", "task=cola", *overrides))
 
 
-@pytest.mark.parametrize("overrides,message", [
+BAD_KEYS = [
     (("+train.epoch=3",), "train.epoch: not a peltbench setting; train has batch_size, checkpoint_every, epochs, "
                           "eval_batch_size"),
     (("+model.revision=main",), "model.revision: not a peltbench setting; model has name"),
@@ -157,11 +160,73 @@ def test_good_values_pass(overrides):
     (("fuse=1",), "fuse=1: must be true or false"), (("fuse_members=0",), "fuse_members=0: must be a positive"),
     (("save.weights=yes",), "save.weights=yes: must be true or false"),
     (("+save.weight=true",), "save.weight: not a peltbench setting; save has predictions, weights"),
-])
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_KEYS)
 def test_unknown_and_missing_keys_are_user_errors(overrides, message):
     """`+train.epoch=3` used to run a 50-epoch job, and `+method.bottlenek=256` an unchanged run in a new folder."""
     with pytest.raises(UserError, match=re.escape(message)):
         check_config(compose_config("method=adapter", "task=cola", *overrides))
+
+
+def plain(cfg):
+    """`cfg` as plain data, as a sweep's run (peltbench.missing) or a record's config is read."""
+    from peltbench.missing import _plain
+    from peltbench.record import container
+
+    return _plain(container(cfg))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    *(((override,), message) for override, message in BAD_VALUES), *BAD_KEYS,
+    (("device=cpu", "precision=bf16"), CPU_BF16), (("k=7", "+method.lora_rank=4"), "method.lora_rank: not a setting"),
+])
+def test_a_sweeps_run_is_refused_as_alone_though_its_other_nodes_were_checked(overrides, message):
+    """Inside a sweep's pass (peltbench.passes) a node is checked once by value: a run of plain data whose other
+    nodes earlier runs had (equal copies) is refused with the line the same run gets alone, also for two mistakes
+    (the first one's line)."""
+    from peltbench.passes import one_pass
+
+    cfg = compose_config("method=adapter", "task=cola", *overrides)
+    with pytest.raises(UserError, match=re.escape(message)) as alone:
+        check_config(cfg)
+    with one_pass():
+        check_config(plain(compose_config("method=adapter", "task=cola")))
+        check_config(plain(compose_config("method=adapter", "task=cola", "seed=3", "k=1")))  # k=true is another k
+        with pytest.raises(UserError) as swept:
+            check_config(plain(cfg))
+    assert str(swept.value) == str(alone.value)
+
+
+def test_a_sweep_checks_each_distinct_node_once_and_each_run_for_what_relates_its_nodes(monkeypatch):
+    """k=all and protocol=lmbff, each valid in a run of their own, are refused together (lmbff samples K rows per
+    class): what relates a run's nodes is checked for every run, each node once per pass by value (equal copies,
+    as each run's config or record has them, alike); the next pass asks again."""
+    from peltbench import config
+    from peltbench.passes import one_pass
+
+    asked = []
+    for name in ("check_task", "check_method", "check_schedule", "check_logger"):
+        def counted(node, check=getattr(config, name), name=name):
+            asked.append(name)
+            return check(node)
+        monkeypatch.setattr(config, name, counted)
+    runs = [plain(compose_config("method=lora", "task=rte", *overrides))
+            for overrides in [("k=all",), ("protocol=lmbff", "k=16"), ("k=all", "seed=3"), ("protocol=lmbff", "k=8")]]
+    bad = plain(compose_config("method=lora", "task=rte", "protocol=lmbff", "k=16"))
+    bad["k"] = "all"  # as a record's config could hold it: compose_config refuses nothing
+    with one_pass():
+        for run in runs:
+            check_config(run)
+        # protocol=lmbff has a task (a longer prompt), method (its head) and train of its own: two of each
+        assert sorted(asked) == sorted(["check_task", "check_method", "check_schedule"] * 2 + ["check_logger"])
+        with pytest.raises(UserError, match="k=all: protocol=lmbff samples K train rows per class"):
+            check_config(bad)
+    with one_pass():
+        check_config(runs[0])
+    check_config(runs[0])
+    assert len(asked) == 7 + 4 + 4
 
 
 def test_method_and_task_are_required():

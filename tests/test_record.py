@@ -429,27 +429,3 @@ def test_a_groups_cpu_peak_counts_from_its_start_not_the_process_lifetime():
     held = resident(64 * 2 ** 20)  # this group's own memory counts
     assert peak_memory("cpu", 1, measures)["bytes"] >= peak["bytes"] + 60 * 2 ** 20
     held.close()
-
-
-def test_an_answer_is_kept_for_the_very_plain_node_only():
-    """plain.once_per_node answers for the node a check saw (a sweep's runs share it), a None answer too, never for an
-    equal copy or a dict (asked each time), and asks again after a check raised."""
-    from peltbench.plain import Plain, once_per_node
-
-    asked = []
-
-    def check(node):
-        asked.append(node)
-        if node.get("lr", 0) < 0:
-            raise ValueError("negative")
-        return None if node.get("lr") == 0 else "fine"
-
-    node, twin, loose, zero, negative = Plain(lr=1e-3), Plain(lr=1e-3), {"lr": 1e-3}, Plain(lr=0), Plain(lr=-1)
-    assert [once_per_node(check, n, check) for n in (node, node, twin, loose, loose, zero, zero)] == \
-        ["fine", "fine", "fine", "fine", "fine", None, None]
-    assert [n is node for n in asked] == [True, False, False, False, False] and asked[1] is twin
-    assert asked[-1] is zero and once_per_node("another question", node, lambda node: 7) == 7
-    for _ in range(2):
-        with pytest.raises(ValueError):
-            once_per_node(check, negative, check)
-    assert asked.count(negative) == 2
