@@ -13,8 +13,8 @@ file changed since the last command (or test) is checked as it is now.
 
 Values are told apart by type and value (1, 1.0 and True apart; a float by its repr: 0.0 and -0.0 apart), a Plain
 node by its repr (worked out once per node: a Plain is never changed once made), a tuple by equality (of texts: a key
-structure; a name and a flag). Anything else (a DictConfig, a dict or a list, which may change) is asked every time. An answer is kept, None too; a question that
-raises is asked again next time. `question` is the function asked (answer = question(value)), or a name where the
+structure; a name and a flag). Anything else (a DictConfig, a dict or a list, which may change) is asked every time.
+An answer is kept, None too; a question that raises is asked again next time. `question` is the function asked (answer = question(value)), or a name where the
 answer is worked out by `answer` (then a function of the value alone)."""
 
 from __future__ import annotations
