@@ -134,6 +134,50 @@ def test_a_sweep_on_two_cpu_workers_writes_the_records_of_one_device(workdir, in
 
 
 
+def test_a_worker_whose_pipe_closes_before_its_process_ends_loses_its_group():
+    """The moment after a kill -9: the worker's end of the pipe is closed but its process is not yet reaped (alive, to
+    is_alive). The sweep's process must still wait for its end and return its group's runs lost: once the worker is
+    gone it is never looked at again, and a run without a return ended the sweep in a KeyError's traceback."""
+    import multiprocessing
+    from collections import deque
+
+    from hydra_plugins.peltbench_local._pool import DevicePool, Worker
+    from hydra_plugins.peltbench_local._progress import SweepProgress
+
+    context = multiprocessing.get_context("fork")  # a child that only sleeps: no torch, no spawn
+    ours, theirs = context.Pipe()
+    child = context.Process(target=time.sleep, args=(120,))
+    child.start()
+    theirs.close()
+
+    class Exiting:
+        """The child's process as the sweep sees it just after SIGKILL: alive to the first is_alive."""
+        def __init__(self):
+            self.asked = 0
+            self.sentinel, self.kill = child.sentinel, child.kill
+
+        def is_alive(self):
+            self.asked += 1
+            return self.asked == 1 or child.is_alive()
+
+        def join(self, timeout=None):
+            child.join(timeout)
+
+        exitcode = property(lambda self: child.exitcode)
+
+    pool = DevicePool.__new__(DevicePool)  # its state alone: no launcher (a run's job folder is then unknown)
+    pool.launcher, pool.failed, pool.returns, pool.stopping, pool.order, pool.alone = None, {}, {}, 0, deque(), ()
+    pool.packs, pool.progress = [[(["method=lora"], 7)]], SweepProgress(1, 1)
+    worker = Worker("cpu-0", "cpu", Exiting(), ours, Path("0_cpu.log"), pack=0, started=time.monotonic())
+    pool.workers = [worker]
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not worker.gone and time.monotonic() < deadline:
+        pool._collect()
+    assert worker.gone and pool.failed == {"cpu-0": "killed by SIGKILL"}
+    assert pool.returns[7].return_value == "lost" and worker.pack is None
+
+
 def _started(arguments: list[str], workdir: Path, name: str) -> subprocess.Popen:
     """`peltbench ARGUMENTS` in a session of its own (so that a Ctrl-C can reach all its processes, as a terminal's
     does), its output to NAME.txt."""

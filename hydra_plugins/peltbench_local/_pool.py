@@ -170,12 +170,17 @@ class DevicePool:
             try:
                 if worker.connection.poll():
                     message = worker.connection.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError):  # its end of the pipe is closed: it has exited, or is exiting
                 worker.gone = True
             if message is not None:
                 self._answer(worker, message)
-            elif not worker.process.is_alive():
-                worker.process.join()
+            elif worker.gone or not worker.process.is_alive():
+                # a worker killed closes its pipe a moment before its process has ended: wait for that end here (it
+                # is never looked at again once gone), so that the runs of the group it held are lost, not forgotten
+                worker.process.join(timeout=60)
+                if worker.process.is_alive():  # its pipe closed, yet it lives on: it can tell nothing more
+                    worker.process.kill()
+                    worker.process.join()
                 worker.gone = True
                 if worker.pack is not None:
                     self._died(worker)
