@@ -26,6 +26,8 @@ SETTINGS = {  # name -> (environment added, import torch before peltbench)
     "torch's defaults": ({}, True),
     "peltbench's defaults": ({}, False),
     "OMP_NUM_THREADS=1": ({"OMP_NUM_THREADS": "1"}, False),
+    "GOMP_SPINCOUNT=10000": ({"GOMP_SPINCOUNT": "10000"}, True),    # torch's no-policy default spins 300,000
+    "GOMP_SPINCOUNT=100000": ({"GOMP_SPINCOUNT": "100000"}, True),
 }
 
 
