@@ -3,11 +3,16 @@
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-# Before torch loads (every entry point imports this first): torch's OpenMP threads otherwise spin-wait between
-# parallel regions, and on a busy CPU a spinning thread holds the core the working one needs (README, "Try it": 30 s a
-# training step instead of 0.5 s). Waiting passively changes no number; a policy the user set stands. Child processes
-# (launchers' workers, SLURM jobs) inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch loads (every entry point imports this first): how torch's OpenMP threads wait for the next operator.
+# Torch's default spins 300,000 rounds (GNU libgomp, which Linux wheels use), holding for milliseconds a core that a
+# busy machine's other processes need: with four busy loops beside it a step took 4.5 times as long as ours. Sleeping
+# at once (OMP_WAIT_POLICY=PASSIVE) costs an idle machine a wake-up per operator: 1.6 times as long a step. A spin of
+# 1,000 rounds bridges the gap between two operators on an idle machine and soon gives up on a busy one (README, "Try
+# it": the table). libgomp reads GOMP_SPINCOUNT before the policy; the policy is for the other runtimes (macOS's
+# libomp). Waiting changes no number. Set any of these and peltbench sets none; child processes (launchers' workers,
+# SLURM jobs) inherit them.
+if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"} & set(os.environ):
+    os.environ.update(GOMP_SPINCOUNT="1000", OMP_WAIT_POLICY="PASSIVE")
 
 try:
     __version__ = version("peltbench")

@@ -1,12 +1,15 @@
 """Does a busy CPU slow training down? Seconds per training step of LoRA on MiniLM under `protocol=lmbff` (SST-2, K = 16
-per class, batch 8), with torch's OpenMP defaults (torch imported before peltbench: its threads spin-wait), with
-peltbench's (OMP_WAIT_POLICY=PASSIVE, set on import where the user set none) and with OMP_NUM_THREADS=1; on the machine
-as it is ("idle") and with `--busy` busy loops of our own beside it ("loaded"), each setting in a fresh process, the
-settings taking turns within a round and the rounds alternating idle and loaded. On a machine others use, `--nice -20`
-(root) runs our processes, the busy loops included, ahead of theirs: then "idle" is as on an idle machine.
+per class, batch 8) under each way torch's OpenMP threads can wait: torch's defaults (torch imported before peltbench:
+its threads spin 300,000 rounds), peltbench's (GOMP_SPINCOUNT=1000, set on import where the user set none),
+OMP_WAIT_POLICY=PASSIVE (sleep at once), OMP_NUM_THREADS=1 and shorter or longer spins (`--spin`); on the machine as it
+is ("idle") and with busy loops of our own beside it (`--busy 2,4`: two, then four), each setting in a fresh process,
+the settings taking turns within a round and the rounds alternating the order of settings and loads. On a machine
+others use, `--nice -20` (root) runs our processes, the busy loops included, ahead of theirs: then "idle" is as on an
+idle machine.
 
     python scripts/benchmark_threads.py                  # 2 rounds, 2 busy loops, 3 timed steps per process
-    python scripts/benchmark_threads.py --nice -20        # as root
+    python scripts/benchmark_threads.py --rounds 4 --steps 8 --nice -20 --busy 2,4 --only "torch's defaults,\
+        peltbench's defaults,OMP_WAIT_POLICY=PASSIVE,OMP_NUM_THREADS=1,GOMP_SPINCOUNT=2000" --spin 2000  # README's
 
 Prints each process's mean step seconds and, per setting and load, the median over rounds.
 """
@@ -24,7 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {  # name -> (environment added, import torch before peltbench)
     "torch's defaults": ({}, True),
-    "peltbench's defaults": ({}, False),
+    "peltbench's defaults": ({}, False),                              # GOMP_SPINCOUNT=1000 unless the user set one
+    "OMP_WAIT_POLICY=PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, True),
     "OMP_NUM_THREADS=1": ({"OMP_NUM_THREADS": "1"}, False),
     "GOMP_SPINCOUNT=10000": ({"GOMP_SPINCOUNT": "10000"}, True),    # torch's no-policy default spins 300,000
     "GOMP_SPINCOUNT=100000": ({"GOMP_SPINCOUNT": "100000"}, True),
@@ -69,18 +73,26 @@ def measure(name: str, steps: int, nice: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--busy", type=int, default=2, help="busy loops started for the loaded case")
+    parser.add_argument("--busy", default="2", help="busy loops per loaded case (2,4: two cases)")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps per process")
     parser.add_argument("--nice", type=int, default=0, help="niceness of our processes (-20: ahead of the machine's)")
+    parser.add_argument("--spin", default="", help="more GOMP_SPINCOUNT values to measure, comma-separated")
+    parser.add_argument("--only", default="", help="measure only these settings (names as printed, comma-separated)")
     parser.add_argument("--child", choices=["torch", "peltbench"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child == "torch", args.steps)
+    for count in filter(None, args.spin.split(",")):
+        SETTINGS[f"GOMP_SPINCOUNT={count}"] = ({"GOMP_SPINCOUNT": count}, True)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    for name in [name for name in SETTINGS if only and name not in only]:
+        del SETTINGS[name]
     results: dict[tuple[str, str], list[float]] = {}
+    loads = {"idle": 0, **{f"{count} busy": count for count in map(int, filter(None, args.busy.split(",")))}}
     for round in range(args.rounds):
-        for load in (("idle", "loaded") if round % 2 == 0 else ("loaded", "idle")):
+        for load in (list(loads) if round % 2 == 0 else list(reversed(loads))):
             busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"], preexec_fn=lambda: os.nice(args.nice))
-                    for _ in range(args.busy * (load == "loaded"))]
+                    for _ in range(loads[load])]
             try:
                 for name in (SETTINGS if round % 2 == 0 else reversed(SETTINGS)):
                     started = time.monotonic()
@@ -93,7 +105,8 @@ def main() -> None:
                     process.kill()
                     process.wait()
     print("median s/step over rounds:")
-    for (name, load), seconds in sorted(results.items(), key=lambda item: (item[0][1], list(SETTINGS).index(item[0][0]))):
+    order = {key: index for index, key in enumerate((name, load) for load in loads for name in SETTINGS)}
+    for (name, load), seconds in sorted(results.items(), key=lambda item: order[item[0]]):
         print(f"  {load:<6} {name:<22} {statistics.median(seconds):7.3f}")
 
 
