@@ -1,7 +1,7 @@
 """What importing peltbench does before torch loads: torch's OpenMP threads spin 1,000 rounds, then sleep
 (GOMP_SPINCOUNT=1000; OMP_WAIT_POLICY=PASSIVE for the other OpenMP runtimes) where the user set no policy, in every way
 peltbench starts (its console scripts, `python -m`, a SLURM job's worker), so that a busy CPU does not collapse
-training and an idle one keeps its speed (issue 58; README, "Try it")."""
+training and an idle one keeps most of its speed (issue 58; README, "Try it": the table)."""
 
 from __future__ import annotations
 
