@@ -30,9 +30,7 @@ SETTINGS = {  # name -> (environment added, import torch before peltbench)
     "peltbench's defaults": ({}, False),                              # GOMP_SPINCOUNT=1000 unless the user set one
     "OMP_WAIT_POLICY=PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, True),
     "OMP_NUM_THREADS=1": ({"OMP_NUM_THREADS": "1"}, False),
-    "GOMP_SPINCOUNT=10000": ({"GOMP_SPINCOUNT": "10000"}, True),    # torch's no-policy default spins 300,000
-    "GOMP_SPINCOUNT=100000": ({"GOMP_SPINCOUNT": "100000"}, True),
-}
+}  # and GOMP_SPINCOUNT=<count> for each of --spin's counts (torch's no-policy default spins 300,000)
 
 
 def child(torch_first: bool, steps: int) -> None:
@@ -76,7 +74,7 @@ def main() -> None:
     parser.add_argument("--busy", default="2", help="busy loops per loaded case (2,4: two cases)")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps per process")
     parser.add_argument("--nice", type=int, default=0, help="niceness of our processes (-20: ahead of the machine's)")
-    parser.add_argument("--spin", default="", help="more GOMP_SPINCOUNT values to measure, comma-separated")
+    parser.add_argument("--spin", default="10000,100000", help="GOMP_SPINCOUNT values to measure, comma-separated")
     parser.add_argument("--only", default="", help="measure only these settings (names as printed, comma-separated)")
     parser.add_argument("--child", choices=["torch", "peltbench"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -98,7 +96,7 @@ def main() -> None:
                     started = time.monotonic()
                     seconds = measure(name, args.steps, args.nice)
                     results.setdefault((name, load), []).append(seconds)
-                    print(f"round {round + 1} {load:<6} {name:<22} {seconds:7.3f} s/step  (load average "
+                    print(f"round {round + 1} {load:<6} {name:<23} {seconds:7.3f} s/step  (load average "
                           f"{os.getloadavg()[0]:.1f}, process {time.monotonic() - started:.0f} s)", flush=True)
             finally:
                 for process in busy:
@@ -107,7 +105,7 @@ def main() -> None:
     print("median s/step over rounds:")
     order = {key: index for index, key in enumerate((name, load) for load in loads for name in SETTINGS)}
     for (name, load), seconds in sorted(results.items(), key=lambda item: order[item[0]]):
-        print(f"  {load:<6} {name:<22} {statistics.median(seconds):7.3f}")
+        print(f"  {load:<6} {name:<23} {statistics.median(seconds):7.3f}")
 
 
 if __name__ == "__main__":
